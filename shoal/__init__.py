@@ -1,0 +1,47 @@
+"""shoal: a Postgres-native engine for reliable background work."""
+
+from shoal.clock import Clock, FakeClock, SystemClock
+from shoal.db.embedded import EmbeddedPostgres
+from shoal.db.pool import Database
+from shoal.errors import (
+    Cancel,
+    Conflict,
+    DeadlineExceeded,
+    InvalidInput,
+    NotFound,
+    PermanentError,
+    ShoalError,
+    Snooze,
+    TransientError,
+)
+from shoal.queue.client import Shoal
+from shoal.queue.job import Job
+from shoal.queue.options import JobOptions
+from shoal.queue.states import JobId, JobState
+from shoal.queue.store import JobError, JobRecord
+from shoal.queue.worker import Worker
+
+__all__ = [
+    "Cancel",
+    "Clock",
+    "Conflict",
+    "Database",
+    "DeadlineExceeded",
+    "EmbeddedPostgres",
+    "FakeClock",
+    "InvalidInput",
+    "Job",
+    "JobError",
+    "JobId",
+    "JobOptions",
+    "JobRecord",
+    "JobState",
+    "NotFound",
+    "PermanentError",
+    "Shoal",
+    "ShoalError",
+    "Snooze",
+    "SystemClock",
+    "TransientError",
+    "Worker",
+]

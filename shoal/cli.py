@@ -1,0 +1,205 @@
+"""``shoal``: the command line. Environment variables are read here and nowhere deeper.
+
+    shoal migrate                     create or upgrade the schema
+    shoal worker --app module:attr    run an App's handlers, schedules and maintenance
+    shoal status                      queue depths as a table
+    shoal queue pause|resume NAME     stop or restart claiming from a queue, everywhere
+    shoal queue redrive DLQ           send dead-lettered jobs back to their queues
+    shoal demo                        the end-to-end demo
+
+The database is ``--database-url``, else ``DATABASE_URL``, else an embedded
+PostgreSQL in ``SHOAL_DATA_DIR`` (default: under the user's data directory),
+started on demand and stopped on exit by the process that started it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from shoal.app import App
+from shoal.db.embedded import EmbeddedPostgres, default_data_dir
+from shoal.db.migrate import migrate
+from shoal.db.pool import Database
+from shoal.errors import ShoalError
+from shoal.queue.client import Shoal
+from shoal.queue.states import JobState
+
+EMBEDDED_DATABASE = "shoal"
+console = Console(stderr=True)
+
+
+@contextmanager
+def database_url(args: argparse.Namespace) -> Iterator[str]:
+    """The URL to use; starts (and afterwards stops) the embedded server when none is given."""
+    url = args.database_url or os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    data_dir = Path(os.environ.get("SHOAL_DATA_DIR") or default_data_dir())
+    server = EmbeddedPostgres(data_dir)
+    if not server.is_running():
+        console.print(f"[dim]starting embedded PostgreSQL in {data_dir}[/dim]")
+    server.start()
+    try:
+        yield server.ensure_database(EMBEDDED_DATABASE)
+    finally:
+        if server.started_here and server.stop_if_unused():
+            console.print("[dim]embedded PostgreSQL stopped[/dim]")
+
+
+def load_app(spec: str) -> App:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"--app must look like module:attribute, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise SystemExit(f"{spec} is not a shoal.App (got {type(app).__name__})")
+    return app
+
+
+async def _connect(args: argparse.Namespace, url: str, **kwargs: object) -> Shoal:
+    return await Shoal.connect(url, schema=args.schema, **kwargs)  # type: ignore[arg-type]  # kwargs are Shoal.connect's own
+
+
+async def cmd_migrate(args: argparse.Namespace, url: str) -> int:
+    async with Database(url, schema=args.schema) as db:
+        applied = await migrate(db)
+    console.print(f"schema {args.schema!r}: " + (f"applied {applied}" if applied else "up to date"))
+    return 0
+
+
+async def cmd_worker(args: argparse.Namespace, url: str) -> int:
+    app = load_app(args.app)
+    boss = await _connect(args, url, max_size=args.pool_size)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await app.run(boss, stop=stop, grace=timedelta(seconds=args.grace))
+    finally:
+        await boss.close()
+    return 0
+
+
+async def cmd_status(args: argparse.Namespace, url: str) -> int:
+    boss = await _connect(args, url, listen=False)
+    try:
+        rows = await boss.stats()
+        paused = set(await boss.paused_queues())
+    finally:
+        await boss.close()
+    states = list(JobState)
+    table = Table(title=f"shoal queues (schema {args.schema})")
+    table.add_column("queue")
+    for state in states:
+        table.add_column(state.value, justify="right")
+    table.add_column("oldest waiting", justify="right")
+    by_queue: dict[str, dict[JobState, int]] = {}
+    oldest: dict[str, timedelta] = {}
+    for row in rows:
+        by_queue.setdefault(row.queue, {})[row.state] = row.count
+        if row.oldest_waiting is not None:
+            oldest[row.queue] = max(oldest.get(row.queue, timedelta(0)), row.oldest_waiting)
+    for queue in sorted(by_queue.keys() | paused):
+        counts = by_queue.get(queue, {})
+        age = oldest.get(queue)
+        table.add_row(
+            queue + (" [yellow](paused)[/yellow]" if queue in paused else ""),
+            *(str(counts.get(state, 0)) for state in states),
+            "-" if age is None else f"{age.total_seconds():.1f}s",
+        )
+    Console().print(table)
+    return 0
+
+
+async def cmd_queue(args: argparse.Namespace, url: str) -> int:
+    boss = await _connect(args, url, listen=False)
+    try:
+        if args.action == "pause":
+            await boss.pause_queue(args.name)
+            console.print(f"queue {args.name!r} paused in every process")
+        elif args.action == "resume":
+            await boss.resume_queue(args.name)
+            console.print(f"queue {args.name!r} resumed")
+        else:
+            moved = await boss.redrive(args.name)
+            console.print(f"redrove {len(moved)} job(s) from {args.name!r}")
+    finally:
+        await boss.close()
+    return 0
+
+
+async def cmd_demo(args: argparse.Namespace, url: str) -> int:
+    from shoal.demo import run_demo
+
+    return await run_demo(url, schema=args.schema, jobs=args.jobs, console=Console())
+
+
+COMMANDS = {
+    "migrate": cmd_migrate,
+    "worker": cmd_worker,
+    "status": cmd_status,
+    "queue": cmd_queue,
+    "demo": cmd_demo,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="shoal", description="Postgres-native background work.")
+    root.add_argument("--database-url", help="default: $DATABASE_URL, else embedded PostgreSQL")
+    root.add_argument("--schema", default=os.environ.get("SHOAL_SCHEMA", "shoal"))
+    root.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = root.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="create or upgrade the schema")
+    worker = sub.add_parser("worker", help="run an App's handlers until SIGTERM/SIGINT")
+    worker.add_argument("--app", required=True, help="module:attribute of a shoal.App")
+    worker.add_argument("--grace", type=float, default=30.0, help="seconds to finish running jobs")
+    worker.add_argument("--pool-size", type=int, default=10, help="database connections")
+    sub.add_parser("status", help="queue depths as a table")
+    queue = sub.add_parser("queue", help="control a queue")
+    queue.add_argument("action", choices=["pause", "resume", "redrive"])
+    queue.add_argument("name")
+    demo = sub.add_parser("demo", help="run the end-to-end demo")
+    demo.add_argument("--jobs", type=int, default=300)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    )
+    logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
+    if args.command == "demo" and not args.verbose:
+        # The demo's own output tells the story; expected failures need not shout.
+        logging.getLogger("shoal").setLevel(logging.ERROR)
+    command = COMMANDS[args.command]
+    try:
+        with database_url(args) as url:
+            return asyncio.run(command(args, url))
+    except ShoalError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Time, as shoal sees it: the one module allowed to read the real clock.
+
+Every periodic duty and every time-dependent query takes a :class:`Clock`. In
+production that is :class:`SystemClock`, whose ``sql_now()`` is ``None`` so the
+database's own clock decides (one clock for every process, no skew between
+hosts). Tests pass a :class:`FakeClock`; its time reaches the database through
+the ``now`` parameter each such query takes, and it moves only when the test
+calls :meth:`FakeClock.advance`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """The seam through which shoal reads and waits on time."""
+
+    def now(self) -> datetime:
+        """The current time, timezone-aware."""
+        ...
+
+    def sql_now(self) -> datetime | None:
+        """The time to bind into SQL, or ``None`` to let the database decide."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes backwards (for deadlines)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's time."""
+        ...
+
+
+class SystemClock:
+    """Real time. SQL uses the database clock."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def sql_now(self) -> datetime | None:
+        return None
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class FakeClock:
+    """A clock that moves only when told to.
+
+    ``sleep`` waits until :meth:`advance` has moved the time past the sleeper's
+    deadline, so a test drives periodic loops step by step without real waits.
+
+    >>> clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    >>> clock.advance(timedelta(seconds=5))
+    >>> clock.now().second
+    5
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        self._start = self._now
+        # Written by advance(), read by sleepers; each sleeper re-checks its
+        # deadline whenever the condition is notified.
+        self._moved: asyncio.Condition | None = None
+
+    def now(self) -> datetime:
+        return self._now
+
+    def sql_now(self) -> datetime | None:
+        return self._now
+
+    def monotonic(self) -> float:
+        return (self._now - self._start).total_seconds()
+
+    def advance(self, delta: timedelta) -> None:
+        if delta < timedelta(0):
+            raise ValueError("a clock does not go backwards")
+        self._now += delta
+        if self._moved is not None:
+            moved = self._moved
+
+            async def notify() -> None:
+                async with moved:
+                    moved.notify_all()
+
+            asyncio.get_running_loop().create_task(notify())
+
+    async def sleep(self, seconds: float) -> None:
+        deadline = self._now + timedelta(seconds=max(0.0, seconds))
+        if self._moved is None:
+            self._moved = asyncio.Condition()
+        async with self._moved:
+            await self._moved.wait_for(lambda: self._now >= deadline)
+
+
+SYSTEM_CLOCK = SystemClock()

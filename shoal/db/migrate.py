@@ -1,0 +1,82 @@
+"""Versioned SQL migrations, applied under an advisory lock.
+
+Migrations are the numbered files in ``shoal/db/migrations`` (``0001_queue.sql``),
+never edited once released. Their text names the schema as ``{schema}``, bound
+as an identifier. All pending migrations run in one transaction holding a
+transaction-level advisory lock keyed on the schema name, so two processes
+migrating at once both succeed: the second waits, then finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from importlib import resources
+
+from psycopg import sql
+
+from shoal.db.pool import AsyncConn, Database
+
+# Creating indexes on a large existing table can take a while.
+_MIGRATION_DEADLINE = timedelta(minutes=10)
+MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    text: str
+
+
+def load_migrations() -> list[Migration]:
+    """Every migration shipped with shoal, in version order."""
+    found = []
+    for entry in resources.files("shoal.db.migrations").iterdir():
+        match = MIGRATION_FILE.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migration versions must run 1..N without gaps, found {versions}")
+    return found
+
+
+async def migrate(db: Database) -> list[int]:
+    """Bring ``db.schema`` up to date; return the versions applied now."""
+    migrations = load_migrations()
+
+    async def apply(conn: AsyncConn) -> list[int]:
+        schema = sql.Identifier(db.schema)
+        # The lock comes first: CREATE SCHEMA IF NOT EXISTS itself races
+        # (two creators can both pass the existence check).
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('shoal.migrate:' || %s, 0))",
+            (db.schema,),
+        )
+        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+        await conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {}.migration ("
+                " version int PRIMARY KEY,"
+                " name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(schema)
+        )
+        cur = await conn.execute(sql.SQL("SELECT version FROM {}.migration").format(schema))
+        done = {row[0] for row in await cur.fetchall()}
+        applied = []
+        for migration in migrations:
+            if migration.version in done:
+                continue
+            await conn.execute(sql.SQL(migration.text).format(schema=schema))
+            await conn.execute(
+                sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(schema),
+                (migration.version, migration.name),
+            )
+            applied.append(migration.version)
+        return applied
+
+    return await db.run(apply, deadline=max(db.deadline, _MIGRATION_DEADLINE))

@@ -1,0 +1,216 @@
+"""The connection pool, and the deadline every database call runs under.
+
+A TCP peer that silently stops forwarding leaves a query waiting long past any
+keepalive. So each call made through :meth:`Database.run` carries a deadline of
+shoal's own: when it passes, the connection's socket is closed at once (the
+connection is discarded, never handed back to the pool), the call is abandoned
+and :class:`~shoal.errors.DeadlineExceeded` is raised for the caller's retry
+policy to handle. Closing before cancelling matters: psycopg answers a bare
+cancellation by sending a cancel request and waiting for the server, which is
+exactly what a dead peer never gives.
+
+Driver errors are translated here too: lost connections, deadlines, lock and
+statement timeouts, serialization failures and deadlocks become
+:class:`~shoal.errors.TransientError`, raised ``from`` the original.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import errors as pg_errors
+from psycopg.rows import TupleRow
+
+from shoal.errors import Conflict, DeadlineExceeded, TransientError
+
+log = logging.getLogger("shoal.db")
+
+T = TypeVar("T")
+AsyncConn = psycopg.AsyncConnection[TupleRow]
+
+DEFAULT_SCHEMA = "shoal"
+DEFAULT_POOL_SIZE = 10
+# Long enough for a claim of a few hundred rows on a busy server, short enough
+# that a frozen peer is noticed well inside a job's lease.
+DEFAULT_DEADLINE = timedelta(seconds=30)
+# Passed to libpq: how long the kernel may hold unacknowledged data before it
+# drops the connection, and how soon keepalives start.
+TCP_USER_TIMEOUT_MS = 30_000
+KEEPALIVES_IDLE_S = 10
+
+TRANSIENT_SQLSTATES = {
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "55P03",  # lock_not_available
+    "57014",  # query_canceled (statement_timeout)
+    "57P01",  # admin_shutdown (pg_terminate_backend, restart)
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now
+    "53300",  # too_many_connections
+}
+
+
+def translate(exc: BaseException) -> BaseException:
+    """The shoal error a driver error stands for (the same object when none fits)."""
+    if isinstance(exc, psycopg_pool.PoolTimeout):
+        return TransientError(f"no database connection free in time: {exc}")
+    if isinstance(exc, pg_errors.UniqueViolation):
+        return Conflict(str(exc).strip())
+    if isinstance(exc, psycopg.Error):
+        sqlstate = getattr(exc, "sqlstate", None)
+        if (
+            isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+            or sqlstate in TRANSIENT_SQLSTATES
+        ):
+            return TransientError(f"{type(exc).__name__}: {str(exc).strip()}")
+    return exc
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """Re-raise driver errors as their shoal class, ``from`` the original."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        mapped = translate(exc)
+        if mapped is exc:
+            raise
+        raise mapped from exc
+
+
+class Database:
+    """A pool of connections to one database, and the schema shoal lives in.
+
+    ``run`` is the only way shoal's stores touch the database: it checks out a
+    connection, runs the given coroutine function inside a transaction, and
+    enforces the deadline.
+
+    >>> db = Database("postgresql://127.0.0.1/test")   # doctest: +SKIP
+    >>> await db.open()                                 # doctest: +SKIP
+    >>> await db.run(lambda conn: conn.execute("select 1"))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        min_size: int = 1,
+        max_size: int = DEFAULT_POOL_SIZE,
+        deadline: timedelta = DEFAULT_DEADLINE,
+        application_name: str = "shoal",
+    ) -> None:
+        self.url = url
+        self.schema = schema
+        self.deadline = deadline
+        self.max_size = max_size
+        self._kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "application_name": application_name,
+            "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+            "keepalives": 1,
+            "keepalives_idle": KEEPALIVES_IDLE_S,
+            "connect_timeout": max(2, int(deadline.total_seconds())),
+        }
+        self.pool: psycopg_pool.AsyncConnectionPool[AsyncConn] = psycopg_pool.AsyncConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=self._kwargs,
+            open=False,
+            timeout=deadline.total_seconds(),
+            reconnect_timeout=0,  # keep trying: a restarted server comes back
+            name=f"shoal:{schema}",
+        )
+
+    async def open(self) -> Database:
+        with translated():
+            await self.pool.open(wait=False)
+        return self
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def __aenter__(self) -> Database:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> AsyncConn:
+        """A connection of its own, outside the pool (LISTEN, advisory locks)."""
+        with translated():
+            return await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(self.url, **self._kwargs),
+                timeout=self.deadline.total_seconds(),
+            )
+
+    async def run(
+        self,
+        work: Callable[[AsyncConn], Awaitable[T]],
+        *,
+        deadline: timedelta | None = None,
+        transaction: bool = True,
+    ) -> T:
+        """Run ``work(conn)`` on a pooled connection, in a transaction, under a deadline."""
+        seconds = (deadline or self.deadline).total_seconds()
+        with translated():
+            async with self.pool.connection() as conn:
+                with abandon_after(conn, seconds):
+                    if not transaction:
+                        return await work(conn)
+                    async with conn.transaction():
+                        return await work(conn)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.asynccontextmanager
+    async def connection(self, *, deadline: timedelta | None = None) -> AsyncIterator[AsyncConn]:
+        """A pooled connection for several calls, all under one deadline."""
+        seconds = (deadline or self.deadline).total_seconds()
+        with translated():
+            async with self.pool.connection() as conn:
+                with abandon_after(conn, seconds):
+                    yield conn
+
+
+@contextlib.contextmanager
+def abandon_after(conn: AsyncConn, seconds: float) -> Iterator[None]:
+    """Close ``conn`` and cancel the current task if the block outlives ``seconds``.
+
+    Raises :class:`DeadlineExceeded` in place of the cancellation it caused;
+    a cancellation from anyone else passes through untouched.
+    """
+    task = asyncio.current_task()
+    assert task is not None, "abandon_after needs a running task"
+    fired = False
+
+    def expire() -> None:
+        nonlocal fired
+        fired = True
+        # Close the socket first: the cancelled driver then skips its own
+        # server-side cancel request, which a dead peer would never answer.
+        conn.pgconn.finish()
+        task.cancel()
+
+    handle = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if fired and task.uncancel() == 0:
+            raise DeadlineExceeded(f"database call abandoned after {seconds:g}s") from None
+        raise
+    except BaseException as exc:
+        if fired:
+            # The closed socket surfaced as a driver error before the cancel landed.
+            task.uncancel()
+            raise DeadlineExceeded(f"database call abandoned after {seconds:g}s") from exc
+        raise
+    finally:
+        handle.cancel()

@@ -1,0 +1,1 @@
+"""Level 1: durable jobs with pg-boss semantics."""

@@ -1,0 +1,372 @@
+"""``Shoal``: the queue's front door, with pg-boss's names.
+
+>>> async with await Shoal.connect() as boss:            # doctest: +SKIP
+...     job_id = await boss.send("email_send", {"user_id": 7}, retry_limit=3)
+...     worker = boss.work("email_send", handle, concurrency=10)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from shoal.clock import SYSTEM_CLOCK, Clock
+from shoal.db.migrate import migrate
+from shoal.db.pool import AsyncConn, Database
+from shoal.errors import InvalidInput, NotFound
+from shoal.queue.cron import Scheduler, check_cron, check_timezone
+from shoal.queue.job import Handler, Job
+from shoal.queue.maintenance import Maintenance, MaintenanceReport
+from shoal.queue.notifier import Notifier
+from shoal.queue.options import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    JobOptions,
+    check_queue_name,
+    encode_payload,
+    parse_options,
+)
+from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
+from shoal.queue.states import JobId, JobState
+from shoal.queue.store import (
+    Failure,
+    JobRecord,
+    JobSettings,
+    JobStore,
+    NewJob,
+    QueueStateCount,
+    ScheduleRow,
+)
+from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, Worker, error_entry
+
+MAX_INSERT = 100_000
+SETTINGS_CACHE_SIZE = 1024
+
+
+def _settings_for(queue: str, defaults: JobOptions, overrides: Mapping[str, Any]) -> JobSettings:
+    opts = replace(defaults, **overrides)
+    start_after = opts.start_after
+    return JobSettings(
+        queue=queue,
+        priority=opts.priority,
+        retry_limit=opts.retry_limit,
+        retry_delay=opts.retry_delay,
+        retry_backoff=opts.retry_backoff,
+        retry_delay_max=opts.retry_delay_max,
+        expire_in=opts.expire_in,
+        dead_letter=opts.dead_letter,
+        start_at=start_after if isinstance(start_after, datetime) else None,
+        start_in=start_after if isinstance(start_after, timedelta) else None,
+    )
+
+
+class Shoal:
+    """A connection to one shoal schema: send jobs, work them, inspect and control them."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        jitter: Jitter = SYSTEM_JITTER,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        defaults: JobOptions | None = None,
+        listen: bool = True,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.jitter = jitter
+        self.max_payload_bytes = max_payload_bytes
+        self.defaults = defaults or JobOptions()
+        # JobSettings by (queue, options): jobs sent alike share one object.
+        self._settings: dict[tuple[Any, ...], JobSettings] = {}
+        self.store = JobStore(db)
+        self.notifier: Notifier | None = (
+            Notifier(db, self.store.channel, clock=clock) if listen else None
+        )
+        self._workers: list[Worker] = []
+
+    @classmethod
+    async def connect(
+        cls, url: str, *, schema: str = "shoal", run_migrations: bool = True, **kwargs: Any
+    ) -> Shoal:
+        """Open a pool on ``url`` and (by default) bring the schema up to date."""
+        pool_keys = {"min_size", "max_size", "deadline", "application_name"}
+        db = Database(url, schema=schema, **{k: v for k, v in kwargs.items() if k in pool_keys})
+        await db.open()
+        if run_migrations:
+            await migrate(db)
+        return cls(db, **{k: v for k, v in kwargs.items() if k not in pool_keys})
+
+    async def close(self) -> None:
+        for worker in list(self._workers):
+            await worker.stop()
+        if self.notifier is not None:
+            await self.notifier.stop()
+        await self.db.close()
+
+    async def __aenter__(self) -> Shoal:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- enqueue -----------------------------------------------------------
+
+    def _new_job(
+        self, queue: object, data: object, options: Mapping[str, Any], field: str
+    ) -> NewJob:
+        name = check_queue_name(queue, field=f"{field}queue")
+        try:
+            parsed = parse_options(options) if options else {}
+        except InvalidInput as exc:
+            raise InvalidInput(f"{field}{exc.field}", exc.message) from None
+        payload = encode_payload(data, max_bytes=self.max_payload_bytes, field=f"{field}data")
+        singleton_key = parsed.pop("singleton_key", self.defaults.singleton_key)
+        key = (name, *sorted(parsed.items()))
+        settings = self._settings.get(key)
+        if settings is None:
+            settings = self._settings[key] = _settings_for(name, self.defaults, parsed)
+            if len(self._settings) > SETTINGS_CACHE_SIZE:
+                self._settings.pop(next(iter(self._settings)))
+        return NewJob(settings, payload, singleton_key)
+
+    async def send(
+        self, queue: str, data: Any = None, *, conn: AsyncConn | None = None, **options: Any
+    ) -> JobId | None:
+        """Enqueue one job; its id, or None when its ``singleton_key`` is taken.
+
+        With ``conn``, the job is written in the caller's open transaction and
+        commits (and wakes workers) with it.
+        """
+        job = self._new_job(queue, data, options, "")
+        (job_id,) = await self.store.insert([job], now=self.clock.sql_now(), conn=conn)
+        return job_id
+
+    async def insert(
+        self, jobs: Iterable[Mapping[str, Any]], *, conn: AsyncConn | None = None
+    ) -> list[JobId | None]:
+        """Enqueue many jobs in one statement: ``[{"queue", "data", **options}, ...]``.
+
+        Returns ids in input order (None for a skipped singleton). All are
+        validated first; one bad job writes nothing.
+        """
+        new_jobs = []
+        for i, spec in enumerate(jobs):
+            if not isinstance(spec, Mapping):
+                raise InvalidInput(f"jobs[{i}]", f"expected a mapping, got {type(spec).__name__}")
+            options = {k: v for k, v in spec.items() if k not in ("queue", "data")}
+            if "queue" not in spec:
+                raise InvalidInput(f"jobs[{i}].queue", "missing")
+            new_jobs.append(self._new_job(spec["queue"], spec.get("data"), options, f"jobs[{i}]."))
+            if len(new_jobs) > MAX_INSERT:
+                raise InvalidInput("jobs", f"more than {MAX_INSERT} jobs in one insert")
+        return await self.store.insert(new_jobs, now=self.clock.sql_now(), conn=conn)
+
+    # -- working -----------------------------------------------------------
+
+    def work(
+        self,
+        queue: str,
+        handler: Handler,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        batch_size: int | None = None,
+        poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
+    ) -> Worker:
+        """Start running ``handler`` on ``queue`` in this process; returns the running worker.
+
+        At most ``concurrency`` handlers run at once. Stop it with
+        ``await worker.stop()`` (or :meth:`close`).
+        """
+        check_queue_name(queue)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise InvalidInput("batch_size", f"must be an integer >= 1, got {batch_size!r}")
+        if self.notifier is not None:
+            self.notifier.start()
+        worker = Worker(
+            self.store,
+            queue,
+            handler,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+            clock=self.clock,
+            jitter=self.jitter,
+            notifier=self.notifier,
+        )
+        worker.start()
+        self._workers.append(worker)
+        return worker
+
+    async def stop_workers(self, grace: timedelta) -> None:
+        """Stop every worker of this client gracefully, together."""
+        await asyncio.gather(*(w.stop(grace) for w in self._workers))
+        self._workers.clear()
+
+    async def fetch(self, queue: str, batch_size: int = 1) -> list[Job]:
+        """Claim up to ``batch_size`` jobs to process outside ``work`` (pg-boss ``fetch``).
+
+        Finish each with :meth:`complete` or :meth:`fail` before its ``expire_in``
+        runs out, or maintenance hands it to another worker.
+        """
+        check_queue_name(queue)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidInput("batch_size", f"must be an integer >= 1, got {batch_size!r}")
+        claims = await self.store.claim(queue, batch_size, now=self.clock.sql_now())
+        return [Job(claim) for claim in claims]
+
+    async def complete(self, job: Job | JobId, output: Any = None) -> bool:
+        """Mark an active job completed; False when it is no longer active under that attempt."""
+        job_id, attempt, _ = await self._fence(job)
+        won = await self.store.complete([(job_id, attempt, output)], now=self.clock.sql_now())
+        return job_id in won
+
+    async def fail(self, job: Job | JobId, error: BaseException | str) -> JobState | None:
+        """Record a failed attempt of an active job: ``retry`` or ``failed`` by its policy.
+
+        Returns the new state, or None when the job was no longer active under that attempt.
+        """
+        job_id, attempt, policy = await self._fence(job)
+        exc = error if isinstance(error, BaseException) else RuntimeError(error)
+        now = self.clock.now()
+        step = after_failure(attempt, policy, now, self.jitter)
+        failure = Failure(
+            job_id,
+            attempt,
+            step.state,
+            None if step.start_after is None else step.start_after - now,
+            error_entry(attempt, exc, now.isoformat()),
+        )
+        states = await self.store.fail([failure], now=self.clock.sql_now())
+        return states.get(job_id)
+
+    async def _fence(self, job: Job | JobId) -> tuple[JobId, int, RetryPolicy]:
+        if isinstance(job, Job):
+            return job.id, job.attempt, job.claim.policy
+        record = await self.get_job(job)
+        return record.id, record.attempt, record.policy
+
+    # -- control -----------------------------------------------------------
+
+    async def cancel(self, ids: JobId | Sequence[JobId]) -> set[JobId]:
+        """Cancel waiting or active jobs; returns those that were cancelled now."""
+        return await self.store.cancel(_ids(ids), now=self.clock.sql_now())
+
+    async def resume(self, ids: JobId | Sequence[JobId]) -> set[JobId]:
+        """Put cancelled jobs back to wait."""
+        return await self.store.resume(_ids(ids), now=self.clock.sql_now())
+
+    async def retry(self, ids: JobId | Sequence[JobId]) -> set[JobId]:
+        """Run failed jobs again now; their error history stays."""
+        return await self.store.retry(_ids(ids), now=self.clock.sql_now())
+
+    async def redrive(self, dead_letter_queue: str, *, limit: int = 10_000) -> dict[JobId, JobId]:
+        """Send waiting dead-letter jobs back to their queues: {dead-letter id: new id}."""
+        check_queue_name(dead_letter_queue)
+        return await self.store.redrive(dead_letter_queue, limit=limit, now=self.clock.sql_now())
+
+    async def pause_queue(self, queue: str) -> None:
+        """Stop every process from claiming from ``queue`` (running jobs finish)."""
+        await self.store.pause_queue(check_queue_name(queue), now=self.clock.sql_now())
+
+    async def resume_queue(self, queue: str) -> None:
+        await self.store.resume_queue(check_queue_name(queue))
+        if self.notifier is not None:
+            self.notifier.wake(queue)
+
+    # -- inspection --------------------------------------------------------
+
+    async def get_job(self, job_id: JobId) -> JobRecord:
+        record = await self.store.get_job(job_id)
+        if record is None:
+            raise NotFound(f"job {job_id} does not exist")
+        return record
+
+    async def jobs(
+        self,
+        queue: str,
+        *,
+        state: JobState | str | None = None,
+        before_id: JobId | None = None,
+        limit: int = 100,
+    ) -> list[JobRecord]:
+        check_queue_name(queue)
+        try:
+            parsed = None if state is None else JobState(state)
+        except ValueError:
+            raise InvalidInput("state", f"{state!r} is not a job state") from None
+        return await self.store.list_jobs(queue, state=parsed, before_id=before_id, limit=limit)
+
+    async def stats(self) -> list[QueueStateCount]:
+        """Jobs per queue and state, with the age of the oldest job waiting to run."""
+        return await self.store.queue_stats(now=self.clock.sql_now())
+
+    async def paused_queues(self) -> list[str]:
+        return await self.store.paused_queues()
+
+    # -- schedules -----------------------------------------------------------
+
+    async def schedule(
+        self,
+        name: str,
+        cron: str,
+        data: Any = None,
+        *,
+        queue: str | None = None,
+        tz: str = "UTC",
+        **options: Any,
+    ) -> None:
+        """Create or replace a cron schedule (5 fields, or 6 with seconds first).
+
+        Each tick sends one job to ``queue`` (default: ``name``), once across
+        all processes running a scheduler.
+        """
+        check_queue_name(name, field="name")
+        target = check_queue_name(queue or name)
+        check_cron(cron)
+        check_timezone(tz)
+        parsed = parse_options(options)
+        # Validate the job a tick will send now, not at the first tick.
+        self._new_job(target, data, parsed, "")
+        encoded = {
+            k: (v.total_seconds() if isinstance(v, timedelta) else v) for k, v in parsed.items()
+        }
+        if isinstance(parsed.get("start_after"), datetime):
+            raise InvalidInput("start_after", "a schedule's jobs cannot start at a fixed time")
+        await self.store.upsert_schedule(
+            name=name,
+            queue=target,
+            cron=cron,
+            timezone=tz,
+            data=encode_payload(data, max_bytes=self.max_payload_bytes),
+            options=encoded,
+            now=self.clock.sql_now(),
+        )
+
+    async def unschedule(self, name: str) -> bool:
+        return await self.store.delete_schedule(name)
+
+    async def schedules(self) -> list[ScheduleRow]:
+        return await self.store.list_schedules(now=self.clock.sql_now())
+
+    def scheduler(self) -> Scheduler:
+        return Scheduler(self.store, clock=self.clock, build_job=self._tick_job)
+
+    def _tick_job(self, row: ScheduleRow) -> NewJob:
+        return self._new_job(row.queue, row.data, row.options, "")
+
+    def maintenance(self, **kwargs: Any) -> Maintenance:
+        return Maintenance(self.store, clock=self.clock, jitter=self.jitter, **kwargs)
+
+    async def maintain(self) -> MaintenanceReport:
+        """One maintenance pass: expire dead leases, archive, prune."""
+        return await self.maintenance().run_once()
+
+
+def _ids(ids: JobId | Sequence[JobId]) -> list[JobId]:
+    return [ids] if isinstance(ids, int) else list(ids)

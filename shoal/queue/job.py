@@ -1,0 +1,109 @@
+"""What a handler receives, and what one run of it can end in."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from shoal.queue.states import JobId
+from shoal.queue.store import ClaimedJob
+
+
+class Job:
+    """One claimed job, as a handler sees it.
+
+    ``attempt`` is 1 on the first run. Long handlers call ``await
+    job.heartbeat()`` to extend their lease (and their local execution
+    deadline) by another ``expire_in``; it returns False when the job is no
+    longer theirs (cancelled, or expired and handed to another worker), in
+    which case the handler should stop.
+    """
+
+    __slots__ = ("_claim", "_heartbeat")
+
+    def __init__(
+        self, claim: ClaimedJob, heartbeat: Callable[[Job], Awaitable[bool]] | None = None
+    ) -> None:
+        self._claim = claim
+        self._heartbeat = heartbeat
+
+    @property
+    def id(self) -> JobId:
+        return self._claim.id
+
+    @property
+    def queue(self) -> str:
+        return self._claim.queue
+
+    @property
+    def data(self) -> Any:
+        return self._claim.data
+
+    @property
+    def attempt(self) -> int:
+        return self._claim.attempt
+
+    @property
+    def retry_limit(self) -> int:
+        return self._claim.policy.retry_limit
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self._claim.attempt > self._claim.policy.retry_limit
+
+    @property
+    def expire_in(self) -> timedelta:
+        return self._claim.expire_in
+
+    @property
+    def started_at(self) -> datetime:
+        return self._claim.started_at
+
+    @property
+    def claim(self) -> ClaimedJob:
+        return self._claim
+
+    async def heartbeat(self) -> bool:
+        if self._heartbeat is None:
+            return True
+        return await self._heartbeat(self)
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id}, queue={self.queue!r}, attempt={self.attempt})"
+
+
+Handler = Callable[[Job], Awaitable[Any]]
+
+
+# -- outcomes of one run -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    output: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error: BaseException
+    permanent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Snoozed:
+    delay: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """Stopped by shutdown: handed back without costing an attempt."""
+
+
+Outcome = Completed | Failed | Cancelled | Snoozed | Interrupted

@@ -1,0 +1,149 @@
+"""Job options and input validation: every bad value is named before anything is written."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from shoal.errors import InvalidInput
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,127}$")
+
+DEFAULT_RETRY_LIMIT = 2
+DEFAULT_RETRY_DELAY = timedelta(0)
+# With backoff and no delay given, the ladder starts here (1s, 2s, 4s, ...).
+BACKOFF_BASE_WHEN_NO_DELAY = timedelta(seconds=1)
+DEFAULT_RETRY_DELAY_MAX = timedelta(hours=1)
+# pg-boss's default execution timeout.
+DEFAULT_EXPIRE_IN = timedelta(minutes=15)
+# Payloads carry ids, not documents.
+DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024
+MAX_PRIORITY = 1_000_000
+MAX_SINGLETON_KEY_LEN = 512
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """Options of one job. Names follow pg-boss.
+
+    ``expire_in`` is an execution timeout, counted from the moment the job
+    becomes active (and from each heartbeat), never a queue-wait timeout.
+    """
+
+    retry_limit: int = DEFAULT_RETRY_LIMIT
+    retry_delay: timedelta = DEFAULT_RETRY_DELAY
+    retry_backoff: bool = False
+    retry_delay_max: timedelta = DEFAULT_RETRY_DELAY_MAX
+    expire_in: timedelta = DEFAULT_EXPIRE_IN
+    singleton_key: str | None = None
+    start_after: datetime | timedelta | None = None
+    priority: int = 0
+    dead_letter: str | None = None
+
+    def merged(self, overrides: Mapping[str, Any]) -> JobOptions:
+        """These options with ``overrides`` validated and applied."""
+        return replace(self, **parse_options(overrides))
+
+
+OPTION_NAMES = frozenset(f.name for f in fields(JobOptions))
+_PG_BOSS_SPELLINGS = {
+    "retryLimit": "retry_limit",
+    "retryDelay": "retry_delay",
+    "retryBackoff": "retry_backoff",
+    "expireInSeconds": "expire_in",
+    "expireInMinutes": "expire_in",
+    "singletonKey": "singleton_key",
+    "startAfter": "start_after",
+    "deadLetter": "dead_letter",
+}
+
+
+def check_queue_name(name: object, field: str = "queue") -> str:
+    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+        raise InvalidInput(
+            field,
+            f"{name!r} is not a valid queue name: 1-128 letters, digits, "
+            "'_', '.', '-' or '/', starting with a letter or digit",
+        )
+    return name
+
+
+def encode_payload(data: object, *, max_bytes: int, field: str = "data") -> str:
+    """``data`` as JSON text, or InvalidInput naming why it cannot be a payload."""
+    try:
+        text = json.dumps(data, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(field, f"payload is not JSON: {exc}") from None
+    if "\\u0000" in text:
+        raise InvalidInput(field, "payload strings may not contain NUL characters")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidInput(
+            field,
+            f"payload is {size} bytes, over the {max_bytes}-byte cap; "
+            "send ids and load the documents in the handler",
+        )
+    return text
+
+
+def _duration(name: str, value: object, *, allow_zero: bool = True) -> timedelta:
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise InvalidInput(name, f"expected a timedelta or seconds, got {value!r}")
+    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if delta < timedelta(0) or (not allow_zero and delta == timedelta(0)):
+        raise InvalidInput(name, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return delta
+
+
+def parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate option overrides; each error names the option and its value."""
+    parsed: dict[str, Any] = {}
+    for name, value in options.items():
+        if name not in OPTION_NAMES:
+            hint = _PG_BOSS_SPELLINGS.get(name)
+            extra = (
+                f"; did you mean {hint!r}?"
+                if hint
+                else f"; known: {', '.join(sorted(OPTION_NAMES))}"
+            )
+            raise InvalidInput(name, f"unknown job option{extra}")
+        if name == "retry_limit":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInput(name, f"must be an integer >= 0, got {value!r}")
+        elif name in ("retry_delay", "retry_delay_max"):
+            value = _duration(name, value)
+        elif name == "expire_in":
+            value = _duration(name, value, allow_zero=False)
+        elif name == "retry_backoff":
+            if not isinstance(value, bool):
+                raise InvalidInput(name, f"must be true or false, got {value!r}")
+        elif name == "singleton_key":
+            if value is not None and (
+                not isinstance(value, str)
+                or not value
+                or len(value) > MAX_SINGLETON_KEY_LEN
+                or "\x00" in value
+            ):
+                raise InvalidInput(
+                    name,
+                    f"must be a non-empty string of at most {MAX_SINGLETON_KEY_LEN} characters",
+                )
+        elif name == "start_after":
+            if isinstance(value, datetime):
+                if value.tzinfo is None:
+                    raise InvalidInput(name, "a datetime must be timezone-aware")
+            elif value is not None:
+                value = _duration(name, value)
+        elif name == "priority":
+            if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
+                raise InvalidInput(
+                    name, f"must be an integer within ±{MAX_PRIORITY}, got {value!r}"
+                )
+        elif name == "dead_letter" and value is not None:
+            check_queue_name(value, field=name)
+        parsed[name] = value
+    return parsed

@@ -1,0 +1,518 @@
+"""The only code that runs the queue layer's SQL: one typed function per query.
+
+Each function takes ``now`` (``None`` = the database clock) and, where a caller
+may want its own transaction, ``conn``: given a connection, the statement runs
+on it as part of the caller's transaction (transactional enqueue); otherwise it
+runs on the pool under the database deadline.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from shoal.db.pool import AsyncConn, Database, translated
+from shoal.db.queries import load_queries
+from shoal.queue.retry import RetryPolicy
+from shoal.queue.states import JobId, JobState
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """Everything about a new job but its payload and singleton key.
+
+    Shared by every job sent with the same options, so a batch of 10,000
+    usually carries one of these, sent to the database once.
+    """
+
+    queue: str
+    priority: int
+    retry_limit: int
+    retry_delay: timedelta
+    retry_backoff: bool
+    retry_delay_max: timedelta
+    expire_in: timedelta
+    dead_letter: str | None
+    start_at: datetime | None
+    start_in: timedelta | None
+
+    @property
+    def runs_now(self) -> bool:
+        return self.start_at is None and not self.start_in
+
+    def row(self) -> tuple[Any, ...]:
+        """The values of OPTION_COLUMNS."""
+        return (
+            self.queue,
+            self.priority,
+            self.retry_limit,
+            self.retry_delay.total_seconds(),
+            self.retry_backoff,
+            self.retry_delay_max.total_seconds(),
+            self.expire_in.total_seconds(),
+            self.dead_letter,
+            self.start_at,
+            None if self.start_in is None else self.start_in.total_seconds(),
+        )
+
+
+OPTION_COLUMNS = (
+    "queue",
+    "priority",
+    "retry_limit",
+    "retry_delay_s",
+    "retry_backoff",
+    "retry_delay_max_s",
+    "expire_in_s",
+    "dead_letter",
+    "start_at",
+    "start_in_s",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job, ready to insert. ``data`` is JSON text."""
+
+    settings: JobSettings
+    data: str
+    singleton_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job a worker holds under a lease. ``attempt`` is its fencing token."""
+
+    id: JobId
+    queue: str
+    data: Any
+    priority: int
+    attempt: int
+    policy: RetryPolicy
+    expire_in: timedelta
+    singleton_key: str | None
+    dead_letter: str | None
+    created_at: datetime
+    started_at: datetime
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class JobError:
+    """One failed attempt, as recorded on the job."""
+
+    attempt: int
+    at: str
+    type: str
+    message: str
+    traceback: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A job as stored, for inspection."""
+
+    id: JobId
+    queue: str
+    state: JobState
+    data: Any
+    priority: int
+    attempt: int
+    policy: RetryPolicy
+    expire_in: timedelta
+    singleton_key: str | None
+    dead_letter: str | None
+    origin_queue: str | None
+    origin_id: JobId | None
+    start_after: datetime
+    created_at: datetime
+    started_at: datetime | None
+    lease_expires_at: datetime | None
+    finished_at: datetime | None
+    output: Any
+    errors: tuple[JobError, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The outcome of a failed attempt, to be written fenced by ``attempt``."""
+
+    id: JobId
+    attempt: int
+    state: JobState  # RETRY or FAILED
+    retry_in: timedelta | None
+    error: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    id: JobId
+    attempt: int
+    policy: RetryPolicy
+    lease_expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStateCount:
+    queue: str
+    state: JobState
+    count: int
+    oldest_waiting: timedelta | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    name: str
+    queue: str
+    cron: str
+    timezone: str
+    data: Any
+    options: Mapping[str, Any]
+    last_tick: datetime
+    db_now: datetime
+
+
+@functools.lru_cache(maxsize=256)
+def _policy(limit: int, delay_s: float, backoff: bool, max_s: float) -> RetryPolicy:
+    # Cached: a claim of a hundred jobs almost always carries one policy.
+    return RetryPolicy(limit, timedelta(seconds=delay_s), backoff, timedelta(seconds=max_s))
+
+
+def _record(row: Sequence[Any]) -> JobRecord:
+    """A get_job/list_jobs row (see queries.sql for the column order)."""
+    return JobRecord(
+        id=JobId(row[0]),
+        queue=row[1],
+        state=JobState(row[2]),
+        data=row[3],
+        priority=row[4],
+        attempt=row[5],
+        policy=_policy(row[6], row[7], row[8], row[9]),
+        expire_in=timedelta(seconds=row[10]),
+        singleton_key=row[11],
+        dead_letter=row[12],
+        origin_queue=row[13],
+        origin_id=None if row[14] is None else JobId(row[14]),
+        start_after=row[15],
+        created_at=row[16],
+        started_at=row[17],
+        lease_expires_at=row[18],
+        finished_at=row[19],
+        output=row[20],
+        errors=tuple(
+            JobError(e["attempt"], e["at"], e["type"], e["message"], e.get("traceback"))
+            for e in row[21]
+        ),
+    )
+
+
+class JobStore:
+    """Typed access to the queue tables of one schema."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.sql = load_queries("shoal.queue", db.schema)
+        # One notification channel per schema, so two shoal installs in one
+        # database do not wake each other's workers.
+        self.channel = f"{db.schema}_jobs"
+
+    async def _on(self, conn: AsyncConn | None, work: Callable[[AsyncConn], Awaitable[T]]) -> T:
+        if conn is None:
+            return await self.db.run(work)
+        with translated():
+            return await work(conn)
+
+    async def _rows(
+        self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
+    ) -> list[tuple[Any, ...]]:
+        query = self.sql[name]
+
+        async def run(c: AsyncConn) -> list[tuple[Any, ...]]:
+            cur = await c.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+        return await self._on(conn, run)
+
+    # -- enqueue -----------------------------------------------------------
+
+    async def insert(
+        self, jobs: Sequence[NewJob], *, now: datetime | None, conn: AsyncConn | None = None
+    ) -> list[JobId | None]:
+        """Insert ``jobs`` in one statement; ids in input order, None for skipped singletons."""
+        if not jobs:
+            return []
+        sets: dict[JobSettings, int] = {}
+        option_set = [sets.setdefault(job.settings, len(sets) + 1) for job in jobs]
+        columns = list(zip(*(settings.row() for settings in sets), strict=True))
+        params: dict[str, Any] = dict(zip(OPTION_COLUMNS, map(list, columns), strict=True))
+        params["option_set"] = option_set
+        params["data"] = [j.data for j in jobs]
+        # unnest pads a shorter array with NULLs: no keys at all costs nothing.
+        params["singleton_key"] = (
+            [j.singleton_key for j in jobs] if any(j.singleton_key for j in jobs) else []
+        )
+        params["now"] = now
+        wake = sorted({s.queue for s in sets if s.runs_now})
+        insert_q, notify_q = self.sql["insert_jobs"], self.sql["notify_queues"]
+
+        async def run(c: AsyncConn) -> list[JobId | None]:
+            cur = await c.execute(insert_q, params)
+            ids = [None if r[0] is None else JobId(r[0]) for r in await cur.fetchall()]
+            if wake and any(ids):
+                await c.execute(notify_q, {"channel": self.channel, "queues": wake})
+            return ids
+
+        return await self._on(conn, run)
+
+    # -- the worker's edges ----------------------------------------------
+
+    async def claim(self, queue: str, limit: int, *, now: datetime | None) -> list[ClaimedJob]:
+        rows = await self._rows("claim_jobs", {"queue": queue, "limit": limit, "now": now})
+        return [
+            ClaimedJob(
+                JobId(r[0]),
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                _policy(r[5], r[6], r[7], r[8]),
+                timedelta(seconds=r[9]),
+                r[10],
+                r[11],
+                r[12],
+                r[13],
+                r[14],
+            )
+            for r in rows
+        ]
+
+    async def complete(
+        self, done: Sequence[tuple[JobId, int, Any]], *, now: datetime | None
+    ) -> set[JobId]:
+        """active -> completed for (id, attempt, output); returns the ids that won their fence."""
+        if not done:
+            return set()
+        rows = await self._rows(
+            "complete_jobs",
+            {
+                "ids": [d[0] for d in done],
+                "attempts": [d[1] for d in done],
+                "outputs": [None if d[2] is None else Jsonb(d[2]) for d in done],
+                "now": now,
+            },
+        )
+        return {JobId(r[0]) for r in rows}
+
+    async def fail(
+        self, failures: Sequence[Failure], *, now: datetime | None, expired_only: bool = False
+    ) -> dict[JobId, JobState]:
+        """active -> retry | failed; returns the new state of each job that won its fence."""
+        if not failures:
+            return {}
+        rows = await self._rows(
+            "fail_jobs",
+            {
+                "ids": [f.id for f in failures],
+                "attempts": [f.attempt for f in failures],
+                "states": [f.state.value for f in failures],
+                "retry_in_s": [
+                    None if f.retry_in is None else f.retry_in.total_seconds() for f in failures
+                ],
+                "errors": [json.dumps(f.error) for f in failures],
+                "expired_only": expired_only,
+                "now": now,
+            },
+        )
+        return {JobId(r[0]): JobState(r[1]) for r in rows}
+
+    async def release(
+        self, jobs: Sequence[tuple[JobId, int, timedelta]], *, now: datetime | None
+    ) -> set[JobId]:
+        """active -> created without costing an attempt (snooze, shutdown hand-back)."""
+        if not jobs:
+            return set()
+        rows = await self._rows(
+            "release_jobs",
+            {
+                "ids": [j[0] for j in jobs],
+                "attempts": [j[1] for j in jobs],
+                "delays_s": [j[2].total_seconds() for j in jobs],
+                "now": now,
+            },
+        )
+        return {JobId(r[0]) for r in rows}
+
+    async def cancel_active(
+        self, job_id: JobId, attempt: int, error: Mapping[str, Any], *, now: datetime | None
+    ) -> bool:
+        rows = await self._rows(
+            "cancel_active_job",
+            {"id": job_id, "attempt": attempt, "error": json.dumps(error), "now": now},
+        )
+        return bool(rows)
+
+    async def extend_leases(
+        self, held: Sequence[tuple[JobId, int]], *, now: datetime | None
+    ) -> dict[JobId, datetime]:
+        if not held:
+            return {}
+        rows = await self._rows(
+            "extend_leases",
+            {"ids": [h[0] for h in held], "attempts": [h[1] for h in held], "now": now},
+        )
+        return {JobId(r[0]): r[1] for r in rows}
+
+    # -- maintenance -----------------------------------------------------
+
+    async def lock_expired_leases(
+        self, conn: AsyncConn, *, limit: int, now: datetime | None
+    ) -> list[ExpiredLease]:
+        rows = await self._rows("lock_expired_leases", {"limit": limit, "now": now}, conn)
+        return [
+            ExpiredLease(JobId(r[0]), r[1], _policy(r[2], r[3], r[4], r[5]), r[6]) for r in rows
+        ]
+
+    async def fail_on(
+        self, conn: AsyncConn, failures: Sequence[Failure], *, now: datetime | None
+    ) -> dict[JobId, JobState]:
+        """``fail`` with ``expired_only``, inside the rescuer's transaction."""
+        if not failures:
+            return {}
+        rows = await self._rows(
+            "fail_jobs",
+            {
+                "ids": [f.id for f in failures],
+                "attempts": [f.attempt for f in failures],
+                "states": [f.state.value for f in failures],
+                "retry_in_s": [
+                    None if f.retry_in is None else f.retry_in.total_seconds() for f in failures
+                ],
+                "errors": [json.dumps(f.error) for f in failures],
+                "expired_only": True,
+                "now": now,
+            },
+            conn,
+        )
+        return {JobId(r[0]): JobState(r[1]) for r in rows}
+
+    async def archive_finished(
+        self, *, retention: timedelta, limit: int, now: datetime | None
+    ) -> int:
+        query = self.sql["archive_finished"]
+        params = {"retention_s": retention.total_seconds(), "limit": limit, "now": now}
+
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(query, params)
+            return cur.rowcount
+
+        return await self.db.run(run)
+
+    async def prune_archive(self, *, retention: timedelta, limit: int, now: datetime | None) -> int:
+        query = self.sql["prune_archive"]
+        params = {"retention_s": retention.total_seconds(), "limit": limit, "now": now}
+
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(query, params)
+            return cur.rowcount
+
+        return await self.db.run(run)
+
+    # -- control ---------------------------------------------------------
+
+    async def cancel(self, ids: Sequence[JobId], *, now: datetime | None) -> set[JobId]:
+        rows = await self._rows("cancel_jobs", {"ids": list(ids), "now": now})
+        return {JobId(r[0]) for r in rows}
+
+    async def resume(self, ids: Sequence[JobId], *, now: datetime | None) -> set[JobId]:
+        rows = await self._rows("resume_jobs", {"ids": list(ids), "now": now})
+        return {JobId(r[0]) for r in rows}
+
+    async def retry(self, ids: Sequence[JobId], *, now: datetime | None) -> set[JobId]:
+        rows = await self._rows("retry_jobs", {"ids": list(ids), "now": now})
+        return {JobId(r[0]) for r in rows}
+
+    async def redrive(self, queue: str, *, limit: int, now: datetime | None) -> dict[JobId, JobId]:
+        rows = await self._rows("redrive", {"queue": queue, "limit": limit, "now": now})
+        return {JobId(r[0]): JobId(r[1]) for r in rows}
+
+    async def pause_queue(self, queue: str, *, now: datetime | None) -> None:
+        await self._rows("pause_queue", {"queue": queue, "now": now})
+
+    async def resume_queue(self, queue: str) -> None:
+        await self._rows("resume_queue", {"queue": queue})
+
+    async def paused_queues(self) -> list[str]:
+        return [r[0] for r in await self._rows("paused_queues", {})]
+
+    # -- inspection ------------------------------------------------------
+
+    async def get_job(self, job_id: JobId) -> JobRecord | None:
+        rows = await self._rows("get_job", {"id": job_id})
+        return _record(rows[0]) if rows else None
+
+    async def list_jobs(
+        self, queue: str, *, state: JobState | None, before_id: JobId | None, limit: int
+    ) -> list[JobRecord]:
+        rows = await self._rows(
+            "list_jobs",
+            {
+                "queue": queue,
+                "state": None if state is None else state.value,
+                "before_id": before_id,
+                "limit": limit,
+            },
+        )
+        return [_record(r) for r in rows]
+
+    async def queue_stats(self, *, now: datetime | None) -> list[QueueStateCount]:
+        rows = await self._rows("queue_stats", {"now": now})
+        return [QueueStateCount(r[0], JobState(r[1]), r[2], r[3]) for r in rows]
+
+    # -- schedules -------------------------------------------------------
+
+    async def upsert_schedule(
+        self,
+        *,
+        name: str,
+        queue: str,
+        cron: str,
+        timezone: str,
+        data: str,
+        options: Mapping[str, Any],
+        now: datetime | None,
+    ) -> None:
+        await self._rows(
+            "upsert_schedule",
+            {
+                "name": name,
+                "queue": queue,
+                "cron": cron,
+                "timezone": timezone,
+                "data": data,
+                "options": json.dumps(dict(options)),
+                "now": now,
+            },
+        )
+
+    async def delete_schedule(self, name: str) -> bool:
+        return bool(await self._rows("delete_schedule", {"name": name}))
+
+    async def list_schedules(self, *, now: datetime | None) -> list[ScheduleRow]:
+        rows = await self._rows("list_schedules", {"now": now})
+        return [ScheduleRow(*r) for r in rows]
+
+    async def advance_schedule(self, conn: AsyncConn, name: str, tick: datetime) -> bool:
+        """Claim ``tick`` of schedule ``name`` inside ``conn``'s transaction."""
+        return bool(await self._rows("advance_schedule", {"name": name, "tick": tick}, conn))
+
+    def statement(self, name: str) -> sql.Composed:
+        return self.sql[name]

@@ -1,0 +1,415 @@
+"""``work()``: runs a handler over a queue with bounded concurrency.
+
+Three kinds of task cooperate, all in one process:
+
+- the *fetcher* claims jobs in batches (``FOR UPDATE SKIP LOCKED``, one round
+  trip for up to ``batch_size`` jobs) into a small local buffer, whenever the
+  buffer has room for half a batch; when the queue is empty it waits for a
+  NOTIFY or the poll interval;
+- ``concurrency`` *runners* take jobs from the buffer and run the handler,
+  each under the job's execution deadline (``expire_in``, pushed back by
+  heartbeats);
+- the *completer* writes outcomes in batches: all that finished while its
+  last write was in flight go in the next one. Its writes are retried on
+  transient errors and finished at shutdown; an outcome lost to a crash only
+  means the job runs again when its lease expires (at-least-once).
+
+Every final write names the attempt the runner was handed, so a runner that
+lost its lease can never overwrite the outcome of the job's next attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from shoal.clock import Clock
+from shoal.errors import Cancel, PermanentError, Snooze, TransientError
+from shoal.queue.job import (
+    Cancelled,
+    Completed,
+    Failed,
+    Handler,
+    Interrupted,
+    Job,
+    Outcome,
+    Snoozed,
+)
+from shoal.queue.notifier import Notifier
+from shoal.queue.retry import Jitter, after_failure
+from shoal.queue.states import JobId, JobState
+from shoal.queue.store import ClaimedJob, Failure, JobStore
+
+log = logging.getLogger("shoal.worker")
+
+DEFAULT_CONCURRENCY = 10
+DEFAULT_POLL_INTERVAL = timedelta(seconds=2)
+DEFAULT_SHUTDOWN_GRACE = timedelta(seconds=30)
+# Most jobs claimed in one round trip.
+DEFAULT_MAX_BATCH = 100
+# The deadline watchdog looks at least this often.
+WATCHDOG_MAX_SLEEP_S = 0.25
+# Backoff of the fetcher and completer after a failed database call.
+ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+class ExpiredError(TimeoutError):
+    """The handler ran past its job's ``expire_in`` without a heartbeat."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    claimed: int
+    completed: int
+    failed: int
+    retried: int
+    released: int
+    lost: int  # outcomes whose fence failed: the job was no longer ours
+
+
+def error_entry(attempt: int, error: BaseException, at: str) -> dict[str, Any]:
+    return {
+        "attempt": attempt,
+        "at": at,
+        "type": type(error).__name__,
+        "message": str(error) or type(error).__name__,
+        "traceback": "".join(traceback.format_exception(error))[-8000:],
+    }
+
+
+class Worker:
+    """A running ``work(queue, handler)`` loop. Use :meth:`Shoal.work` to start one."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        queue: str,
+        handler: Handler,
+        *,
+        concurrency: int,
+        batch_size: int | None,
+        poll_interval: timedelta,
+        clock: Clock,
+        jitter: Jitter,
+        notifier: Notifier | None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.store = store
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        self.batch_size = batch_size or DEFAULT_MAX_BATCH
+        self.poll_interval = poll_interval
+        self.clock = clock
+        self.jitter = jitter
+        self.notifier = notifier
+
+        # Claimed, not yet started. Written by the fetcher, read by runners.
+        self._buffer: deque[ClaimedJob] = deque()
+        self._has_jobs = asyncio.Event()  # set by the fetcher, awaited by idle runners
+        self._room = asyncio.Event()  # set by runners as jobs finish, awaited by the fetcher
+        # Outcomes waiting for the completer. Written by runners and stop().
+        self._outcomes: list[tuple[ClaimedJob, Outcome]] = []
+        self._outcomes_ready = asyncio.Event()
+        self._running: dict[JobId, asyncio.Task[Any]] = {}
+        # Execution deadlines on the clock's monotonic time. Written by runners
+        # (and heartbeats), read by the watchdog, which cancels overdue runners
+        # after adding them to _expired.
+        self._deadline_at: dict[JobId, float] = {}
+        self._expired: set[JobId] = set()
+        self._stopping = False
+        self._completer_should_exit = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake: asyncio.Event | None = None
+        self._claimed = self._completed = self._failed = self._retried = 0
+        self._released = self._lost = self._finished = 0
+        # Prefetch sizing (fetcher only): jobs/s finished and seconds per claim.
+        self._rate = 0.0
+        self._claim_s = 0.0
+        # Set when the completer has written everything handed to it.
+        self.idle = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        if self.notifier is not None:
+            self._wake = self.notifier.subscribe(self.queue)
+        self._fetcher = asyncio.create_task(self._fetch_loop(), name=f"shoal-fetch:{self.queue}")
+        self._watchdog = asyncio.create_task(self._watch_deadlines(), name="shoal-deadlines")
+        self._tasks = [
+            asyncio.create_task(self._run_loop(), name=f"shoal-run:{self.queue}:{i}")
+            for i in range(self.concurrency)
+        ]
+        self._completer = asyncio.create_task(
+            self._complete_loop(), name=f"shoal-complete:{self.queue}"
+        )
+
+    async def stop(self, grace: timedelta = DEFAULT_SHUTDOWN_GRACE) -> None:
+        """Stop claiming, let running jobs finish within ``grace``, hand back the rest.
+
+        Handed-back jobs cost no attempt. Returns once every outcome is written.
+        """
+        if self._stopping:
+            return
+        self._stopping = True
+        self._fetcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._fetcher
+        # Jobs claimed but never started go straight back.
+        while self._buffer:
+            self._record(self._buffer.popleft(), Interrupted())
+        self._has_jobs.set()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=grace.total_seconds())
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watchdog
+        self._completer_should_exit = True
+        self._outcomes_ready.set()
+        await self._completer
+        if self.notifier is not None and self._wake is not None:
+            self.notifier.unsubscribe(self.queue, self._wake)
+
+    @property
+    def stats(self) -> WorkerStats:
+        return WorkerStats(
+            self._claimed, self._completed, self._failed, self._retried, self._released, self._lost
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._buffer) + len(self._running)
+
+    # -- fetcher ---------------------------------------------------------
+
+    def _prefetch(self) -> int:
+        """Jobs to hold beyond the running ones: about four claims' worth at the current rate.
+
+        Slow jobs get no prefetch, so jobs are not hoarded away from other
+        processes; no-op jobs get up to a full batch, so runners never wait
+        for a claim round trip.
+        """
+        return min(self.batch_size, math.ceil(self._rate * self._claim_s * 4))
+
+    async def _fetch_loop(self) -> None:
+        errors = 0
+        last_at, last_finished = self.clock.monotonic(), 0
+        while True:
+            room = self.concurrency + self._prefetch() - len(self._buffer) - len(self._running)
+            if room < 1:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            started = self.clock.monotonic()
+            try:
+                claimed = await self.store.claim(
+                    self.queue, min(room, self.batch_size), now=self.clock.sql_now()
+                )
+                errors = 0
+            except TransientError as exc:
+                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                errors += 1
+                log.warning("claim from %s failed (%s); retrying in %.1fs", self.queue, exc, delay)
+                await self.clock.sleep(delay)
+                continue
+            now = self.clock.monotonic()
+            self._claim_s = 0.7 * self._claim_s + 0.3 * (now - started)
+            if now > last_at:
+                rate = (self._finished - last_finished) / (now - last_at)
+                self._rate = 0.7 * self._rate + 0.3 * rate
+                last_at, last_finished = now, self._finished
+            if claimed:
+                self._claimed += len(claimed)
+                self._buffer.extend(claimed)
+                self._has_jobs.set()
+            if len(claimed) < min(room, self.batch_size):
+                await self._idle_wait()
+
+    async def _idle_wait(self) -> None:
+        """Wait for a NOTIFY about this queue, or the poll interval."""
+        if self._wake is None:
+            await self.clock.sleep(self.poll_interval.total_seconds())
+            return
+        self._wake.clear()
+        sleeper = asyncio.ensure_future(self.clock.sleep(self.poll_interval.total_seconds()))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            waker.cancel()
+
+    # -- runners ---------------------------------------------------------
+
+    async def _run_loop(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        while True:
+            while not self._buffer:
+                if self._stopping:
+                    return
+                self._has_jobs.clear()
+                await self._has_jobs.wait()
+            claim = self._buffer.popleft()
+            self._running[claim.id] = task
+            try:
+                outcome = await self._run_one(claim, task)
+            except asyncio.CancelledError:
+                # Shutdown cut the handler off: hand the job back, no attempt spent.
+                self._finish(claim, Interrupted())
+                raise
+            self._finish(claim, outcome)
+
+    async def _run_one(self, claim: ClaimedJob, task: asyncio.Task[Any]) -> Outcome:
+        job = Job(claim, self._heartbeat)
+        self._deadline_at[claim.id] = self.clock.monotonic() + claim.expire_in.total_seconds()
+        try:
+            output = await self.handler(job)
+        except asyncio.CancelledError:
+            if claim.id in self._expired and not self._stopping:
+                task.uncancel()
+                return Failed(ExpiredError(f"handler ran past expire_in={claim.expire_in}"), False)
+            raise
+        except Snooze as snooze:
+            return Snoozed(snooze.delay)
+        except Cancel as cancel:
+            return Cancelled(cancel)
+        except PermanentError as exc:
+            return Failed(exc, True)
+        except Exception as exc:
+            return Failed(exc, False)
+        finally:
+            self._deadline_at.pop(claim.id, None)
+            self._expired.discard(claim.id)
+        return Completed(output)
+
+    async def _watch_deadlines(self) -> None:
+        """Cancel handlers that ran past their execution deadline."""
+        while True:
+            now = self.clock.monotonic()
+            nearest = WATCHDOG_MAX_SLEEP_S
+            for job_id, at in list(self._deadline_at.items()):
+                if at <= now:
+                    task = self._running.get(job_id)
+                    if task is not None and job_id not in self._expired:
+                        log.warning("job %s ran past its expire_in; cancelling it", job_id)
+                        self._expired.add(job_id)
+                        task.cancel()
+                else:
+                    nearest = min(nearest, at - now)
+            await self.clock.sleep(nearest)
+
+    async def _heartbeat(self, job: Job) -> bool:
+        held = await self.store.extend_leases([(job.id, job.attempt)], now=self.clock.sql_now())
+        if job.id in held and job.id in self._deadline_at:
+            self._deadline_at[job.id] = self.clock.monotonic() + job.expire_in.total_seconds()
+        return job.id in held
+
+    def _finish(self, claim: ClaimedJob, outcome: Outcome) -> None:
+        self._running.pop(claim.id, None)
+        self._finished += 1
+        self._room.set()
+        self._record(claim, outcome)
+
+    def _record(self, claim: ClaimedJob, outcome: Outcome) -> None:
+        self._outcomes.append((claim, outcome))
+        self.idle.clear()
+        self._outcomes_ready.set()
+
+    # -- completer -------------------------------------------------------
+
+    async def _complete_loop(self) -> None:
+        errors = 0
+        while True:
+            if not self._outcomes:
+                self.idle.set()
+                if self._completer_should_exit:
+                    return
+                self._outcomes_ready.clear()
+                await self._outcomes_ready.wait()
+                continue
+            batch, self._outcomes = self._outcomes, []
+            try:
+                # Shielded: a cancelled caller must not lose the acknowledgement.
+                await asyncio.shield(self._write(batch))
+                errors = 0
+            except TransientError as exc:
+                self._outcomes[:0] = batch  # keep order; try again
+                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                errors += 1
+                log.warning("recording %d outcomes failed (%s); retrying", len(batch), exc)
+                await self.clock.sleep(delay)
+            except Exception:  # loop boundary: log every job id, keep the loop alive
+                log.exception(
+                    "recording outcomes of jobs %s failed; their leases will expire",
+                    [c.id for c, _ in batch],
+                )
+
+    async def _write(self, batch: list[tuple[ClaimedJob, Outcome]]) -> None:
+        now_sql = self.clock.sql_now()
+        at = self.clock.now().isoformat()
+        completed: list[tuple[JobId, int, Any]] = []
+        failures: list[Failure] = []
+        released: list[tuple[JobId, int, timedelta]] = []
+        cancels: list[tuple[ClaimedJob, BaseException]] = []
+        for claim, outcome in batch:
+            if isinstance(outcome, Completed):
+                completed.append((claim.id, claim.attempt, outcome.output))
+            elif isinstance(outcome, Failed):
+                step = after_failure(
+                    claim.attempt,
+                    claim.policy,
+                    self.clock.now(),
+                    self.jitter,
+                    permanent=outcome.permanent,
+                )
+                retry_in = None
+                if step.start_after is not None:
+                    retry_in = step.start_after - self.clock.now()
+                failures.append(
+                    Failure(
+                        claim.id,
+                        claim.attempt,
+                        step.state,
+                        retry_in,
+                        error_entry(claim.attempt, outcome.error, at),
+                    )
+                )
+                if step.state is JobState.FAILED:
+                    log.warning(
+                        "job %s (%s) failed for good: %r", claim.id, self.queue, outcome.error
+                    )
+            elif isinstance(outcome, Snoozed):
+                released.append((claim.id, claim.attempt, outcome.delay))
+            elif isinstance(outcome, Interrupted):
+                released.append((claim.id, claim.attempt, timedelta(0)))
+            else:
+                cancels.append((claim, outcome.error))
+        if completed:
+            won = await self.store.complete(completed, now=now_sql)
+            self._completed += len(won)
+            self._lost += len(completed) - len(won)
+        if failures:
+            states = await self.store.fail(failures, now=now_sql)
+            self._failed += sum(1 for s in states.values() if s is JobState.FAILED)
+            self._retried += sum(1 for s in states.values() if s is JobState.RETRY)
+            self._lost += len(failures) - len(states)
+        if released:
+            won_back = await self.store.release(released, now=now_sql)
+            self._released += len(won_back)
+            self._lost += len(released) - len(won_back)
+        for claim, error in cancels:
+            await self.store.cancel_active(
+                claim.id, claim.attempt, error_entry(claim.attempt, error, at), now=now_sql
+            )
