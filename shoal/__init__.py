@@ -1,5 +1,6 @@
 """shoal: a Postgres-native engine for reliable background work."""
 
+from shoal.app import App
 from shoal.clock import Clock, FakeClock, SystemClock
 from shoal.db.embedded import EmbeddedPostgres
 from shoal.db.pool import Database
@@ -22,6 +23,7 @@ from shoal.queue.store import JobError, JobRecord
 from shoal.queue.worker import Worker
 
 __all__ = [
+    "App",
     "Cancel",
     "Clock",
     "Conflict",

@@ -218,7 +218,12 @@ class Shoal:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInput("batch_size", f"must be an integer >= 1, got {batch_size!r}")
         claims = await self.store.claim(queue, batch_size, now=self.clock.sql_now())
-        return [Job(claim) for claim in claims]
+        return [Job(claim, self.heartbeat) for claim in claims]
+
+    async def heartbeat(self, job: Job) -> bool:
+        """Extend an active job's lease by its ``expire_in``; False if it is no longer held."""
+        held = await self.store.extend_leases([(job.id, job.attempt)], now=self.clock.sql_now())
+        return job.id in held
 
     async def complete(self, job: Job | JobId, output: Any = None) -> bool:
         """Mark an active job completed; False when it is no longer active under that attempt."""

@@ -42,10 +42,10 @@ def retry_delay(attempt: int, policy: RetryPolicy, jitter: Jitter) -> timedelta:
     if not policy.retry_backoff:
         return min(policy.retry_delay, policy.retry_delay_max)
     base = policy.retry_delay or BACKOFF_BASE_WHEN_NO_DELAY
-    # Cap the exponent before multiplying: 2**attempt overflows timedelta long
-    # before any cap a user would set.
-    doubled = base * (2 ** min(attempt - 1, 40)) if attempt < 40 else policy.retry_delay_max
-    full = min(doubled, policy.retry_delay_max)
+    # Doubled in float seconds and capped before it becomes a timedelta again:
+    # 2**attempt times a delay overflows timedelta within a few dozen attempts.
+    doubled_s = base.total_seconds() * 2.0 ** min(attempt - 1, 1000)
+    full = timedelta(seconds=min(doubled_s, policy.retry_delay_max.total_seconds()))
     return full / 2 + full / 2 * jitter.random()
 
 

@@ -1,0 +1,161 @@
+"""Test fixtures: a real PostgreSQL, and a fresh migrated database per test.
+
+The server is ``DATABASE_URL`` when set (CI points it at the machine's
+PostgreSQL), else an embedded server started for this run. A template
+database is migrated once per run; each test gets its own clone of it.
+Tests that restart, freeze or kill a server use ``throwaway_pg``: a cluster
+of their own, never the shared one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from shoal import FakeClock, Shoal
+from shoal.db import Database, EmbeddedPostgres, migrate
+
+RUN_ID = uuid.uuid4().hex[:8]
+_counter = itertools.count()
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    return make_conninfo(url, dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A URL of the server tests may create databases on."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", fsync=False)
+    server.start()
+    try:
+        yield server.url()
+    finally:
+        server.stop("immediate")
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: str) -> Iterator[str]:
+    name = f"shoal_tpl_{RUN_ID}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+    async def prepare() -> None:
+        async with Database(with_dbname(pg_server, name)) as db:
+            await migrate(db)
+
+    asyncio.run(prepare())
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def create_database(pg_server: str, template: str) -> str:
+    name = f"shoal_t_{RUN_ID}_{next(_counter)}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        )
+    return name
+
+
+def drop_database(pg_server: str, name: str) -> None:
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture
+def db_url(pg_server: str, template_db: str) -> Iterator[str]:
+    """A fresh database with shoal's schema migrated, dropped after the test."""
+    name = create_database(pg_server, template_db)
+    try:
+        yield with_dbname(pg_server, name)
+    finally:
+        drop_database(pg_server, name)
+
+
+@pytest.fixture
+def empty_db_url(pg_server: str) -> Iterator[str]:
+    """A fresh database with nothing in it."""
+    name = f"shoal_e_{RUN_ID}_{next(_counter)}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield with_dbname(pg_server, name)
+    finally:
+        drop_database(pg_server, name)
+
+
+@pytest.fixture
+async def boss(db_url: str) -> AsyncIterator[Shoal]:
+    """A client on a fresh database, on real time."""
+    db = await Database(db_url, max_size=10).open()
+    client = Shoal(db)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def fake_boss(db_url: str, clock: FakeClock) -> AsyncIterator[Shoal]:
+    """A client whose time (in Python and in SQL) moves only with ``clock.advance``."""
+    db = await Database(db_url, max_size=10).open()
+    client = Shoal(db, clock=clock)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def throwaway_pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL cluster of this test's own, to restart, freeze or kill."""
+    server = EmbeddedPostgres(tmp_path / "pg", fsync=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.thaw()
+        server.stop("immediate")
+
+
+async def wait_for(predicate: object, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
+    """Await until ``predicate()`` (sync or async) is true, or fail after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        result = predicate()  # type: ignore[operator]
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,92 @@
+"""Bad input gets an error naming the field, and nothing is written."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from shoal import InvalidInput, Shoal
+
+
+async def job_count(boss: Shoal) -> int:
+    return sum(row.count for row in await boss.stats())
+
+
+@pytest.mark.parametrize(
+    ("queue", "data", "options", "field"),
+    [
+        ("has space", None, {}, "queue"),
+        ("", None, {}, "queue"),
+        ("q" * 129, None, {}, "queue"),
+        ("colon:name", None, {}, "queue"),
+        ("ok_queue", {"blob": "x" * 9000}, {}, "data"),
+        ("ok_queue", {"when": datetime(2026, 1, 1, tzinfo=UTC)}, {}, "data"),
+        ("ok_queue", {"x": float("nan")}, {}, "data"),
+        ("ok_queue", {"x": "nul\x00here"}, {}, "data"),
+        ("ok_queue", None, {"retryLimit": 3}, "retryLimit"),
+        ("ok_queue", None, {"bogus": 1}, "bogus"),
+        ("ok_queue", None, {"retry_delay": -1}, "retry_delay"),
+        ("ok_queue", None, {"start_after": timedelta(seconds=-5)}, "start_after"),
+        ("ok_queue", None, {"start_after": datetime(2026, 1, 1)}, "start_after"),  # noqa: DTZ001 - the naive datetime is the bad input
+        ("ok_queue", None, {"expire_in": 0}, "expire_in"),
+        ("ok_queue", None, {"retry_limit": -1}, "retry_limit"),
+        ("ok_queue", None, {"retry_limit": True}, "retry_limit"),
+        ("ok_queue", None, {"priority": "high"}, "priority"),
+        ("ok_queue", None, {"singleton_key": ""}, "singleton_key"),
+        ("ok_queue", None, {"dead_letter": "bad name"}, "dead_letter"),
+    ],
+)
+async def test_send_rejects_bad_input_naming_the_field(
+    boss: Shoal, queue: str, data: object, options: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        await boss.send(queue, data, **options)
+    assert raised.value.field == field
+    assert field in str(raised.value)
+    assert await job_count(boss) == 0
+
+
+async def test_pg_boss_spelling_gets_a_hint(boss: Shoal) -> None:
+    with pytest.raises(InvalidInput, match="did you mean 'singleton_key'"):
+        await boss.send("ok_queue", None, singletonKey="a")
+
+
+async def test_payload_cap_is_configurable(db_url: str) -> None:
+    from shoal.db import Database
+
+    db = await Database(db_url).open()
+    small = Shoal(db, max_payload_bytes=64, listen=False)
+    try:
+        assert await small.send("ok_queue", {"x": "y" * 10}) is not None
+        with pytest.raises(InvalidInput, match="over the 64-byte cap"):
+            await small.send("ok_queue", {"x": "y" * 100})
+    finally:
+        await small.close()
+
+
+async def test_one_bad_job_in_an_insert_writes_nothing(boss: Shoal) -> None:
+    jobs: list[dict[str, object]] = [{"queue": "ok_queue", "data": {"i": i}} for i in range(100)]
+    jobs.append({"queue": "ok_queue", "data": {"i": 100}, "priority": "urgent"})
+    with pytest.raises(InvalidInput) as raised:
+        await boss.insert(jobs)
+    assert raised.value.field == "jobs[100].priority"
+    assert await job_count(boss) == 0
+
+
+async def test_insert_requires_a_queue_for_each_job(boss: Shoal) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        await boss.insert([{"data": 1}])
+    assert raised.value.field == "jobs[0].queue"
+
+
+async def test_schedule_rejects_a_bad_cron_expression(boss: Shoal) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        await boss.schedule("nightly", "61 * * * * *")
+    assert raised.value.field == "cron"
+    with pytest.raises(InvalidInput) as raised:
+        await boss.schedule("nightly", "* * *")
+    assert raised.value.field == "cron"
+    with pytest.raises(InvalidInput) as raised:
+        await boss.schedule("nightly", "* * * * *", tz="Mars/Olympus")
+    assert raised.value.field == "tz"
+    assert await boss.schedules() == []
