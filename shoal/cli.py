@@ -110,6 +110,7 @@ async def cmd_status(args: argparse.Namespace, url: str) -> int:
     for state in states:
         table.add_column(state.value, justify="right")
     table.add_column("oldest waiting", justify="right")
+    table.add_column("paused")
     by_queue: dict[str, dict[JobState, int]] = {}
     oldest: dict[str, timedelta] = {}
     for row in rows:
@@ -120,11 +121,12 @@ async def cmd_status(args: argparse.Namespace, url: str) -> int:
         counts = by_queue.get(queue, {})
         age = oldest.get(queue)
         table.add_row(
-            queue + (" [yellow](paused)[/yellow]" if queue in paused else ""),
+            queue,
             *(str(counts.get(state, 0)) for state in states),
             "-" if age is None else f"{age.total_seconds():.1f}s",
+            "[yellow]paused[/yellow]" if queue in paused else "",
         )
-    Console().print(table)
+    Console(width=max(120, Console().width)).print(table)
     return 0
 
 

@@ -1,0 +1,86 @@
+"""The embedded server and the command line, as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from shoal.db import EmbeddedPostgres
+
+ROOT = Path(__file__).parent.parent
+
+
+def shoal_cli(
+    *args: str, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shoal.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
+def test_embedded_server_starts_on_demand_is_reused_and_stops(tmp_path: Path) -> None:
+    first = EmbeddedPostgres(tmp_path / "pg", fsync=False)
+    url = first.start()
+    assert first.started_here
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    second = EmbeddedPostgres(tmp_path / "pg")
+    assert second.start() == url  # reused, not started twice
+    assert not second.started_here
+    with psycopg.connect(url):
+        assert not first.stop_if_unused(), "stopped under a connected client"
+    assert first.stop_if_unused()
+    assert not first.is_running()
+    restarted = EmbeddedPostgres(tmp_path / "pg", fsync=False)
+    restarted.start()  # the same data directory comes back
+    restarted.stop()
+
+
+def test_cli_without_database_url_uses_the_embedded_server(tmp_path: Path) -> None:
+    env = {"SHOAL_DATA_DIR": str(tmp_path / "data"), "DATABASE_URL": ""}
+    result = shoal_cli("migrate", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "applied [1]" in result.stderr
+    again = shoal_cli("migrate", env=env)
+    assert "up to date" in again.stderr
+    assert not EmbeddedPostgres(tmp_path / "data").is_running(), "left the server running"
+
+
+def test_status_prints_queue_depths(db_url: str) -> None:
+    import asyncio
+
+    from shoal import Shoal
+
+    async def seed() -> None:
+        boss = await Shoal.connect(db_url)
+        await boss.insert([{"queue": "reports"}] * 3)
+        await boss.pause_queue("reports")
+        await boss.close()
+
+    asyncio.run(seed())
+    result = shoal_cli("status", env={"DATABASE_URL": db_url})
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if "reports" in line)
+    assert "paused" in line and " 3 " in line
+
+
+def test_worker_rejects_an_app_that_is_not_an_app(db_url: str) -> None:
+    result = shoal_cli("worker", "--app", "shoal.demo:DEMO_QUEUE", env={"DATABASE_URL": db_url})
+    assert result.returncode != 0
+    assert "is not a shoal.App" in result.stderr
+
+
+def test_demo_runs_end_to_end(db_url: str) -> None:
+    result = shoal_cli("demo", "--jobs", "60", env={"DATABASE_URL": db_url}, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "demo result" in result.stdout
+    assert "completed" in result.stdout
