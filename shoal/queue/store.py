@@ -215,6 +215,9 @@ def _record(row: Sequence[Any]) -> JobRecord:
     )
 
 
+_ASYNC_COMMIT = sql.SQL("SET LOCAL synchronous_commit = off")
+
+
 class JobStore:
     """Typed access to the queue tables of one schema."""
 
@@ -225,9 +228,15 @@ class JobStore:
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
 
-    async def _on(self, conn: AsyncConn | None, work: Callable[[AsyncConn], Awaitable[T]]) -> T:
+    async def _on(
+        self,
+        conn: AsyncConn | None,
+        work: Callable[[AsyncConn], Awaitable[T]],
+        *,
+        transaction: bool = True,
+    ) -> T:
         if conn is None:
-            return await self.db.run(work)
+            return await self.db.run(work, transaction=transaction)
         with translated():
             return await work(conn)
 
@@ -240,7 +249,8 @@ class JobStore:
             cur = await c.execute(query, params)
             return await cur.fetchall() if cur.description else []
 
-        return await self._on(conn, run)
+        # One statement is its own transaction: no BEGIN/COMMIT round trips.
+        return await self._on(conn, run, transaction=False)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -276,7 +286,24 @@ class JobStore:
     # -- the worker's edges ----------------------------------------------
 
     async def claim(self, queue: str, limit: int, *, now: datetime | None) -> list[ClaimedJob]:
-        rows = await self._rows("claim_jobs", {"queue": queue, "limit": limit, "now": now})
+        """Claim up to ``limit`` waiting jobs of ``queue``, in one round trip.
+
+        The claim commits without waiting for its WAL flush. That is safe: a
+        claim lost to a server crash only puts its job back to waiting, and the
+        worker's result then loses the attempt fence, so the job runs again
+        (at-least-once, as with any crash). A completion's commit is flushed,
+        and with it every earlier claim in the WAL.
+        """
+        query = self.sql["claim_jobs"]
+        params = {"queue": queue, "limit": limit, "now": now}
+
+        async def run(c: AsyncConn) -> list[tuple[Any, ...]]:
+            async with c.pipeline(), c.transaction():
+                await c.execute(_ASYNC_COMMIT)
+                cur = await c.execute(query, params)
+            return await cur.fetchall()
+
+        rows = await self.db.run(run, transaction=False)
         return [
             ClaimedJob(
                 JobId(r[0]),
