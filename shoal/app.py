@@ -22,6 +22,21 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from shoal.batch.aggregator import AGGREGATOR_CRON, AGGREGATOR_QUEUE, AGGREGATOR_SCHEDULE
+from shoal.batch.kinds import (
+    DEFAULT_CONCURRENCY as DEFAULT_BATCH_CONCURRENCY,
+)
+from shoal.batch.kinds import (
+    DEFAULT_EXPIRE_IN,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_LIMIT,
+    DEFAULT_ZOMBIE_TIMEOUT,
+    BatchKind,
+    Classifier,
+    ItemHandler,
+    TaskHook,
+)
+from shoal.batch.service import Batches
 from shoal.queue.client import Shoal
 from shoal.queue.cron import check_cron, check_timezone
 from shoal.queue.job import Handler, Job
@@ -29,6 +44,9 @@ from shoal.queue.options import check_queue_name, parse_options
 from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Worker
 
 log = logging.getLogger("shoal.app")
+
+# The aggregator's pass is short; one stuck longer than this is retried by the next tick.
+AGGREGATOR_EXPIRE_IN = 60
 
 StartHook = Callable[[Shoal], Awaitable[None]]
 
@@ -58,6 +76,7 @@ class App:
         self.handlers: dict[str, HandlerSpec] = {}
         self.schedules: dict[str, ScheduleSpec] = {}
         self.start_hooks: list[StartHook] = []
+        self.kinds: dict[str, BatchKind] = {}
 
     def handler(
         self, queue: str, *, concurrency: int = DEFAULT_CONCURRENCY, batch_size: int | None = None
@@ -90,6 +109,52 @@ class App:
         parse_options(options)
         self.schedules[name] = ScheduleSpec(name, cron, data, queue, tz, dict(options))
 
+    def batch(
+        self,
+        kind: str,
+        *,
+        concurrency: int = DEFAULT_BATCH_CONCURRENCY,
+        retry_limit: int = DEFAULT_RETRY_LIMIT,
+        retry_delay: timedelta = DEFAULT_RETRY_DELAY,
+        retry_backoff: bool = True,
+        expire_in: timedelta = DEFAULT_EXPIRE_IN,
+        zombie_timeout: timedelta = DEFAULT_ZOMBIE_TIMEOUT,
+        on_complete: TaskHook | None = None,
+        permanent: tuple[type[BaseException], ...] = (),
+        classify: Classifier | None = None,
+    ) -> Callable[[ItemHandler], ItemHandler]:
+        """Declare a batch kind: ``handler(item)`` runs once per item of its tasks.
+
+        >>> app = App()
+        >>> @app.batch("extract_paper", concurrency=10, retry_limit=3)
+        ... async def extract(item):
+        ...     return {"title": "..."}
+        """
+        if kind in self.kinds:
+            raise ValueError(f"batch kind {kind!r} is already declared")
+
+        def register(fn: ItemHandler) -> ItemHandler:
+            self.kinds[kind] = BatchKind(
+                name=kind,
+                handler=fn,
+                concurrency=concurrency,
+                retry_limit=retry_limit,
+                retry_delay=retry_delay,
+                retry_backoff=retry_backoff,
+                expire_in=expire_in,
+                zombie_timeout=zombie_timeout,
+                on_complete=on_complete,
+                permanent=permanent,
+                classify=classify,
+            )
+            return fn
+
+        return register
+
+    def batches(self, boss: Shoal) -> Batches:
+        """The batch API over ``boss`` for this app's kinds."""
+        return Batches(boss, self.kinds)
+
     def on_start(self, hook: StartHook) -> StartHook:
         """Run ``hook(shoal)`` when a worker process starts, before it claims anything."""
         self.start_hooks.append(hook)
@@ -112,26 +177,75 @@ class App:
         for hook in self.start_hooks:
             await hook(boss)
         loops: list[asyncio.Task[None]] = []
-        if scheduler:
-            loops.append(asyncio.create_task(boss.scheduler().run(), name="shoal-scheduler"))
-        if maintenance:
-            loops.append(asyncio.create_task(boss.maintenance().run(), name="shoal-maintenance"))
         workers = [
             boss.work(s.queue, s.handler, concurrency=s.concurrency, batch_size=s.batch_size)
             for s in self.handlers.values()
         ]
-        log.info("running %d handler(s): %s", len(workers), ", ".join(self.handlers))
+        batches = self.batches(boss)
+        if self.kinds:
+            await boss.schedule(
+                AGGREGATOR_SCHEDULE,
+                AGGREGATOR_CRON,
+                queue=AGGREGATOR_QUEUE,
+                # One pass at a time across the cluster; a tick that finds the
+                # previous pass still running is dropped.
+                singleton_key="aggregate",
+                retry_limit=0,
+                expire_in=AGGREGATOR_EXPIRE_IN,
+            )
+            workers.append(boss.work(AGGREGATOR_QUEUE, _aggregate(batches), concurrency=1))
+            for kind in self.kinds.values():
+                runner = batches.runners[kind.name]
+                workers.append(
+                    boss.work(
+                        kind.queue, runner, concurrency=kind.concurrency, prepare=runner.prepare
+                    )
+                )
+                loops.append(asyncio.create_task(runner.heartbeat_loop(), name="shoal-heartbeat"))
+                if kind.hook_queue is not None:
+                    workers.append(boss.work(kind.hook_queue, _on_complete(batches, kind)))
+        if scheduler:
+            loops.append(asyncio.create_task(boss.scheduler().run(), name="shoal-scheduler"))
+        if maintenance:
+            loops.append(asyncio.create_task(boss.maintenance().run(), name="shoal-maintenance"))
+        log.info("running %d worker(s): %s", len(workers), ", ".join(w.queue for w in workers))
         try:
             await stop.wait()
         finally:
             log.info("stopping: finishing running jobs (grace %s)", grace)
             await boss.stop_workers(grace)
+            if self.kinds:
+                for runner in batches.runners.values():
+                    await runner.release_unstarted()
             for loop in loops:
                 loop.cancel()
             for loop in loops:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
         return workers
+
+
+def _aggregate(batches: Batches) -> Handler:
+    async def aggregate(job: Job) -> dict[str, int]:
+        report = await batches.aggregator.run_once()
+        return {
+            "closed": len(report.closed),
+            "reaped": report.reaped_to_pending + report.reaped_to_error,
+            "redispatched": report.redispatched,
+            "timed_out": report.timed_out,
+        }
+
+    return aggregate
+
+
+def _on_complete(batches: Batches, kind: BatchKind) -> Handler:
+    hook = kind.on_complete
+    assert hook is not None
+
+    async def on_complete(job: Job) -> None:
+        await hook(await batches.get(job.data["task_id"]))
+
+    return on_complete
 
 
 __all__ = ["App", "HandlerSpec", "Job", "ScheduleSpec"]

@@ -205,6 +205,10 @@ def abandon_after(conn: AsyncConn, seconds: float) -> Iterator[None]:
     except asyncio.CancelledError:
         if fired and task.uncancel() == 0:
             raise DeadlineExceeded(f"database call abandoned after {seconds:g}s") from None
+        # Cancelled by someone else mid-call: the connection may hold results
+        # (or a pipeline) nobody will read. Discard it rather than hand a
+        # confused connection to the next user of the pool.
+        conn.pgconn.finish()
         raise
     except BaseException as exc:
         if fired:

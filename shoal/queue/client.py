@@ -39,7 +39,13 @@ from shoal.queue.store import (
     QueueStateCount,
     ScheduleRow,
 )
-from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, Worker, error_entry
+from shoal.queue.worker import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_POLL_INTERVAL,
+    Prepare,
+    Worker,
+    error_entry,
+)
 
 MAX_INSERT = 100_000
 SETTINGS_CACHE_SIZE = 1024
@@ -175,11 +181,13 @@ class Shoal:
         concurrency: int = DEFAULT_CONCURRENCY,
         batch_size: int | None = None,
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
+        prepare: Prepare | None = None,
     ) -> Worker:
         """Start running ``handler`` on ``queue`` in this process; returns the running worker.
 
         At most ``concurrency`` handlers run at once. Stop it with
-        ``await worker.stop()`` (or :meth:`close`).
+        ``await worker.stop()`` (or :meth:`close`). ``prepare``, if given, is
+        awaited with each claimed batch before its jobs run.
         """
         check_queue_name(queue)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -198,6 +206,7 @@ class Shoal:
             clock=self.clock,
             jitter=self.jitter,
             notifier=self.notifier,
+            prepare=prepare,
         )
         worker.start()
         self._workers.append(worker)

@@ -26,6 +26,7 @@ import logging
 import math
 import traceback
 from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -58,6 +59,11 @@ DEFAULT_MAX_BATCH = 100
 WATCHDOG_MAX_SLEEP_S = 0.25
 # Backoff of the fetcher and completer after a failed database call.
 ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+# Called by the fetcher with each claimed batch before any of it runs: lets a
+# layer above do per-job set-up for many jobs in one round trip.
+Prepare = Callable[[Sequence[ClaimedJob]], Awaitable[None]]
 
 
 class ExpiredError(TimeoutError):
@@ -99,6 +105,7 @@ class Worker:
         clock: Clock,
         jitter: Jitter,
         notifier: Notifier | None,
+        prepare: Prepare | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -111,6 +118,7 @@ class Worker:
         self.clock = clock
         self.jitter = jitter
         self.notifier = notifier
+        self.prepare = prepare
 
         # Claimed, not yet started. Written by the fetcher, read by runners.
         self._buffer: deque[ClaimedJob] = deque()
@@ -126,6 +134,7 @@ class Worker:
         self._deadline_at: dict[JobId, float] = {}
         self._expired: set[JobId] = set()
         self._stopping = False
+        self._stop_requested = asyncio.Event()
         self._completer_should_exit = False
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
@@ -160,9 +169,11 @@ class Worker:
         if self._stopping:
             return
         self._stopping = True
-        self._fetcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._fetcher
+        # The fetcher is never cancelled mid-claim: a claim that committed but
+        # whose rows were dropped would strand its jobs until their leases
+        # expired. It notices _stopping between claims, or is woken from a wait.
+        self._stop_requested.set()
+        await self._fetcher
         # Jobs claimed but never started go straight back.
         while self._buffer:
             self._record(self._buffer.popleft(), Interrupted())
@@ -202,14 +213,28 @@ class Worker:
         """
         return min(self.batch_size, math.ceil(self._rate * self._claim_s * 4))
 
+    async def _wait_for(self, event: asyncio.Event, seconds: float | None = None) -> None:
+        """Wait for ``event``, ``seconds`` of the clock, or a stop request, whichever is first."""
+        waits: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(event.wait()),
+            asyncio.ensure_future(self._stop_requested.wait()),
+        ]
+        if seconds is not None:
+            waits.append(asyncio.ensure_future(self.clock.sleep(seconds)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+
     async def _fetch_loop(self) -> None:
         errors = 0
         last_at, last_finished = self.clock.monotonic(), 0
-        while True:
+        while not self._stopping:
             room = self.concurrency + self._prefetch() - len(self._buffer) - len(self._running)
             if room < 1:
                 self._room.clear()
-                await self._room.wait()
+                await self._wait_for(self._room)
                 continue
             started = self.clock.monotonic()
             try:
@@ -221,7 +246,7 @@ class Worker:
                 delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
                 errors += 1
                 log.warning("claim from %s failed (%s); retrying in %.1fs", self.queue, exc, delay)
-                await self.clock.sleep(delay)
+                await self._wait_for(asyncio.Event(), delay)
                 continue
             now = self.clock.monotonic()
             self._claim_s = 0.7 * self._claim_s + 0.3 * (now - started)
@@ -231,24 +256,26 @@ class Worker:
                 last_at, last_finished = now, self._finished
             if claimed:
                 self._claimed += len(claimed)
+                if self.prepare is not None:
+                    await self._prepare(claimed)
                 self._buffer.extend(claimed)
                 self._has_jobs.set()
             if len(claimed) < min(room, self.batch_size):
                 await self._idle_wait()
 
+    async def _prepare(self, claimed: list[ClaimedJob]) -> None:
+        """Let the handler's owner do its per-job set-up for the whole claim at once."""
+        assert self.prepare is not None
+        try:
+            await self.prepare(claimed)
+        except Exception:  # loop boundary: the handler falls back to per-job set-up
+            log.exception("preparing %d claimed jobs of %s failed", len(claimed), self.queue)
+
     async def _idle_wait(self) -> None:
         """Wait for a NOTIFY about this queue, or the poll interval."""
-        if self._wake is None:
-            await self.clock.sleep(self.poll_interval.total_seconds())
-            return
-        self._wake.clear()
-        sleeper = asyncio.ensure_future(self.clock.sleep(self.poll_interval.total_seconds()))
-        waker = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
+        wake = self._wake or asyncio.Event()
+        wake.clear()
+        await self._wait_for(wake, self.poll_interval.total_seconds())
 
     # -- runners ---------------------------------------------------------
 

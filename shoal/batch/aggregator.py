@@ -1,0 +1,155 @@
+"""The aggregator: one component, two duties, run as a cluster-wide singleton.
+
+Each pass, in its own short transactions:
+
+1. tasks past their deadline stop taking work (pending items -> cancelled);
+2. zombies are reaped: running items with no sign of life for the task's
+   zombie timeout go back to pending (and get a new job) while attempts
+   remain, else to error;
+3. pending items untouched for a zombie timeout get their job re-sent (a
+   no-op where one still waits, thanks to its singleton key);
+4. every task with nothing pending or running is closed by one conditional
+   statement, and its ``on_complete`` hook job is enqueued in that same
+   transaction, so the hook runs exactly once per close even when two
+   aggregators race.
+
+It runs as the job of a 1-second cron schedule with a singleton key, so one
+pass runs at a time across all processes; the statements are safe to race
+anyway (row locks with SKIP LOCKED, guarded updates).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shoal.batch.states import ItemStatus, TaskId
+from shoal.batch.store import BatchStore, ClosedTask, Dispatch
+from shoal.clock import Clock
+from shoal.db.pool import AsyncConn
+from shoal.queue.client import Shoal
+
+log = logging.getLogger("shoal.aggregator")
+
+AGGREGATOR_QUEUE = "shoal.batch.aggregate"
+AGGREGATOR_SCHEDULE = "shoal.batch.aggregate"
+# Every second; the reference polled every 10 s.
+AGGREGATOR_CRON = "* * * * * *"
+ZOMBIES_REAPED = "zombies_reaped"
+# Rows handled per statement, so one pass never holds many locks for long.
+BATCH_LIMIT = 1000
+
+
+def item_job(dispatch: Dispatch) -> dict[str, object]:
+    """The job that runs one item. Its singleton key names the item and attempt:
+    a duplicate dispatch of the same run is dropped, while a re-dispatch after
+    a reap is not blocked by the dead worker's job, still active until its lease
+    expires (the phantom guard then skips that one).
+    """
+    return {
+        "queue": dispatch.queue,
+        "data": {"item": dispatch.id},
+        "singleton_key": f"item-{dispatch.id}:{dispatch.attempt}",
+        **dispatch.job_options,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorReport:
+    timed_out: int
+    reaped_to_pending: int
+    reaped_to_error: int
+    redispatched: int
+    closed: tuple[ClosedTask, ...]
+
+
+class Aggregator:
+    def __init__(self, store: BatchStore, boss: Shoal, *, clock: Clock) -> None:
+        self.store = store
+        self.boss = boss
+        self.clock = clock
+
+    async def _dispatch(self, conn: AsyncConn, items: Sequence[Dispatch]) -> int:
+        pending = [d for d in items if d.status is ItemStatus.PENDING]
+        if not pending:
+            return 0
+        ids = await self.boss.insert([item_job(d) for d in pending], conn=conn)
+        return sum(1 for job_id in ids if job_id is not None)
+
+    async def expire_deadlines(self) -> int:
+        now = self.clock.sql_now()
+
+        async def run(conn: AsyncConn) -> int:
+            expired = await self.store.expire_deadlines(conn, now=now)
+            if expired:
+                await self.store.cancel_pending_items(conn, expired, now=now)
+                log.warning("tasks past their deadline, stopping: %s", ", ".join(expired))
+            return len(expired)
+
+        return await self.store.db.run(run)
+
+    async def reap_zombies(self) -> tuple[int, int, int]:
+        now = self.clock.sql_now()
+
+        async def run(conn: AsyncConn) -> tuple[int, int, int]:
+            reaped = await self.store.reap_zombies(conn, limit=BATCH_LIMIT, now=now)
+            if not reaped:
+                return 0, 0, 0
+            sent = await self._dispatch(conn, reaped)
+            await self.store.count_event(ZOMBIES_REAPED, len(reaped), conn)
+            back = sum(1 for d in reaped if d.status is ItemStatus.PENDING)
+            log.warning(
+                "reaped %d zombie item(s): %d back to pending, %d to error",
+                len(reaped),
+                back,
+                len(reaped) - back,
+            )
+            return back, len(reaped) - back, sent
+
+        return await self.store.db.run(run)
+
+    async def sweep_orphans(self) -> int:
+        now = self.clock.sql_now()
+
+        async def run(conn: AsyncConn) -> int:
+            orphans = await self.store.sweep_orphans(conn, limit=BATCH_LIMIT, now=now)
+            return await self._dispatch(conn, orphans)
+
+        sent = await self.store.db.run(run)
+        if sent:
+            log.warning("re-sent jobs for %d pending item(s) that had none", sent)
+        return sent
+
+    async def close_tasks(self) -> list[ClosedTask]:
+        now = self.clock.sql_now()
+
+        async def run(conn: AsyncConn) -> list[ClosedTask]:
+            closed = await self.store.close_tasks(conn, limit=BATCH_LIMIT, now=now)
+            hooks = [
+                {
+                    "queue": task.on_complete_queue,
+                    "data": {"task_id": task.id, "outcome": task.outcome.value},
+                }
+                for task in closed
+                if task.on_complete_queue
+            ]
+            if hooks:
+                await self.boss.insert(hooks, conn=conn)
+            return closed
+
+        closed = await self.store.db.run(run)
+        for task in closed:
+            log.info("task %s (%s) closed: %s", task.id, task.kind, task.outcome)
+        return closed
+
+    async def run_once(self) -> AggregatorReport:
+        timed_out = await self.expire_deadlines()
+        to_pending, to_error, resent = await self.reap_zombies()
+        resent += await self.sweep_orphans()
+        closed = await self.close_tasks()
+        return AggregatorReport(timed_out, to_pending, to_error, resent, tuple(closed))
+
+
+def closed_ids(report: AggregatorReport) -> list[TaskId]:
+    return [task.id for task in report.closed]

@@ -1,0 +1,76 @@
+"""What a batch handler receives: one item of a task."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from shoal.batch.states import ItemId, TaskId
+from shoal.batch.store import GuardedItem
+from shoal.queue.job import Job
+
+
+class Item:
+    """One item, running under the phantom guard.
+
+    ``attempt`` is 1 on the first run. The worker keeps the item's sign of
+    life fresh on its own while the handler runs; a handler that may run past
+    its kind's ``expire_in`` calls ``await item.heartbeat()`` to extend it.
+    """
+
+    __slots__ = ("_guarded", "_heartbeat", "job")
+
+    def __init__(
+        self, guarded: GuardedItem, job: Job, heartbeat: Callable[[Item], Awaitable[bool]]
+    ) -> None:
+        self._guarded = guarded
+        self._heartbeat = heartbeat
+        self.job = job
+
+    @property
+    def id(self) -> ItemId:
+        return self._guarded.id
+
+    @property
+    def ref(self) -> str:
+        return self._guarded.ref
+
+    @property
+    def data(self) -> Any:
+        return self._guarded.data
+
+    @property
+    def task_id(self) -> TaskId:
+        return self._guarded.task_id
+
+    @property
+    def kind(self) -> str:
+        return self._guarded.kind
+
+    @property
+    def params(self) -> Any:
+        """The task's ``params``, shared by all its items."""
+        return self._guarded.params
+
+    @property
+    def attempt(self) -> int:
+        return self._guarded.run
+
+    @property
+    def max_attempts(self) -> int:
+        return self._guarded.max_attempts
+
+    @property
+    def fence(self) -> int:
+        """The fencing token this run's final write is guarded by."""
+        return self._guarded.attempt
+
+    async def heartbeat(self) -> bool:
+        """Extend the job's execution deadline and the item's sign of life.
+
+        False when the item is no longer this worker's (reaped, cancelled).
+        """
+        return await self._heartbeat(self)
+
+    def __repr__(self) -> str:
+        return f"Item(id={self.id}, ref={self.ref!r}, task={self.task_id}, attempt={self.attempt})"

@@ -1,0 +1,99 @@
+"""A batch kind: the handler for one item and its options."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from shoal.errors import InvalidInput, PermanentError
+from shoal.queue.options import check_queue_name
+
+if TYPE_CHECKING:
+    from shoal.batch.item import Item
+    from shoal.batch.service import TaskView
+
+ItemHandler = Callable[["Item"], Awaitable[Any]]
+TaskHook = Callable[["TaskView"], Awaitable[None]]
+Classifier = Callable[[BaseException], bool]
+
+DEFAULT_CONCURRENCY = 10
+DEFAULT_RETRY_LIMIT = 3
+DEFAULT_RETRY_DELAY = timedelta(seconds=1)
+# An execution timeout per item run, from the moment it starts.
+DEFAULT_EXPIRE_IN = timedelta(minutes=30)
+# How long a running item may go without a sign of life before the aggregator
+# reaps it. Workers send one every quarter of this while the handler runs, so
+# only a dead or frozen process misses it. The reference used 30 minutes with
+# no heartbeat; with one, a crash is noticed in a couple of minutes.
+DEFAULT_ZOMBIE_TIMEOUT = timedelta(minutes=2)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchKind:
+    """What runs each item of a task of this kind, and how.
+
+    ``retry_limit`` counts retries after the first run; a transient error puts
+    the item back to pending and retries it with (exponential, jittered)
+    backoff. Exceptions in ``permanent``, :class:`~shoal.PermanentError`, and
+    any for which ``classify`` returns True mark the item ``error`` at once.
+    """
+
+    name: str
+    handler: ItemHandler
+    concurrency: int = DEFAULT_CONCURRENCY
+    retry_limit: int = DEFAULT_RETRY_LIMIT
+    retry_delay: timedelta = DEFAULT_RETRY_DELAY
+    retry_backoff: bool = True
+    expire_in: timedelta = DEFAULT_EXPIRE_IN
+    zombie_timeout: timedelta = DEFAULT_ZOMBIE_TIMEOUT
+    on_complete: TaskHook | None = None
+    permanent: tuple[type[BaseException], ...] = ()
+    classify: Classifier | None = None
+    priority: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_queue_name(self.queue, field="kind")
+        for name in ("concurrency",):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidInput(name, f"must be an integer >= 1, got {value!r}")
+        if not isinstance(self.retry_limit, int) or self.retry_limit < 0:
+            raise InvalidInput("retry_limit", f"must be an integer >= 0, got {self.retry_limit!r}")
+        for name in ("expire_in", "zombie_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta) or value <= timedelta(0):
+                raise InvalidInput(name, f"must be a positive timedelta, got {value!r}")
+
+    @property
+    def queue(self) -> str:
+        """The queue of this kind's item jobs."""
+        return f"batch.{self.name}"
+
+    @property
+    def hook_queue(self) -> str | None:
+        return f"batch.{self.name}.on_complete" if self.on_complete else None
+
+    @property
+    def max_attempts(self) -> int:
+        return self.retry_limit + 1
+
+    @property
+    def job_options(self) -> dict[str, Any]:
+        """The queue options of this kind's item jobs (JSON-safe: durations in seconds)."""
+        return {
+            "retry_limit": self.retry_limit,
+            "retry_delay": self.retry_delay.total_seconds(),
+            "retry_backoff": self.retry_backoff,
+            "expire_in": self.expire_in.total_seconds(),
+            "priority": self.priority,
+        }
+
+    def is_permanent(self, error: BaseException) -> bool:
+        if isinstance(error, PermanentError | InvalidInput):
+            return True
+        if self.permanent and isinstance(error, self.permanent):
+            return True
+        return bool(self.classify and self.classify(error))

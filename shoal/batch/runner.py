@@ -1,0 +1,232 @@
+"""Runs one item per job: the phantom guard, the handler, the fenced final write.
+
+The guard is a conditional ``pending -> running`` update: a job delivered for
+an item that is already running, finished or cancelled (a duplicate or late
+delivery) does nothing and costs no handler call (counted as a phantom skip).
+The worker writes only its own item row, never the task row. Each outcome is
+written fenced by the attempt the guard handed out:
+
+- the handler returns: ``completed`` with its result;
+- a permanent error, or a transient one on the last attempt: ``error`` with
+  the message (the job then completes: the item's outcome is recorded);
+- a transient error with attempts left: back to ``pending``, and the error is
+  re-raised so the queue retries the job with backoff;
+- cancelled (shutdown, or the job's execution timeout): back to ``pending``;
+  the job is handed back or retried, and the aggregator's sweep re-dispatches
+  any item whose job is gone.
+
+While the handler runs, a heartbeat loop refreshes the item's ``updated_at``
+every quarter of the zombie timeout, so only a dead or frozen process lets an
+item go stale.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import traceback
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from shoal.batch.item import Item
+from shoal.batch.kinds import BatchKind
+from shoal.batch.states import ItemId, ItemStatus
+from shoal.batch.store import BatchStore, GuardedItem
+from shoal.clock import Clock
+from shoal.db.coalesce import Coalescer
+from shoal.errors import TransientError
+from shoal.queue.job import Job
+from shoal.queue.states import JobId
+from shoal.queue.store import ClaimedJob
+
+log = logging.getLogger("shoal.batch")
+
+PHANTOM_SKIPS = "phantom_skips"
+# Attempts to record an outcome before giving up on it (the sweep recovers).
+FINAL_WRITE_TRIES = 5
+
+
+def error_entry(attempt: int, error: BaseException, at: str) -> dict[str, Any]:
+    return {
+        "attempt": attempt,
+        "at": at,
+        "type": type(error).__name__,
+        "message": str(error) or type(error).__name__,
+        "traceback": "".join(traceback.format_exception(error))[-8000:],
+    }
+
+
+class ItemRunner:
+    """The queue handler of one kind's item jobs."""
+
+    def __init__(self, store: BatchStore, kind: BatchKind, *, clock: Clock) -> None:
+        self.store = store
+        self.kind = kind
+        self.clock = clock
+        # Items running in this process, by id, with their fence. Written by
+        # runs as they start and end, read by the heartbeat loop.
+        self._held: dict[ItemId, int] = {}
+        # Guard results of claimed jobs not yet run, by job id (None: phantom).
+        # Written by prepare(), taken by the job's run.
+        self._prepared: dict[JobId, GuardedItem | None] = {}
+        self.phantom_skips = 0
+        # The guard and the completion of concurrent items share round trips.
+        self._guard: Coalescer[ItemId, GuardedItem | None] = Coalescer(
+            self._guard_many, name=f"shoal-guard:{kind.name}"
+        )
+        self._complete: Coalescer[tuple[ItemId, int, Any], bool] = Coalescer(
+            self._complete_many, name=f"shoal-complete-items:{kind.name}"
+        )
+
+    async def prepare(self, claimed: Sequence[ClaimedJob]) -> None:
+        """Guard every item of a claimed batch in one statement, before any runs.
+
+        Items that pass count as running (and get heartbeats) from here on;
+        ``release_unstarted`` hands back those whose job never ran.
+        """
+        ids = [ItemId(int(job.data["item"])) for job in claimed]
+        passed = await self.store.guard_items(ids, now=self.clock.sql_now())
+        for job, item_id in zip(claimed, ids, strict=True):
+            guarded = passed.get(item_id)
+            self._prepared[job.id] = guarded
+            if guarded is not None:
+                self._held[item_id] = guarded.attempt
+
+    async def release_unstarted(self) -> int:
+        """Put items guarded for jobs that never ran (shutdown) back to pending."""
+        released = 0
+        for guarded in list(self._prepared.values()):
+            if guarded is None:
+                continue
+            self._held.pop(guarded.id, None)
+            released += await self.store.fail_item(
+                guarded.id,
+                guarded.attempt,
+                status=ItemStatus.PENDING,
+                message="handed back at shutdown before it ran",
+                entry={
+                    "attempt": guarded.run,
+                    "at": self.clock.now().isoformat(),
+                    "type": "Interrupted",
+                    "message": "handed back at shutdown before it ran",
+                    "traceback": None,
+                },
+                now=self.clock.sql_now(),
+            )
+        self._prepared.clear()
+        return released
+
+    async def _guard_many(self, ids: Sequence[ItemId]) -> list[GuardedItem | None]:
+        passed = await self.store.guard_items(ids, now=self.clock.sql_now())
+        return [passed.get(item_id) for item_id in ids]
+
+    async def _complete_many(self, done: Sequence[tuple[ItemId, int, Any]]) -> list[bool]:
+        won = await self.store.complete_items(done, now=self.clock.sql_now())
+        return [d[0] in won for d in done]
+
+    @property
+    def heartbeat_interval(self) -> timedelta:
+        return self.kind.zombie_timeout / 4
+
+    async def __call__(self, job: Job) -> Any:
+        item_id = ItemId(int(job.data["item"]))
+        if job.id in self._prepared:
+            guarded = self._prepared.pop(job.id)
+        else:
+            guarded = await self._guard.submit(item_id)
+        if guarded is None:
+            self.phantom_skips += 1
+            await self.store.count_event(PHANTOM_SKIPS)
+            log.info("item %s: phantom delivery skipped (job %s)", item_id, job.id)
+            return {"skipped": "phantom"}
+        item = Item(guarded, job, self._heartbeat)
+        if guarded.run > guarded.max_attempts:
+            error = RuntimeError(f"no attempts left ({guarded.max_attempts} allowed)")
+            await self._final(item, ItemStatus.ERROR, error)
+            return {"item": "error"}
+        self._held[item.id] = item.fence
+        try:
+            result = await self.kind.handler(item)
+        except asyncio.CancelledError:
+            # Shutdown or execution timeout: give the item back for another run.
+            await self._final(item, ItemStatus.PENDING, TimeoutError("run interrupted"))
+            raise
+        except Exception as exc:
+            last = guarded.run >= guarded.max_attempts
+            if self.kind.is_permanent(exc) or last:
+                await self._final(item, ItemStatus.ERROR, exc)
+                return {"item": "error"}
+            await self._final(item, ItemStatus.PENDING, exc)
+            raise
+        finally:
+            self._held.pop(item.id, None)
+        await self._final(item, ItemStatus.COMPLETED, None, result)
+        return {"item": "completed"}
+
+    async def _final(
+        self,
+        item: Item,
+        status: ItemStatus,
+        error: BaseException | None,
+        result: Any = None,
+    ) -> None:
+        """The fenced final write, shielded from cancellation and retried when transient."""
+
+        async def write() -> bool:
+            now = self.clock.sql_now()
+            if status is ItemStatus.COMPLETED:
+                return await self._complete.submit((item.id, item.fence, result))
+            assert error is not None
+            return await self.store.fail_item(
+                item.id,
+                item.fence,
+                status=status,
+                message=f"{type(error).__name__}: {error}",
+                entry=error_entry(item.attempt, error, self.clock.now().isoformat()),
+                now=now,
+            )
+
+        for attempt in range(FINAL_WRITE_TRIES):
+            try:
+                won = await asyncio.shield(write())
+            except TransientError as exc:
+                if attempt == FINAL_WRITE_TRIES - 1:
+                    raise
+                log.warning("item %s: recording %s failed (%s); retrying", item.id, status, exc)
+                await self.clock.sleep(0.2 * 2**attempt)
+                continue
+            if not won:
+                log.warning(
+                    "item %s: run %d lost its fence (reaped or cancelled meanwhile); "
+                    "its %s was not recorded",
+                    item.id,
+                    item.attempt,
+                    status,
+                )
+            return
+
+    async def _heartbeat(self, item: Item) -> bool:
+        held = await self.store.heartbeat_items([(item.id, item.fence)], now=self.clock.sql_now())
+        await item.job.heartbeat()
+        return item.id in held
+
+    async def heartbeat_loop(self) -> None:
+        """Refresh the sign of life of every item running in this process."""
+        while True:
+            await self.clock.sleep(self.heartbeat_interval.total_seconds())
+            if not self._held:
+                continue
+            try:
+                await self.store.heartbeat_items(list(self._held.items()), now=self.clock.sql_now())
+            except TransientError as exc:
+                log.warning("item heartbeat failed: %s", exc)
+            except Exception:  # loop boundary: heartbeats must keep going
+                log.exception("item heartbeat failed")
+
+
+async def stop_task(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

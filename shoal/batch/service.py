@@ -1,0 +1,427 @@
+"""``Batches``: create tasks, read progress, page items, cancel, retry failed items.
+
+>>> batches = Batches(boss, {"extract": kind})                    # doctest: +SKIP
+>>> created = await batches.create("extract", ["doc-1", "doc-2"])  # doctest: +SKIP
+>>> (await batches.get(created.task_id)).progress.percent          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from shoal.batch.aggregator import Aggregator, item_job
+from shoal.batch.kinds import BatchKind
+from shoal.batch.runner import PHANTOM_SKIPS, ItemRunner
+from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
+from shoal.batch.store import BatchStore, Dispatch, ItemRow, NewTask, TaskRow
+from shoal.db.pool import AsyncConn
+from shoal.errors import Conflict, InvalidInput, NotFound, TransientError
+from shoal.queue.client import Shoal
+from shoal.queue.options import encode_payload
+
+DEFAULT_MAX_ITEMS = 100_000
+MAX_REF_LENGTH = 512
+MAX_KEY_LENGTH = 255
+# How long a create waits for a concurrent identical create holding the same
+# idempotency key before answering "still being created" (HTTP 409).
+IDEMPOTENCY_WAIT = timedelta(seconds=5)
+
+
+class IdempotencyMismatch(Conflict):
+    """The idempotency key was used before for a different request (HTTP 422)."""
+
+
+class StillCreating(Conflict):
+    """A request with this idempotency key is still being created (HTTP 409)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    total: int
+    pending: int
+    running: int
+    completed: int
+    error: int
+    cancelled: int
+
+    @property
+    def finished(self) -> int:
+        return self.completed + self.error + self.cancelled
+
+    @property
+    def percent(self) -> float:
+        return round(100.0 * self.finished / self.total, 1) if self.total else 100.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "total": self.total,
+            "pending": self.pending,
+            "running": self.running,
+            "completed": self.completed,
+            "error": self.error,
+            "cancelled": self.cancelled,
+            "percent": self.percent,
+        }
+
+    @classmethod
+    def of(cls, total: int, counts: Mapping[ItemStatus, int]) -> Progress:
+        return cls(
+            total=total,
+            pending=counts.get(ItemStatus.PENDING, 0),
+            running=counts.get(ItemStatus.RUNNING, 0),
+            completed=counts.get(ItemStatus.COMPLETED, 0),
+            error=counts.get(ItemStatus.ERROR, 0),
+            cancelled=counts.get(ItemStatus.CANCELLED, 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """A task with its live progress (one GROUP BY status)."""
+
+    task_id: TaskId
+    kind: str
+    status: TaskStatus
+    outcome: TaskOutcome | None
+    progress: Progress
+    params: Any
+    created_at: datetime
+    completed_at: datetime | None
+    deadline_at: datetime | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "kind": self.kind,
+            "status": self.status.value,
+            "outcome": None if self.outcome is None else self.outcome.value,
+            "progress": self.progress.as_dict(),
+            "params": self.params,
+            "created_at": self.created_at.isoformat(),
+            "completed_at": None if self.completed_at is None else self.completed_at.isoformat(),
+            "deadline_at": None if self.deadline_at is None else self.deadline_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    task_id: TaskId
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ItemsPage:
+    items: tuple[ItemRow, ...]
+    next_cursor: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemSpec:
+    ref: str
+    data: str  # JSON text
+
+
+def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> list[ItemSpec]:
+    """``[ref | {"ref", "data"}]`` validated; InvalidInput names the bad entry."""
+    if not isinstance(items, Sequence) or isinstance(items, str | bytes):
+        raise InvalidInput("items", "must be a list of refs or {ref, data} objects")
+    if not items:
+        raise InvalidInput("items", "is empty: a task needs at least one item")
+    if len(items) > max_items:
+        raise InvalidInput("items", f"has {len(items)} entries, over the cap of {max_items}")
+    specs: list[ItemSpec] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(items):
+        data: object = None
+        if isinstance(entry, Mapping):
+            unknown = set(entry) - {"ref", "data"}
+            if unknown:
+                raise InvalidInput(f"items[{i}]", f"unknown field(s) {sorted(unknown)}")
+            ref, data = entry.get("ref"), entry.get("data")
+        else:
+            ref = entry
+        if not isinstance(ref, str) or not ref or len(ref) > MAX_REF_LENGTH or "\x00" in ref:
+            raise InvalidInput(
+                f"items[{i}].ref",
+                f"must be a non-empty string of at most {MAX_REF_LENGTH} characters "
+                f"without NUL, got {ref!r:.80}",
+            )
+        if ref in seen:
+            raise InvalidInput(f"items[{i}].ref", f"duplicate ref {ref!r}")
+        seen.add(ref)
+        specs.append(
+            ItemSpec(
+                ref, encode_payload(data, max_bytes=max_payload_bytes, field=f"items[{i}].data")
+            )
+        )
+    return specs
+
+
+def request_hash(
+    kind: str, items: Sequence[ItemSpec], params: str, deadline_s: float | None
+) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps([kind, params, deadline_s]).encode())
+    for item in items:
+        digest.update(b"\x00" + item.ref.encode() + b"\x01" + item.data.encode())
+    return digest.hexdigest()
+
+
+class Batches:
+    """The batch layer's front door, over one :class:`Shoal` client."""
+
+    def __init__(
+        self,
+        boss: Shoal,
+        kinds: Mapping[str, BatchKind],
+        *,
+        max_items: int = DEFAULT_MAX_ITEMS,
+    ) -> None:
+        self.boss = boss
+        self.kinds = dict(kinds)
+        self.max_items = max_items
+        self.store = BatchStore(boss.db)
+        self.clock = boss.clock
+        self.runners = {
+            name: ItemRunner(self.store, kind, clock=boss.clock) for name, kind in kinds.items()
+        }
+        self.aggregator = Aggregator(self.store, boss, clock=boss.clock)
+
+    def kind(self, name: object) -> BatchKind:
+        if not isinstance(name, str) or name not in self.kinds:
+            known = ", ".join(sorted(self.kinds)) or "none registered"
+            raise InvalidInput("kind", f"unknown batch kind {name!r}; known: {known}")
+        return self.kinds[name]
+
+    async def create(
+        self,
+        kind: str,
+        items: Sequence[str | Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+        params: Any = None,
+        deadline: timedelta | float | None = None,
+    ) -> Created:
+        """Create a task with its items and their jobs, in ONE transaction.
+
+        Idempotent by ``idempotency_key``: the same key with the same request
+        answers the existing task (``created=False``); with a different request
+        it raises :class:`IdempotencyMismatch`; while a concurrent identical
+        request is still being created it raises :class:`StillCreating`.
+        Nothing is written when anything is invalid.
+        """
+        spec = self.kind(kind)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str)
+            or not idempotency_key
+            or len(idempotency_key) > MAX_KEY_LENGTH
+            or "\x00" in idempotency_key
+        ):
+            raise InvalidInput(
+                "idempotency_key",
+                f"must be a non-empty string of at most {MAX_KEY_LENGTH} characters",
+            )
+        deadline_s = _seconds("deadline_s", deadline)
+        parsed = parse_items(
+            items, max_items=self.max_items, max_payload_bytes=self.boss.max_payload_bytes
+        )
+        params_text = encode_payload(params, max_bytes=self.boss.max_payload_bytes, field="params")
+        digest = request_hash(spec.name, parsed, params_text, deadline_s)
+        task = NewTask(
+            kind=spec.name,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            params=params_text,
+            total=len(parsed),
+            max_attempts=spec.max_attempts,
+            zombie_timeout_s=spec.zombie_timeout.total_seconds(),
+            deadline_s=deadline_s,
+            item_queue=spec.queue,
+            job_options=spec.job_options,
+            on_complete_queue=spec.hook_queue,
+        )
+        now = self.clock.sql_now()
+
+        async def create(conn: AsyncConn) -> Created:
+            # A concurrent create with the same key holds the unique index
+            # entry until it commits; waiting on it past this answers 409.
+            await conn.execute(
+                f"SET LOCAL lock_timeout = '{int(IDEMPOTENCY_WAIT.total_seconds() * 1000)}ms'"
+            )
+            task_id = await self.store.insert_task(conn, task, now=now)
+            if task_id is None:
+                assert idempotency_key is not None
+                existing = await self.store.task_by_key(conn, idempotency_key)
+                if existing is None:  # pragma: no cover - the conflicting row was deleted
+                    raise StillCreating("idempotency_key: the task was removed; try again")
+                if existing[1] != digest:
+                    raise IdempotencyMismatch(
+                        f"idempotency_key {idempotency_key!r} was used for a different request "
+                        f"(task {existing[0]})"
+                    )
+                return Created(existing[0], created=False)
+            item_ids = await self.store.insert_items(
+                conn, task_id, [p.ref for p in parsed], [p.data for p in parsed], now=now
+            )
+            await self.boss.insert(
+                [
+                    item_job(Dispatch(item_id, 0, ItemStatus.PENDING, spec.queue, spec.job_options))
+                    for item_id in item_ids
+                ],
+                conn=conn,
+            )
+            return Created(task_id, created=True)
+
+        try:
+            return await self.boss.db.run(create)
+        except TransientError as exc:
+            if "lock" in str(exc).lower() and "timeout" in str(exc).lower():
+                raise StillCreating(
+                    f"idempotency_key {idempotency_key!r}: an identical request is still being "
+                    "created; retry shortly"
+                ) from exc
+            raise
+
+    async def get(self, task_id: str) -> TaskView:
+        row = await self._row(task_id)
+        counts = await self.store.progress(row.id)
+        return _view(row, counts)
+
+    async def tasks(self, *, status: TaskStatus | None = None, limit: int = 50) -> list[TaskView]:
+        rows = await self.store.list_tasks(status=status, before=None, limit=limit)
+        counts = await self.store.progress_many([r.id for r in rows]) if rows else {}
+        return [_view(r, counts.get(r.id, {})) for r in rows]
+
+    async def items(
+        self,
+        task_id: str,
+        *,
+        status: ItemStatus | str | None = None,
+        cursor: int | None = None,
+        limit: int = 100,
+    ) -> ItemsPage:
+        row = await self._row(task_id)
+        try:
+            parsed = None if status is None else ItemStatus(status)
+        except ValueError:
+            raise InvalidInput(
+                "status", f"{status!r} is not an item status ({', '.join(ItemStatus)})"
+            ) from None
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidInput("limit", f"must be an integer from 1 to 1000, got {limit!r}")
+        if cursor is not None and (not isinstance(cursor, int) or cursor < 0):
+            raise InvalidInput("cursor", f"must be an integer >= 0, got {cursor!r}")
+        rows = await self.store.list_items(
+            row.id, status=parsed, after_id=cursor or 0, limit=limit + 1
+        )
+        more = len(rows) > limit
+        page = tuple(rows[:limit])
+        return ItemsPage(page, page[-1].id if more and page else None)
+
+    async def cancel(self, task_id: str) -> TaskView:
+        """Stop a task: pending items never start, running ones finish, then it closes."""
+        row = await self._row(task_id)
+        now = self.clock.sql_now()
+
+        async def cancel(conn: AsyncConn) -> None:
+            locked = await self.store.lock_task(conn, row.id)
+            assert locked is not None
+            if locked.status is not TaskStatus.PROCESSING:
+                raise Conflict(f"task {row.id} is already {locked.status}; nothing to cancel")
+            if await self.store.request_cancel(conn, row.id, TaskOutcome.CANCELLED, now=now):
+                await self.store.cancel_pending_items(conn, [row.id], now=now)
+
+        await self.boss.db.run(cancel)
+        return await self.get(row.id)
+
+    async def retry_failed(self, task_id: str) -> int:
+        """Put a task's error items back to pending with fresh attempts; reopens the task."""
+        row = await self._row(task_id)
+        now = self.clock.sql_now()
+
+        async def retry(conn: AsyncConn) -> int:
+            locked = await self.store.lock_task(conn, row.id)
+            assert locked is not None
+            if locked.status is TaskStatus.CANCELLED or locked.cancel_reason is not None:
+                raise Conflict(f"task {row.id} was stopped ({locked.cancel_reason}); cannot retry")
+            reopened = await self.store.reopen_failed_items(conn, row.id, now=now)
+            if reopened:
+                await self.store.reopen_task(conn, row.id)
+                await self.boss.insert([item_job(d) for d in reopened], conn=conn)
+            return len(reopened)
+
+        return await self.boss.db.run(retry)
+
+    async def export_rows(self, task_id: str) -> list[ItemRow]:
+        """Every item of a task, in id order (for JSON Lines and CSV export)."""
+        rows: list[ItemRow] = []
+        cursor: int | None = None
+        while True:
+            page = await self.items(task_id, cursor=cursor, limit=1000)
+            rows.extend(page.items)
+            if page.next_cursor is None:
+                return rows
+            cursor = page.next_cursor
+
+    async def phantom_skips(self) -> int:
+        return (await self.store.counters()).get(PHANTOM_SKIPS, 0)
+
+    async def _row(self, task_id: str) -> TaskRow:
+        if not _is_uuid(task_id):
+            raise NotFound(f"task {task_id!r} does not exist")
+        row = await self.store.get_task(TaskId(task_id))
+        if row is None:
+            raise NotFound(f"task {task_id!r} does not exist")
+        return row
+
+
+def _view(row: TaskRow, counts: Mapping[ItemStatus, int]) -> TaskView:
+    return TaskView(
+        task_id=row.id,
+        kind=row.kind,
+        status=row.status,
+        outcome=row.outcome,
+        progress=Progress.of(row.total, counts),
+        params=row.params,
+        created_at=row.created_at,
+        completed_at=row.completed_at,
+        deadline_at=row.deadline_at,
+    )
+
+
+def _seconds(field: str, value: timedelta | float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise InvalidInput(field, f"must be a number of seconds, got {value!r}")
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not seconds > 0 or seconds != seconds or seconds > 10 * 365 * 86400:
+        raise InvalidInput(field, f"must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _is_uuid(value: object) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return True
+
+
+__all__ = [
+    "Batches",
+    "Created",
+    "IdempotencyMismatch",
+    "ItemId",
+    "ItemsPage",
+    "Progress",
+    "StillCreating",
+    "TaskView",
+]

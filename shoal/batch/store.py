@@ -1,0 +1,390 @@
+"""The only code that runs the batch layer's SQL: one typed function per query."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
+from shoal.db.pool import AsyncConn, Database, translated
+from shoal.db.queries import load_queries
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    kind: str
+    idempotency_key: str | None
+    request_hash: str
+    params: str  # JSON text
+    total: int
+    max_attempts: int
+    zombie_timeout_s: float
+    deadline_s: float | None
+    item_queue: str
+    job_options: Mapping[str, Any]
+    on_complete_queue: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GuardedItem:
+    """An item that passed the phantom guard: now running under fence ``attempt``."""
+
+    id: ItemId
+    attempt: int  # the fencing token (monotonic)
+    run: int  # runs since the item was (re)opened; bounded by max_attempts
+    ref: str
+    data: Any
+    task_id: TaskId
+    kind: str
+    params: Any
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """An item that needs a job: its queue, options and current attempt."""
+
+    id: ItemId
+    attempt: int
+    status: ItemStatus
+    queue: str
+    job_options: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedTask:
+    id: TaskId
+    kind: str
+    outcome: TaskOutcome
+    on_complete_queue: str | None
+    params: Any
+    created_at: datetime
+    completed_at: datetime
+    last_item_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    id: TaskId
+    kind: str
+    status: TaskStatus
+    outcome: TaskOutcome | None
+    params: Any
+    total: int
+    created_at: datetime
+    completed_at: datetime | None
+    deadline_at: datetime | None
+    cancel_reason: TaskOutcome | None
+    last_item_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemRow:
+    id: ItemId
+    ref: str
+    status: ItemStatus
+    attempts: int
+    data: Any
+    result: Any
+    error: str | None
+    errors: tuple[Mapping[str, Any], ...]
+    started_at: datetime | None
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+def _task(row: Sequence[Any]) -> TaskRow:
+    return TaskRow(
+        id=TaskId(row[0]),
+        kind=row[1],
+        status=TaskStatus(row[2]),
+        outcome=None if row[3] is None else TaskOutcome(row[3]),
+        params=row[4],
+        total=row[5],
+        created_at=row[6],
+        completed_at=row[7],
+        deadline_at=row[8],
+        cancel_reason=None if row[9] is None else TaskOutcome(row[9]),
+        last_item_at=row[10],
+    )
+
+
+def _dispatch(row: Sequence[Any]) -> Dispatch:
+    return Dispatch(ItemId(row[0]), row[1], ItemStatus(row[2]), row[3], row[4])
+
+
+class BatchStore:
+    """Typed access to the batch tables of one schema."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.sql = load_queries("shoal.batch", db.schema)
+
+    async def _rows(
+        self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
+    ) -> list[tuple[Any, ...]]:
+        query = self.sql[name]
+
+        async def run(c: AsyncConn) -> list[tuple[Any, ...]]:
+            cur = await c.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+        if conn is not None:
+            with translated():
+                return await run(conn)
+        return await self.db.run(run, transaction=False)
+
+    async def _count(self, name: str, params: Mapping[str, Any], conn: AsyncConn) -> int:
+        with translated():
+            cur = await conn.execute(self.sql[name], params)
+            return cur.rowcount
+
+    # -- creation (inside the caller's transaction) -------------------------
+
+    async def insert_task(
+        self, conn: AsyncConn, task: NewTask, *, now: datetime | None
+    ) -> TaskId | None:
+        rows = await self._rows(
+            "insert_task",
+            {
+                "kind": task.kind,
+                "idempotency_key": task.idempotency_key,
+                "request_hash": task.request_hash,
+                "params": task.params,
+                "total": task.total,
+                "max_attempts": task.max_attempts,
+                "zombie_timeout_s": task.zombie_timeout_s,
+                "deadline_s": task.deadline_s,
+                "item_queue": task.item_queue,
+                "job_options": json.dumps(dict(task.job_options)),
+                "on_complete_queue": task.on_complete_queue,
+                "now": now,
+            },
+            conn,
+        )
+        return TaskId(rows[0][0]) if rows else None
+
+    async def task_by_key(self, conn: AsyncConn, key: str) -> tuple[TaskId, str] | None:
+        rows = await self._rows("task_by_key", {"idempotency_key": key}, conn)
+        return (TaskId(rows[0][0]), rows[0][1]) if rows else None
+
+    async def insert_items(
+        self,
+        conn: AsyncConn,
+        task_id: TaskId,
+        refs: Sequence[str],
+        data: Sequence[str],
+        *,
+        now: datetime | None,
+    ) -> list[ItemId]:
+        rows = await self._rows(
+            "insert_items",
+            {"task_id": task_id, "refs": list(refs), "data": list(data), "now": now},
+            conn,
+        )
+        return [ItemId(r[0]) for r in rows]
+
+    # -- the worker's edges --------------------------------------------------
+
+    async def guard_items(
+        self, ids: Sequence[ItemId], *, now: datetime | None
+    ) -> dict[ItemId, GuardedItem]:
+        """pending -> running for each id; the ones that passed (absent = phantom)."""
+        rows = await self._rows("guard_items", {"ids": list(ids), "now": now})
+        return {
+            ItemId(r[0]): GuardedItem(
+                ItemId(r[0]), r[1], r[2], r[3], r[4], TaskId(r[5]), r[6], r[7], r[8]
+            )
+            for r in rows
+        }
+
+    async def complete_items(
+        self, done: Sequence[tuple[ItemId, int, Any]], *, now: datetime | None
+    ) -> set[ItemId]:
+        """running -> completed for (id, fence, result); the ids that won their fence."""
+        rows = await self._rows(
+            "complete_items",
+            {
+                "ids": [d[0] for d in done],
+                "attempts": [d[1] for d in done],
+                "results": [json.dumps(d[2]) for d in done],
+                "now": now,
+            },
+        )
+        return {ItemId(r[0]) for r in rows}
+
+    async def fail_item(
+        self,
+        item_id: ItemId,
+        attempt: int,
+        *,
+        status: ItemStatus,
+        message: str,
+        entry: Mapping[str, Any],
+        now: datetime | None,
+    ) -> bool:
+        """running -> ``status`` (error or pending), fenced; False when the fence failed."""
+        rows = await self._rows(
+            "fail_item",
+            {
+                "item_id": item_id,
+                "attempt": attempt,
+                "status": status.value,
+                "message": message,
+                "entry": json.dumps(dict(entry)),
+                "now": now,
+            },
+        )
+        return bool(rows)
+
+    async def heartbeat_items(
+        self, held: Sequence[tuple[ItemId, int]], *, now: datetime | None
+    ) -> set[ItemId]:
+        if not held:
+            return set()
+        rows = await self._rows(
+            "heartbeat_items",
+            {"ids": [h[0] for h in held], "attempts": [h[1] for h in held], "now": now},
+        )
+        return {ItemId(r[0]) for r in rows}
+
+    async def count_event(self, name: str, n: int = 1, conn: AsyncConn | None = None) -> None:
+        await self._rows("count_event", {"name": name, "n": n}, conn)
+
+    # -- the aggregator (inside its transactions) ----------------------------
+
+    async def expire_deadlines(self, conn: AsyncConn, *, now: datetime | None) -> list[TaskId]:
+        return [TaskId(r[0]) for r in await self._rows("expire_deadlines", {"now": now}, conn)]
+
+    async def cancel_pending_items(
+        self, conn: AsyncConn, task_ids: Sequence[TaskId], *, now: datetime | None
+    ) -> int:
+        return await self._count(
+            "cancel_pending_items", {"task_ids": list(task_ids), "now": now}, conn
+        )
+
+    async def reap_zombies(
+        self, conn: AsyncConn, *, limit: int, now: datetime | None
+    ) -> list[Dispatch]:
+        rows = await self._rows("reap_zombies", {"limit": limit, "now": now}, conn)
+        return [_dispatch(r) for r in rows]
+
+    async def sweep_orphans(
+        self, conn: AsyncConn, *, limit: int, now: datetime | None
+    ) -> list[Dispatch]:
+        rows = await self._rows("sweep_orphans", {"limit": limit, "now": now}, conn)
+        return [_dispatch(r) for r in rows]
+
+    async def close_tasks(
+        self, conn: AsyncConn, *, limit: int, now: datetime | None
+    ) -> list[ClosedTask]:
+        rows = await self._rows("close_tasks", {"limit": limit, "now": now}, conn)
+        return [
+            ClosedTask(TaskId(r[0]), r[1], TaskOutcome(r[2]), r[3], r[4], r[5], r[6], r[7])
+            for r in rows
+        ]
+
+    # -- control (inside the caller's transaction) ---------------------------
+
+    async def lock_task(self, conn: AsyncConn, task_id: TaskId) -> TaskRow | None:
+        rows = await self._rows("lock_task", {"task_id": task_id}, conn)
+        if not rows:
+            return None
+        return await self.get_task(task_id, conn)
+
+    async def request_cancel(
+        self, conn: AsyncConn, task_id: TaskId, reason: TaskOutcome, *, now: datetime | None
+    ) -> bool:
+        rows = await self._rows(
+            "request_cancel", {"task_id": task_id, "reason": reason.value, "now": now}, conn
+        )
+        return bool(rows)
+
+    async def reopen_failed_items(
+        self, conn: AsyncConn, task_id: TaskId, *, now: datetime | None
+    ) -> list[Dispatch]:
+        rows = await self._rows("reopen_failed_items", {"task_id": task_id, "now": now}, conn)
+        return [_dispatch(r) for r in rows]
+
+    async def reopen_task(self, conn: AsyncConn, task_id: TaskId) -> bool:
+        return await self._count("reopen_task", {"task_id": task_id}, conn) > 0
+
+    # -- reading ---------------------------------------------------------------
+
+    async def get_task(self, task_id: TaskId, conn: AsyncConn | None = None) -> TaskRow | None:
+        rows = await self._rows("get_task", {"task_id": task_id}, conn)
+        return _task(rows[0]) if rows else None
+
+    async def list_tasks(
+        self,
+        *,
+        status: TaskStatus | None,
+        before: tuple[datetime, TaskId] | None,
+        limit: int,
+    ) -> list[TaskRow]:
+        rows = await self._rows(
+            "list_tasks",
+            {
+                "status": None if status is None else status.value,
+                "before_created": None if before is None else before[0],
+                "before_id": None if before is None else before[1],
+                "limit": limit,
+            },
+        )
+        return [_task(r) for r in rows]
+
+    async def progress(self, task_id: TaskId) -> dict[ItemStatus, int]:
+        rows = await self._rows("progress", {"task_id": task_id})
+        return {ItemStatus(r[0]): r[1] for r in rows}
+
+    async def progress_many(
+        self, task_ids: Sequence[TaskId]
+    ) -> dict[TaskId, dict[ItemStatus, int]]:
+        rows = await self._rows("progress_many", {"task_ids": list(task_ids)})
+        found: dict[TaskId, dict[ItemStatus, int]] = {}
+        for task_id, status, count in rows:
+            found.setdefault(TaskId(task_id), {})[ItemStatus(status)] = count
+        return found
+
+    async def list_items(
+        self, task_id: TaskId, *, status: ItemStatus | None, after_id: int, limit: int
+    ) -> list[ItemRow]:
+        rows = await self._rows(
+            "list_items",
+            {
+                "task_id": task_id,
+                "status": None if status is None else status.value,
+                "after_id": after_id,
+                "limit": limit,
+            },
+        )
+        return [
+            ItemRow(
+                ItemId(r[0]),
+                r[1],
+                ItemStatus(r[2]),
+                r[3],
+                r[4],
+                r[5],
+                r[6],
+                tuple(r[7]),
+                r[8],
+                r[9],
+                r[10],
+            )
+            for r in rows
+        ]
+
+    async def counters(self) -> dict[str, int]:
+        return {r[0]: r[1] for r in await self._rows("counters", {})}
+
+    async def items_by_status(self) -> list[tuple[str, ItemStatus, int]]:
+        rows = await self._rows("items_by_status", {})
+        return [(r[0], ItemStatus(r[1]), r[2]) for r in rows]
+
+    async def completion_latencies(self, *, limit: int) -> list[tuple[str, float]]:
+        rows = await self._rows("completion_latencies", {"limit": limit})
+        return [(r[0], r[1]) for r in rows]

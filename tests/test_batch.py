@@ -1,0 +1,494 @@
+"""The batch layer: every pattern, anti-pattern row and checklist line of the
+scatter-dispatch + polling-aggregation design, against real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from shoal import Conflict, FakeClock, InvalidInput, NotFound, PermanentError, Shoal
+from shoal.batch.item import Item
+from shoal.batch.service import IdempotencyMismatch
+from shoal.batch.states import ItemStatus, TaskOutcome, TaskStatus
+
+from .batch_helpers import make_batches, running, settle
+
+
+async def sql(db_url: str, query: str, *args: object) -> list[tuple[object, ...]]:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        cur = await conn.execute(query, args or None)
+        return await cur.fetchall() if cur.description else []
+
+
+# -- creation ------------------------------------------------------------------
+
+
+async def test_create_writes_task_items_and_one_job_per_item(boss: Shoal, db_url: str) -> None:
+    batches = make_batches(boss)
+    created = await batches.create("test.kind", ["a", {"ref": "b", "data": {"page": 2}}])
+    assert created.created
+    view = await batches.get(created.task_id)
+    assert (view.status, view.progress.total, view.progress.pending) == (TaskStatus.PROCESSING, 2, 2)
+    jobs = await sql(db_url, "SELECT singleton_key, data FROM shoal.job WHERE queue = 'batch.test.kind'")
+    keys = sorted(str(k) for k, _ in jobs)
+    assert len(keys) == 2 and all(k.startswith("item-") and k.endswith(":0") for k in keys)
+    # Jobs carry ids, not documents.
+    assert all(set(data) == {"item"} for _, data in jobs)  # type: ignore[arg-type]
+
+
+async def test_creation_is_one_transaction(boss: Shoal, db_url: str) -> None:
+    batches = make_batches(boss)
+    await sql(
+        db_url,
+        "CREATE FUNCTION fail_jobs() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'job table unavailable'; END $$",
+    )
+    await sql(
+        db_url,
+        "CREATE TRIGGER no_jobs BEFORE INSERT ON shoal.job FOR EACH STATEMENT EXECUTE FUNCTION fail_jobs()",
+    )
+    with pytest.raises(psycopg.Error, match="job table unavailable"):
+        await batches.create("test.kind", ["a", "b", "c"])
+    # Unlike the reference (task, items and jobs in three steps), nothing is left behind.
+    assert await sql(db_url, "SELECT count(*) FROM shoal.task") == [(0,)]
+    assert await sql(db_url, "SELECT count(*) FROM shoal.item") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("items", "field"),
+    [
+        ([], "items"),
+        (["a", "a"], "items[1].ref"),
+        ([""], "items[0].ref"),
+        ([{"ref": "a", "data": {"blob": "x" * 9000}}], "items[0].data"),
+        ([{"ref": "a", "extra": 1}], "items[0]"),
+        ([{"ref": 7}], "items[0].ref"),
+        (["nul\x00"], "items[0].ref"),
+        ("abc", "items"),
+    ],
+)
+async def test_bad_items_are_rejected_naming_the_entry_and_nothing_is_written(
+    boss: Shoal, db_url: str, items: object, field: str
+) -> None:
+    batches = make_batches(boss)
+    with pytest.raises(InvalidInput) as raised:
+        await batches.create("test.kind", items)  # type: ignore[arg-type]
+    assert raised.value.field == field
+    assert await sql(db_url, "SELECT count(*) FROM shoal.task") == [(0,)]
+
+
+async def test_item_count_cap(boss: Shoal) -> None:
+    batches = make_batches(boss)
+    batches.max_items = 10
+    with pytest.raises(InvalidInput, match="over the cap of 10"):
+        await batches.create("test.kind", [str(i) for i in range(11)])
+
+
+async def test_unknown_kind_is_named(boss: Shoal) -> None:
+    with pytest.raises(InvalidInput, match="unknown batch kind 'nope'"):
+        await make_batches(boss).create("nope", ["a"])
+
+
+async def test_idempotent_repeat_returns_the_same_task(boss: Shoal, db_url: str) -> None:
+    batches = make_batches(boss)
+    first = await batches.create("test.kind", ["a", "b"], idempotency_key="click-1")
+    again = await batches.create("test.kind", ["a", "b"], idempotency_key="click-1")
+    assert (again.task_id, again.created) == (first.task_id, False)
+    assert await sql(db_url, "SELECT count(*) FROM shoal.item") == [(2,)]
+
+
+async def test_same_key_with_a_different_request_is_refused(boss: Shoal) -> None:
+    batches = make_batches(boss)
+    await batches.create("test.kind", ["a", "b"], idempotency_key="click-1")
+    with pytest.raises(IdempotencyMismatch):
+        await batches.create("test.kind", ["a", "c"], idempotency_key="click-1")
+    with pytest.raises(IdempotencyMismatch):
+        await batches.create("test.kind", ["a", "b"], idempotency_key="click-1", params={"x": 1})
+
+
+async def test_concurrent_creates_with_one_key_make_one_task(boss: Shoal, db_url: str) -> None:
+    batches = make_batches(boss)
+    results = await asyncio.gather(
+        *(batches.create("test.kind", ["a", "b", "c"], idempotency_key="k") for _ in range(20))
+    )
+    assert len({r.task_id for r in results}) == 1
+    assert sum(r.created for r in results) == 1
+    assert await sql(db_url, "SELECT count(*) FROM shoal.task") == [(1,)]
+    assert await sql(db_url, "SELECT count(*) FROM shoal.job") == [(3,)]
+
+
+# -- workers -----------------------------------------------------------------------
+
+
+async def test_a_task_runs_every_item_and_closes_completed(boss: Shoal) -> None:
+    batches = make_batches(boss, concurrency=5)
+    created = await batches.create("test.kind", [f"doc-{i}" for i in range(200)])
+    async with running(batches):
+        await settle(batches, created.task_id)
+    view = await batches.get(created.task_id)
+    assert (view.status, view.outcome) == (TaskStatus.COMPLETED, TaskOutcome.COMPLETED)
+    assert view.progress.as_dict() == {
+        "total": 200, "pending": 0, "running": 0, "completed": 200, "error": 0,
+        "cancelled": 0, "percent": 100.0,
+    }
+    page = await batches.items(created.task_id, limit=3)
+    assert [i.result for i in page.items] == [{"ref": "doc-0"}, {"ref": "doc-1"}, {"ref": "doc-2"}]
+
+
+async def test_workers_never_write_the_task_row(boss: Shoal, db_url: str) -> None:
+    batches = make_batches(boss, concurrency=10)
+    created = await batches.create("test.kind", [str(i) for i in range(100)])
+    (before,) = await sql(db_url, "SELECT xmin::text FROM shoal.task")
+    async with running(batches):
+        for _ in range(400):
+            if (await batches.get(created.task_id)).progress.completed == 100:
+                break
+            await asyncio.sleep(0.05)
+    assert (await batches.get(created.task_id)).progress.completed == 100
+    (after,) = await sql(db_url, "SELECT xmin::text FROM shoal.task")
+    assert before == after, "a worker updated the task row"
+
+
+async def test_concurrency_bounds_running_items(boss: Shoal) -> None:
+    running_now = peak = 0
+
+    async def slow(item: Item) -> None:
+        nonlocal running_now, peak
+        running_now += 1
+        peak = max(peak, running_now)
+        await asyncio.sleep(0.02)
+        running_now -= 1
+
+    batches = make_batches(boss, slow, concurrency=3)
+    created = await batches.create("test.kind", [str(i) for i in range(30)])
+    async with running(batches):
+        await settle(batches, created.task_id)
+    assert peak == 3
+
+
+async def test_phantom_delivery_is_skipped_without_calling_the_handler(
+    boss: Shoal, db_url: str
+) -> None:
+    calls: list[str] = []
+
+    async def handler(item: Item) -> str:
+        calls.append(item.ref)
+        return "first result"
+
+    batches = make_batches(boss, handler)
+    created = await batches.create("test.kind", ["a"])
+    async with running(batches):
+        await settle(batches, created.task_id)
+        # The queue delivers the same item again (a late retry of a lost ack).
+        (item_id,) = (await sql(db_url, "SELECT id FROM shoal.item"))[0]
+        await boss.send("batch.test.kind", {"item": item_id})
+        for _ in range(200):
+            if await batches.phantom_skips() == 1:
+                break
+            await asyncio.sleep(0.02)
+    assert await batches.phantom_skips() == 1
+    assert calls == ["a"]  # the handler (and its LLM bill) ran once
+    (item,) = (await batches.items(created.task_id)).items
+    assert item.result == "first result"
+
+
+async def test_transient_error_goes_back_to_pending_then_retries(boss: Shoal, db_url: str) -> None:
+    seen: list[tuple[int, str]] = []
+
+    async def flaky(item: Item) -> str:
+        (status,) = (await sql(db_url, "SELECT status::text FROM shoal.item WHERE id = %s", item.id))[0]
+        seen.append((item.attempt, str(status)))
+        if item.attempt == 1:
+            raise ConnectionError("gateway timeout")
+        return "ok"
+
+    batches = make_batches(boss, flaky)
+    created = await batches.create("test.kind", ["a"])
+    async with running(batches):
+        await settle(batches, created.task_id)
+    assert seen == [(1, "running"), (2, "running")]  # the retry passed the guard
+    (item,) = (await batches.items(created.task_id)).items
+    assert (item.status, item.attempts, item.result) == (ItemStatus.COMPLETED, 2, "ok")
+    assert [e["type"] for e in item.errors] == ["ConnectionError"]
+
+
+async def test_permanent_error_marks_error_at_once(boss: Shoal) -> None:
+    attempts: list[int] = []
+
+    async def broken(item: Item) -> None:
+        attempts.append(item.attempt)
+        raise PermanentError("not a PDF")
+
+    batches = make_batches(boss, broken, retry_limit=5)
+    created = await batches.create("test.kind", ["a", "b"])
+    async with running(batches):
+        await settle(batches, created.task_id)
+    view = await batches.get(created.task_id)
+    assert (view.outcome, view.progress.error) == (TaskOutcome.COMPLETED_WITH_ERRORS, 2)
+    assert attempts == [1, 1]
+    errors = (await batches.items(created.task_id, status="error")).items
+    assert {i.error for i in errors} == {"PermanentError: not a PDF"}
+
+
+async def test_classifier_and_exception_classes_mark_errors_permanent(boss: Shoal) -> None:
+    async def handler(item: Item) -> None:
+        raise (KeyError if item.ref == "a" else ValueError)(item.ref)
+
+    batches = make_batches(
+        boss, handler, retry_limit=5, permanent=(KeyError,),
+        classify=lambda exc: isinstance(exc, ValueError),
+    )
+    created = await batches.create("test.kind", ["a", "b"])
+    async with running(batches):
+        await settle(batches, created.task_id)
+    items = (await batches.items(created.task_id)).items
+    assert [(i.status, i.attempts) for i in items] == [(ItemStatus.ERROR, 1)] * 2
+
+
+async def test_spent_retries_end_in_error_and_the_task_still_completes(boss: Shoal) -> None:
+    async def always(item: Item) -> None:
+        raise TimeoutError("LLM timed out")
+
+    batches = make_batches(boss, always, retry_limit=2)
+    created = await batches.create("test.kind", ["a", "ok"] if False else ["a"])
+    async with running(batches):
+        await settle(batches, created.task_id)
+    (item,) = (await batches.items(created.task_id)).items
+    # The reference left such an item pending forever: a task that never completes.
+    assert (item.status, item.attempts) == (ItemStatus.ERROR, 3)
+    assert item.error == "TimeoutError: LLM timed out"
+    assert (await batches.get(created.task_id)).outcome is TaskOutcome.COMPLETED_WITH_ERRORS
+
+
+async def test_a_long_item_heartbeats_past_its_zombie_timeout(boss: Shoal) -> None:
+    async def long(item: Item) -> str:
+        await asyncio.sleep(1.5)
+        return "done"
+
+    batches = make_batches(boss, long, zombie_timeout=timedelta(milliseconds=400))
+    created = await batches.create("test.kind", ["a"])
+    async with running(batches):
+        for _ in range(20):  # aggregator passes while the item runs
+            await batches.aggregator.run_once()
+            await asyncio.sleep(0.1)
+        await settle(batches, created.task_id)
+    (item,) = (await batches.items(created.task_id)).items
+    assert (item.status, item.attempts, item.errors) == (ItemStatus.COMPLETED, 1, ())
+
+
+# -- the aggregator ------------------------------------------------------------------
+
+
+async def guard_one(batches, clock_now=None):  # type: ignore[no-untyped-def]
+    """Stage a running item as a worker's guard leaves it."""
+    (item_id,) = [i.id for i in (await batches.items((await batches.tasks())[0].task_id)).items][:1]
+    passed = await batches.store.guard_items([item_id], now=clock_now)
+    return passed[item_id]
+
+
+async def test_zombie_is_reaped_by_stale_heartbeat_and_retried(
+    fake_boss: Shoal, clock: FakeClock, db_url: str
+) -> None:
+    batches = make_batches(fake_boss, zombie_timeout=timedelta(minutes=2), retry_limit=1)
+    created = await batches.create("test.kind", ["a"])
+    first = await guard_one(batches, clock.now())  # a worker took it, then died (OOM)
+    clock.advance(timedelta(minutes=1, seconds=59))
+    assert (await batches.aggregator.run_once()).reaped_to_pending == 0
+    clock.advance(timedelta(seconds=2))
+    report = await batches.aggregator.run_once()
+    assert (report.reaped_to_pending, report.redispatched) == (1, 1)
+    (item,) = (await batches.items(created.task_id)).items
+    assert item.status is ItemStatus.PENDING and item.errors[-1]["type"] == "Zombie"
+    # The re-dispatched job is not blocked by the dead worker's job.
+    jobs = await sql(db_url, "SELECT singleton_key FROM shoal.job ORDER BY id")
+    assert [k for (k,) in jobs] == [f"item-{item.id}:0", f"item-{item.id}:1"]
+    # The dead worker comes back: its late write loses to the fence.
+    assert not await batches.store.complete_items([(item.id, first.attempt, "stale")], now=clock.now())
+    second = await guard_one(batches, clock.now())
+    clock.advance(timedelta(minutes=3))
+    report = await batches.aggregator.run_once()
+    assert report.reaped_to_error == 1  # no attempts left
+    assert (await batches.get(created.task_id)).outcome is TaskOutcome.COMPLETED_WITH_ERRORS
+    assert second.attempt == first.attempt + 1
+
+
+async def test_reaper_judges_by_last_sign_of_life_not_start_time(
+    fake_boss: Shoal, clock: FakeClock
+) -> None:
+    batches = make_batches(fake_boss, zombie_timeout=timedelta(minutes=2))
+    await batches.create("test.kind", ["a"])
+    guarded = await guard_one(batches, clock.now())
+    for _ in range(10):  # running for 10 minutes, heartbeating every minute
+        clock.advance(timedelta(minutes=1))
+        assert await batches.store.heartbeat_items([(guarded.id, guarded.attempt)], now=clock.now())
+        assert (await batches.aggregator.run_once()).reaped_to_pending == 0
+
+
+async def test_reaper_never_touches_an_item_that_just_finished(
+    fake_boss: Shoal, clock: FakeClock
+) -> None:
+    batches = make_batches(fake_boss, zombie_timeout=timedelta(minutes=2))
+    created = await batches.create("test.kind", ["a"])
+    guarded = await guard_one(batches, clock.now())
+    clock.advance(timedelta(minutes=5))
+    # The worker finishes a moment before the aggregator's pass.
+    assert await batches.store.complete_items([(guarded.id, guarded.attempt, "ok")], now=clock.now())
+    report = await batches.aggregator.run_once()
+    assert report.reaped_to_pending + report.reaped_to_error == 0
+    (item,) = (await batches.items(created.task_id)).items
+    assert (item.status, item.result) == (ItemStatus.COMPLETED, "ok")
+
+
+async def test_racing_aggregators_close_a_task_and_enqueue_its_hook_once(
+    boss: Shoal, db_url: str
+) -> None:
+    async def hook(view) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    batches = make_batches(boss, on_complete=hook)
+    created = await batches.create("test.kind", [str(i) for i in range(20)])
+    async with running(batches):
+        for _ in range(400):
+            if (await batches.get(created.task_id)).progress.completed == 20:
+                break
+            await asyncio.sleep(0.02)
+    others = [make_batches(boss, on_complete=hook) for _ in range(5)]
+    reports = await asyncio.gather(*(b.aggregator.run_once() for b in [batches, *others]))
+    assert sum(len(r.closed) for r in reports) == 1
+    hooks = await sql(db_url, "SELECT data FROM shoal.job WHERE queue = 'batch.test.kind.on_complete'")
+    assert hooks == [({"task_id": created.task_id, "outcome": "completed"},)]
+
+
+async def test_task_stays_open_while_anything_is_pending_or_running(boss: Shoal) -> None:
+    batches = make_batches(boss)
+    created = await batches.create("test.kind", ["a", "b"])
+    assert (await batches.aggregator.run_once()).closed == ()
+    await guard_one(batches)
+    assert (await batches.aggregator.run_once()).closed == ()
+    assert (await batches.get(created.task_id)).status is TaskStatus.PROCESSING
+
+
+async def test_progress_is_one_group_by_over_the_task_status_index(boss: Shoal, db_url: str) -> None:
+    batches = make_batches(boss)
+    created = await batches.create("test.kind", [str(i) for i in range(50)])
+    indexes = await sql(db_url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'item_task_status'")
+    assert "(task_id, status, id)" in str(indexes[0][0])
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        await conn.execute("SET enable_seqscan = off")
+        cur = await conn.execute(
+            batches.store.sql["progress"].as_string(conn).replace("%(task_id)s", "%s"),
+            (created.task_id,),
+        )
+        assert await cur.fetchall() == [("pending", 50)]
+        plan = await conn.execute(
+            "EXPLAIN " + batches.store.sql["progress"].as_string(conn).replace("%(task_id)s", "%s"),
+            (created.task_id,),
+        )
+        assert "item_task_status" in str(await plan.fetchall())
+
+
+# -- control -------------------------------------------------------------------------
+
+
+async def test_cancel_stops_pending_items_and_closes_as_cancelled(boss: Shoal) -> None:
+    started: list[str] = []
+
+    async def handler(item: Item) -> None:
+        started.append(item.ref)
+
+    batches = make_batches(boss, handler)
+    created = await batches.create("test.kind", [str(i) for i in range(50)])
+    view = await batches.cancel(created.task_id)
+    assert view.progress.cancelled == 50
+    async with running(batches):
+        await settle(batches, created.task_id)
+        await asyncio.sleep(0.3)
+    assert started == []  # pending items never start
+    view = await batches.get(created.task_id)
+    assert (view.status, view.outcome) == (TaskStatus.CANCELLED, TaskOutcome.CANCELLED)
+    with pytest.raises(Conflict):
+        await batches.cancel(created.task_id)
+
+
+async def test_a_passed_deadline_times_the_task_out(fake_boss: Shoal, clock: FakeClock) -> None:
+    batches = make_batches(fake_boss)
+    created = await batches.create("test.kind", ["a", "b"], deadline=60)
+    clock.advance(timedelta(seconds=59))
+    assert (await batches.aggregator.run_once()).timed_out == 0
+    clock.advance(timedelta(seconds=1))
+    report = await batches.aggregator.run_once()
+    assert report.timed_out == 1 and [t.outcome for t in report.closed] == [TaskOutcome.TIMED_OUT]
+    view = await batches.get(created.task_id)
+    assert (view.status, view.progress.cancelled) == (TaskStatus.CANCELLED, 2)
+
+
+async def test_retry_failed_reruns_error_items_and_reopens_the_task(boss: Shoal) -> None:
+    fixed = False
+
+    async def handler(item: Item) -> str:
+        if not fixed and item.ref == "bad":
+            raise PermanentError("upstream bug")
+        return "ok"
+
+    batches = make_batches(boss, handler)
+    created = await batches.create("test.kind", ["good", "bad"])
+    async with running(batches):
+        await settle(batches, created.task_id)
+        assert (await batches.get(created.task_id)).outcome is TaskOutcome.COMPLETED_WITH_ERRORS
+        fixed = True
+        assert await batches.retry_failed(created.task_id) == 1
+        assert (await batches.get(created.task_id)).status is TaskStatus.PROCESSING
+        await settle(batches, created.task_id)
+    view = await batches.get(created.task_id)
+    assert (view.outcome, view.progress.completed) == (TaskOutcome.COMPLETED, 2)
+    bad = (await batches.items(created.task_id)).items[1]
+    assert bad.attempts == 1 and bad.errors[0]["message"] == "upstream bug"  # history kept
+
+
+async def test_items_page_by_status_with_a_cursor(boss: Shoal) -> None:
+    batches = make_batches(boss)
+    created = await batches.create("test.kind", [f"{i:03}" for i in range(25)])
+    refs: list[str] = []
+    cursor = None
+    while True:
+        page = await batches.items(created.task_id, status="pending", cursor=cursor, limit=10)
+        refs += [i.ref for i in page.items]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert refs == [f"{i:03}" for i in range(25)]
+    assert (await batches.items(created.task_id, status="error")).items == ()
+    with pytest.raises(InvalidInput, match="status"):
+        await batches.items(created.task_id, status="done")
+
+
+async def test_unknown_task_is_not_found(boss: Shoal) -> None:
+    batches = make_batches(boss)
+    for task_id in ("not-a-uuid", "00000000-0000-0000-0000-000000000000"):
+        with pytest.raises(NotFound):
+            await batches.get(task_id)
+
+
+async def test_expire_in_is_an_execution_timeout_not_a_queue_wait(boss: Shoal) -> None:
+    async def handler(item: Item) -> str:
+        return "ran"
+
+    batches = make_batches(boss, handler, expire_in=timedelta(milliseconds=500))
+    created = await batches.create("test.kind", [str(i) for i in range(5)])
+    await asyncio.sleep(1.0)  # the jobs wait in the queue twice as long as expire_in
+    await boss.maintain()
+    async with running(batches):
+        await settle(batches, created.task_id)
+    assert (await batches.get(created.task_id)).progress.completed == 5
+
+
+async def test_export_rows_cover_every_item(boss: Shoal) -> None:
+    batches = make_batches(boss)
+    created = await batches.create("test.kind", [str(i) for i in range(1500)])
+    rows = await batches.export_rows(created.task_id)
+    assert [r.ref for r in rows] == [str(i) for i in range(1500)]
+    assert json.dumps([r.ref for r in rows[:2]]) == '["0", "1"]'
