@@ -45,8 +45,10 @@ from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Work
 
 log = logging.getLogger("shoal.app")
 
-# The aggregator's pass is short; one stuck longer than this is retried by the next tick.
-AGGREGATOR_EXPIRE_IN = 60
+# A pass takes milliseconds. Its singleton key blocks the next ticks while a
+# pass is unfinished, so a pass whose process died must lose its lease soon:
+# maintenance (every 5 s) expires it after this, and the next tick runs.
+AGGREGATOR_EXPIRE_IN = 5
 
 StartHook = Callable[[Shoal], Awaitable[None]]
 

@@ -2,6 +2,7 @@
 
     shoal migrate                     create or upgrade the schema
     shoal worker --app module:attr    run an App's handlers, schedules and maintenance
+    shoal api --app module:attr       serve the HTTP API and dashboard for an App's batch kinds
     shoal status                      queue depths as a table
     shoal queue pause|resume NAME     stop or restart claiming from a queue, everywhere
     shoal queue redrive DLQ           send dead-lettered jobs back to their queues
@@ -97,6 +98,61 @@ async def cmd_worker(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
+def api_token(args: argparse.Namespace) -> str | None:
+    """``--token``, else ``SHOAL_API_TOKEN``; refuses a non-loopback bind without one."""
+    from shoal.api.auth import TOKEN_ENV, is_loopback
+
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if token is None and not is_loopback(args.host):
+        raise SystemExit(
+            f"refusing to serve on {args.host!r} without a token: anyone who can reach it could "
+            f"create and cancel tasks. Set {TOKEN_ENV} (or --token), or bind to 127.0.0.1."
+        )
+    return token
+
+
+async def cmd_api(args: argparse.Namespace, url: str) -> int:
+    import uvicorn
+
+    from shoal.api import create_api
+
+    token = api_token(args)
+    app = load_app(args.app)
+    boss = await _connect(args, url, max_size=args.pool_size, listen=False)
+    api = create_api(
+        boss,
+        app.batches(boss),
+        token=token,
+        max_body_bytes=args.max_body_bytes,
+        request_deadline_s=args.request_deadline,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            api,
+            host=args.host,
+            port=args.port,
+            log_level="debug" if args.verbose else "info",
+            lifespan="off",
+            server_header=False,
+        )
+    )
+    console.print(
+        f"shoal API and dashboard on http://{args.host}:{args.port}/"
+        + (" (bearer token required)" if token else "")
+    )
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal
+    # to the handler it found; a no-op one lets the pool (and an embedded
+    # server started here) close normally instead of dying mid-cleanup.
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        await server.serve()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        await boss.close()
+    return 0
+
+
 async def cmd_status(args: argparse.Namespace, url: str) -> int:
     boss = await _connect(args, url, listen=False)
     try:
@@ -150,12 +206,15 @@ async def cmd_queue(args: argparse.Namespace, url: str) -> int:
 async def cmd_demo(args: argparse.Namespace, url: str) -> int:
     from shoal.demo import run_demo
 
-    return await run_demo(url, schema=args.schema, jobs=args.jobs, console=Console())
+    return await run_demo(
+        url, schema=args.schema, items=args.items, console=Console(), port=args.port
+    )
 
 
 COMMANDS = {
     "migrate": cmd_migrate,
     "worker": cmd_worker,
+    "api": cmd_api,
     "status": cmd_status,
     "queue": cmd_queue,
     "demo": cmd_demo,
@@ -173,12 +232,23 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--app", required=True, help="module:attribute of a shoal.App")
     worker.add_argument("--grace", type=float, default=30.0, help="seconds to finish running jobs")
     worker.add_argument("--pool-size", type=int, default=10, help="database connections")
+    api = sub.add_parser("api", help="serve the HTTP API and dashboard until SIGTERM/SIGINT")
+    api.add_argument("--app", required=True, help="module:attribute of a shoal.App")
+    api.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    api.add_argument("--port", type=int, default=8000)
+    api.add_argument("--token", help="bearer token (prefer $SHOAL_API_TOKEN: arguments show in ps)")
+    api.add_argument("--pool-size", type=int, default=10, help="database connections")
+    api.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    api.add_argument(
+        "--request-deadline", type=float, default=30.0, help="seconds to receive a request body"
+    )
     sub.add_parser("status", help="queue depths as a table")
     queue = sub.add_parser("queue", help="control a queue")
     queue.add_argument("action", choices=["pause", "resume", "redrive"])
     queue.add_argument("name")
     demo = sub.add_parser("demo", help="run the end-to-end demo")
-    demo.add_argument("--jobs", type=int, default=300)
+    demo.add_argument("--items", type=int, default=300, help="items in the demo task")
+    demo.add_argument("--port", type=int, default=8000, help="port of the dashboard")
     return root
 
 
@@ -193,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         # The demo's own output tells the story; expected failures need not shout.
         logging.getLogger("shoal").setLevel(logging.ERROR)
     command = COMMANDS[args.command]
+    if args.command == "api":
+        api_token(args)  # refuse an open non-loopback bind before starting anything
     try:
         with database_url(args) as url:
             return asyncio.run(command(args, url))

@@ -1,14 +1,22 @@
-"""The end-to-end demo: ``shoal demo``.
+"""The end-to-end demo (``shoal demo``) and the demo app ``shoal.demo:app``.
 
-Runs a worker in this process against a real database, sends a few hundred
-jobs whose simulated handler sleeps, fails transiently (retried with backoff)
-or fails for good (dead-lettered), runs a 6-field cron schedule, and shows
-live progress until every job has ended, then the final counts.
+The app declares the batch kind ``demo.sleep``: each item sleeps
+``data["sleep_ms"]`` and may fail, as its data says: ``"fail": "transient"``
+fails the first ``fail_times`` attempts and then succeeds (retried with
+backoff), ``"fail": "permanent"`` fails for good. Tests and the HTTP contract
+use it; ``shoal worker --app shoal.demo:app`` and ``shoal api --app
+shoal.demo:app`` run it against any database.
+
+``shoal demo`` runs everything in one process against the embedded
+PostgreSQL (or ``DATABASE_URL``): worker, aggregator and the HTTP API with
+its dashboard; creates a task of a few hundred items, shows live progress
+bars, and prints the dashboard URL and the final counts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from datetime import timedelta
 from typing import Any
@@ -18,124 +26,151 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from shoal.app import App
+from shoal.batch.item import Item
+from shoal.batch.service import Batches, TaskView
 from shoal.errors import PermanentError
 from shoal.queue.client import Shoal
-from shoal.queue.job import Job
-from shoal.queue.states import JobState
 
-DEMO_QUEUE = "demo_sleep"
-DEAD_LETTER_QUEUE = "demo_sleep_dead"
-TICK_QUEUE = "demo_tick"
+DEMO_KIND = "demo.sleep"
+DEMO_API_PORT = 8000
 
 app = App()
-ticks: list[str] = []
+completed_hooks: list[TaskView] = []
 
 
 class FlakyGateway(Exception):
     """Stands in for a timeout from a remote service: worth retrying."""
 
 
-@app.handler(DEMO_QUEUE, concurrency=20)
-async def sleep_job(job: Job) -> dict[str, Any]:
-    """Sleeps ``sleep_ms``; fails the first ``fail_times`` attempts as asked."""
-    data = job.data
-    await asyncio.sleep(data.get("sleep_ms", 0) / 1000)
+async def on_demo_complete(task: TaskView) -> None:
+    completed_hooks.append(task)
+
+
+@app.batch(
+    DEMO_KIND,
+    concurrency=20,
+    retry_limit=3,
+    retry_delay=timedelta(milliseconds=200),
+    zombie_timeout=timedelta(seconds=30),
+    on_complete=on_demo_complete,
+)
+async def sleep_item(item: Item) -> dict[str, Any]:
+    """Sleeps ``sleep_ms``; fails as ``fail`` / ``fail_times`` ask."""
+    data = item.data if isinstance(item.data, dict) else {}
+    await asyncio.sleep(int(data.get("sleep_ms", 0)) / 1000)
     if data.get("fail") == "permanent":
-        raise PermanentError(f"item {data['item']}: unreadable input")
-    if data.get("fail") == "transient" and job.attempt <= data.get("fail_times", 1):
-        raise FlakyGateway(f"item {data['item']}: gateway timeout on attempt {job.attempt}")
-    return {"item": data["item"], "attempt": job.attempt}
+        raise PermanentError(f"{item.ref}: unreadable input")
+    if data.get("fail") == "transient" and item.attempt <= int(data.get("fail_times", 1)):
+        raise FlakyGateway(f"{item.ref}: gateway timeout on attempt {item.attempt}")
+    return {"ref": item.ref, "attempt": item.attempt}
 
 
-@app.handler(TICK_QUEUE, concurrency=1)
-async def tick(job: Job) -> None:
-    ticks.append(job.started_at.isoformat())
-
-
-app.schedule("demo_every_2s", "*/2 * * * * *", queue=TICK_QUEUE)
-
-
-def demo_jobs(count: int, rng: random.Random) -> list[dict[str, Any]]:
-    jobs = []
+def demo_items(count: int, rng: random.Random) -> list[dict[str, Any]]:
+    items = []
     for i in range(count):
-        data: dict[str, Any] = {"item": i, "sleep_ms": rng.randint(5, 80)}
+        data: dict[str, Any] = {"sleep_ms": rng.randint(20, 250)}
         roll = rng.random()
-        if roll < 0.03:
+        if roll < 0.04:
             data["fail"] = "permanent"
-        elif roll < 0.15:
+        elif roll < 0.16:
             data.update(fail="transient", fail_times=rng.randint(1, 2))
-        jobs.append(
-            {
-                "queue": DEMO_QUEUE,
-                "data": data,
-                "retry_limit": 3,
-                "retry_backoff": True,
-                "retry_delay": 0.2,
-                "dead_letter": DEAD_LETTER_QUEUE,
-                # An execution timeout from the moment a job starts, not a queue-wait timeout.
-                "expire_in": timedelta(minutes=5),
-                "singleton_key": f"demo-item-{i}",
-            }
-        )
-    return jobs
+        items.append({"ref": f"paper-{i:04}", "data": data})
+    return items
 
 
-async def run_demo(url: str, *, schema: str, jobs: int, console: Console) -> int:
-    boss = await Shoal.connect(url, schema=schema)
+async def _serve_api(boss: Shoal, batches: Batches, port: int, console: Console) -> str | None:
+    """Serve the API and dashboard on 127.0.0.1; None when it cannot start."""
+    try:
+        import uvicorn
+
+        from shoal.api import create_api
+    except ImportError as exc:  # pragma: no cover - the api extra is missing
+        console.print(f"[yellow]dashboard unavailable: {exc}[/yellow]")
+        return None
+    config = uvicorn.Config(
+        create_api(boss, batches, token=None), host="127.0.0.1", port=port, log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(), name="shoal-demo-api")
+    for _ in range(100):
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.05)
+    if not server.started:
+        console.print(f"[yellow]dashboard unavailable: port {port} is taken[/yellow]")
+        return None
+    _servers.append((server, task))
+    return f"http://127.0.0.1:{port}/"
+
+
+_servers: list[tuple[Any, asyncio.Task[None]]] = []
+
+
+async def run_demo(
+    url: str, *, schema: str, items: int, console: Console, port: int = DEMO_API_PORT
+) -> int:
+    boss = await Shoal.connect(url, schema=schema, max_size=20)
+    batches = app.batches(boss)
     stop = asyncio.Event()
     runner = asyncio.create_task(app.run(boss, stop=stop, grace=timedelta(seconds=10)))
     try:
-        ids = await boss.insert(demo_jobs(jobs, random.Random(7)))
-        sent = [job_id for job_id in ids if job_id is not None]
+        dashboard = await _serve_api(boss, batches, port, console)
+        created = await batches.create(DEMO_KIND, demo_items(items, random.Random(7)))
         console.print(
-            f"sent {len(sent)} jobs to [bold]{DEMO_QUEUE}[/bold] in one insert "
-            f"({len(ids) - len(sent)} skipped: their singleton key is still running)"
+            f"task [bold]{created.task_id}[/bold]: {items} items created with their jobs "
+            "in one transaction"
         )
+        if dashboard:
+            console.print(f"dashboard: [link={dashboard}]{dashboard}[/link] (live while this runs)")
         with Progress(
-            TextColumn("[bold]{task.description}"),
+            TextColumn("[bold]{task.description:>10}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
             TimeElapsedColumn(),
             console=console,
         ) as progress:
-            bar = progress.add_task(DEMO_QUEUE, total=jobs, detail="")
+            bars = {
+                name: progress.add_task(name, total=items)
+                for name in ("finished", "completed", "error", "running")
+            }
             while True:
-                counts = await _counts(boss, DEMO_QUEUE)
-                finished = sum(counts.get(s, 0) for s in (JobState.COMPLETED, JobState.FAILED))
-                detail = (
-                    f"active {counts.get(JobState.ACTIVE, 0)}  "
-                    f"retrying {counts.get(JobState.RETRY, 0)}  "
-                    f"failed {counts.get(JobState.FAILED, 0)}"
-                )
-                progress.update(bar, completed=finished, detail=detail)
-                if finished >= jobs:
+                view = await batches.get(created.task_id)
+                p = view.progress
+                for name, value in (
+                    ("finished", p.finished),
+                    ("completed", p.completed),
+                    ("error", p.error),
+                    ("running", p.running),
+                ):
+                    progress.update(bars[name], completed=value)
+                if view.status != "processing":
                     break
                 await asyncio.sleep(0.2)
-        counts = await _counts(boss, DEMO_QUEUE)
-        dead = await boss.jobs(DEAD_LETTER_QUEUE, limit=1000)
-        table = Table(title="demo result")
+        view = await batches.get(created.task_id)
+        table = Table(title=f"task {view.task_id}")
         table.add_column("what")
-        table.add_column("count", justify="right")
-        table.add_row("completed", str(counts.get(JobState.COMPLETED, 0)))
-        table.add_row(
-            "failed (kept with every attempt's error)", str(counts.get(JobState.FAILED, 0))
-        )
-        table.add_row(f"dead-lettered to {DEAD_LETTER_QUEUE}", str(len(dead)))
-        table.add_row("cron ticks run (every 2 s)", str(len(ticks)))
+        table.add_column("value", justify="right")
+        table.add_row("status / outcome", f"{view.status} / {view.outcome}")
+        table.add_row("items completed", str(view.progress.completed))
+        table.add_row("items in error (permanent or out of retries)", str(view.progress.error))
+        table.add_row("phantom deliveries skipped", str(await batches.phantom_skips()))
+        if view.completed_at and view.created_at:
+            table.add_row(
+                "created -> closed", f"{(view.completed_at - view.created_at).total_seconds():.1f}s"
+            )
         console.print(table)
-        failed = await boss.jobs(DEMO_QUEUE, state=JobState.FAILED, limit=1)
-        if failed:
-            error = failed[0].errors[-1]
-            console.print(f"a failed job's last error: [red]{error.type}: {error.message}[/red]")
-        console.print("inspect with: shoal status")
+        errors = (await batches.items(view.task_id, status="error", limit=1)).items
+        if errors:
+            console.print(f"an item in error: {errors[0].ref}: [red]{errors[0].error}[/red]")
+        if dashboard:
+            console.print(f"dashboard: {dashboard}")
         return 0
     finally:
         stop.set()
         await runner
-        await boss.unschedule("demo_every_2s")
+        for server, task in _servers:
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await task
+        _servers.clear()
         await boss.close()
-
-
-async def _counts(boss: Shoal, queue: str) -> dict[JobState, int]:
-    return {row.state: row.count for row in await boss.stats() if row.queue == queue}

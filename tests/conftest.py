@@ -23,6 +23,9 @@ from psycopg.conninfo import make_conninfo
 
 from shoal import FakeClock, Shoal
 from shoal.db import Database, EmbeddedPostgres, migrate
+from shoal.db.embedded import free_port
+
+__all__ = ["free_port", "wait_for", "with_dbname"]
 
 RUN_ID = uuid.uuid4().hex[:8]
 _counter = itertools.count()

@@ -74,13 +74,23 @@ def test_status_prints_queue_depths(db_url: str) -> None:
 
 
 def test_worker_rejects_an_app_that_is_not_an_app(db_url: str) -> None:
-    result = shoal_cli("worker", "--app", "shoal.demo:DEMO_QUEUE", env={"DATABASE_URL": db_url})
+    result = shoal_cli("worker", "--app", "shoal.demo:DEMO_KIND", env={"DATABASE_URL": db_url})
     assert result.returncode != 0
     assert "is not a shoal.App" in result.stderr
 
 
 def test_demo_runs_end_to_end(db_url: str) -> None:
-    result = shoal_cli("demo", "--jobs", "60", env={"DATABASE_URL": db_url}, timeout=180)
+    from .conftest import free_port
+
+    result = shoal_cli(
+        "demo",
+        "--items",
+        "60",
+        "--port",
+        str(free_port()),
+        env={"DATABASE_URL": db_url},
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
-    assert "demo result" in result.stdout
-    assert "completed" in result.stdout
+    assert "items completed" in result.stdout
+    assert "completed_with_errors" in result.stdout or "/ completed" in result.stdout

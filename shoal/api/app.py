@@ -1,0 +1,73 @@
+"""``create_api``: the FastAPI app over one :class:`Shoal` and its :class:`Batches`.
+
+>>> boss = await Shoal.connect(url)                                  # doctest: +SKIP
+>>> api = create_api(boss, app.batches(boss), token=os.environ.get("SHOAL_API_TOKEN"))
+>>> await uvicorn.Server(uvicorn.Config(api, host="127.0.0.1")).serve()  # doctest: +SKIP
+
+The caller owns ``boss``: the API opens and closes nothing, so one process can
+serve the API and run workers on the same pool (as ``shoal demo`` does).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, FastAPI
+
+from shoal.api.auth import require_token
+from shoal.api.dashboard import dashboard_router
+from shoal.api.errors import install_error_handlers
+from shoal.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_DEADLINE_S, RequestLimits
+from shoal.api.metrics import metrics_router
+from shoal.api.status import health_router, queues_router, ready_router
+from shoal.api.tasks import tasks_router
+from shoal.batch.service import Batches
+from shoal.queue.client import Shoal
+
+API_VERSION = "1"
+
+
+def create_api(
+    boss: Shoal,
+    batches: Batches,
+    *,
+    token: str | None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S,
+) -> FastAPI:
+    """The HTTP API: ``/v1`` routes, ``/metrics``, health, and the dashboard at ``/``.
+
+    With ``token`` set, ``/v1/*`` and ``/metrics`` need ``Authorization: Bearer
+    <token>``; ``/healthz``, ``/readyz``, ``/`` and ``/openapi.json`` stay
+    open. Bodies over ``max_body_bytes`` are answered 413, bodies not in after
+    ``request_deadline_s`` 408. The OpenAPI document is at ``/openapi.json``.
+    """
+    if token is not None and not token.strip():
+        raise ValueError("token must be None or a non-empty string")
+    api = FastAPI(
+        title="shoal",
+        version=API_VERSION,
+        summary="Batch tasks and queues on Postgres: create, watch, cancel, retry.",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    install_error_handlers(api)
+    auth = [Depends(require_token(token))]
+
+    v1 = APIRouter(prefix="/v1", dependencies=auth)
+    v1.include_router(tasks_router(batches))
+    v1.include_router(queues_router(boss))
+    api.include_router(v1)
+    api.include_router(metrics_router(boss, batches), dependencies=auth)
+    api.include_router(health_router())
+    api.include_router(ready_router(boss))
+    api.include_router(dashboard_router())
+
+    # Outermost of the app's own middleware, so a refused body never reaches a route.
+    api.add_middleware(
+        RequestLimits,
+        max_body_bytes=max_body_bytes,
+        request_deadline_s=request_deadline_s,
+    )
+    return api
+
+
+__all__ = ["create_api"]

@@ -1,0 +1,180 @@
+"""``/metrics``: Prometheus text exposition, written directly from shoal's own counts.
+
+Nothing is kept in this process: every scrape asks the database, so any number
+of API processes report the same cluster-wide numbers and a restart loses
+nothing. Series:
+
+=============================================  =======  ===================================
+name                                           type     labels
+=============================================  =======  ===================================
+``shoal_batch_items``                          gauge    ``kind``, ``state`` (unfinished tasks)
+``shoal_batch_phantom_skips_total``            counter  (item jobs the phantom guard skipped)
+``shoal_batch_zombies_reaped_total``           counter  (running items reaped by heartbeat)
+``shoal_batch_completion_detection_seconds``   summary  ``kind``, ``quantile``
+``shoal_queue_jobs``                           gauge    ``queue``, ``state``
+``shoal_queue_oldest_waiting_seconds``         gauge    ``queue``
+=============================================  =======  ===================================
+
+Completion detection is the time from a task's last item finishing to the
+aggregator closing the task. Its quantiles cover the most recent
+:data:`LATENCY_WINDOW` closed tasks; it carries no ``_sum``/``_count``, which
+over a sliding window would not be the monotonic counters Prometheus assumes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from shoal.batch.aggregator import ZOMBIES_REAPED
+from shoal.batch.runner import PHANTOM_SKIPS
+from shoal.batch.service import Batches
+from shoal.batch.states import ItemStatus
+from shoal.queue.client import Shoal
+from shoal.queue.states import JobState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Enough closed tasks for a stable p99, few enough that a scrape stays one cheap query.
+LATENCY_WINDOW = 1000
+QUANTILES = (0.5, 0.9, 0.99, 1.0)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class Exposition:
+    """Builds one scrape's text: each family's HELP and TYPE, then its samples."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(
+        self,
+        name: str,
+        kind: str,
+        help_text: str,
+        samples: Iterable[tuple[str, Mapping[str, str], float]],
+    ) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for suffix, labels, value in samples:
+            self.lines.append(f"{name}{suffix}{_labels(labels)} {_number(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank quantile of an ascending, non-empty sequence."""
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+async def render(boss: Shoal, batches: Batches) -> str:
+    """One scrape: four queries, no state kept between scrapes."""
+    store = batches.store
+    items = await store.items_by_status()
+    counters = await store.counters()
+    latencies = await store.completion_latencies(limit=LATENCY_WINDOW)
+    queue_rows = await boss.stats()
+    out = Exposition()
+
+    counts: dict[tuple[str, str], int] = {}
+    for kind in batches.kinds:
+        for status in ItemStatus:
+            counts[(kind, status.value)] = 0
+    for kind, status, n in items:
+        counts[(kind, status.value)] = counts.get((kind, status.value), 0) + n
+    out.family(
+        "shoal_batch_items",
+        "gauge",
+        "Items of unfinished (processing) tasks, by batch kind and item state.",
+        (("", {"kind": k, "state": s}, n) for (k, s), n in sorted(counts.items())),
+    )
+    out.family(
+        "shoal_batch_phantom_skips_total",
+        "counter",
+        "Item jobs that found their item no longer pending and did nothing (phantom-retry guard).",
+        [("", {}, counters.get(PHANTOM_SKIPS, 0))],
+    )
+    out.family(
+        "shoal_batch_zombies_reaped_total",
+        "counter",
+        "Running items the aggregator reaped after their heartbeat went stale.",
+        [("", {}, counters.get(ZOMBIES_REAPED, 0))],
+    )
+    by_kind: dict[str, list[float]] = {}
+    for kind, seconds in latencies:
+        by_kind.setdefault(kind, []).append(max(0.0, seconds))
+    samples: list[tuple[str, Mapping[str, str], float]] = []
+    for kind in sorted(by_kind):
+        values = sorted(by_kind[kind])
+        samples.extend(
+            ("", {"kind": kind, "quantile": f"{q:g}"}, quantile(values, q)) for q in QUANTILES
+        )
+    out.family(
+        "shoal_batch_completion_detection_seconds",
+        "summary",
+        f"Seconds from a task's last item finishing to the task being closed, "
+        f"over the {LATENCY_WINDOW} most recently closed tasks.",
+        samples,
+    )
+
+    jobs: dict[tuple[str, str], int] = {}
+    oldest: dict[str, float] = {}
+    for row in queue_rows:
+        for state in JobState:
+            jobs.setdefault((row.queue, state.value), 0)
+        jobs[(row.queue, row.state.value)] += row.count
+        if row.oldest_waiting is not None:
+            age = row.oldest_waiting.total_seconds()
+            oldest[row.queue] = max(oldest.get(row.queue, 0.0), age)
+    out.family(
+        "shoal_queue_jobs",
+        "gauge",
+        "Jobs per queue and state (the queue depth is the created and retry states).",
+        (("", {"queue": q, "state": s}, n) for (q, s), n in sorted(jobs.items())),
+    )
+    out.family(
+        "shoal_queue_oldest_waiting_seconds",
+        "gauge",
+        "Age of the oldest job waiting to run, per queue.",
+        (("", {"queue": q}, age) for q, age in sorted(oldest.items())),
+    )
+    return out.text()
+
+
+def metrics_router(boss: Shoal, batches: Batches) -> APIRouter:
+    router = APIRouter(tags=["metrics"])
+
+    @router.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
+    )
+    async def metrics() -> PlainTextResponse:
+        """Prometheus metrics for this shoal schema (items, guards, latency, queues)."""
+        return PlainTextResponse(await render(boss, batches), media_type=CONTENT_TYPE)
+
+    return router
+
+
+__all__ = ["CONTENT_TYPE", "LATENCY_WINDOW", "metrics_router", "quantile", "render"]
