@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from shoal.batch.aggregator import AGGREGATOR_CRON, AGGREGATOR_QUEUE, AGGREGATOR_SCHEDULE
+from shoal.batch.aggregator import (
+    AGGREGATOR_CRON,
+    AGGREGATOR_JOB_OPTIONS,
+    AGGREGATOR_QUEUE,
+    AGGREGATOR_SCHEDULE,
+)
 from shoal.batch.kinds import (
     DEFAULT_CONCURRENCY as DEFAULT_BATCH_CONCURRENCY,
 )
@@ -45,10 +50,6 @@ from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Work
 
 log = logging.getLogger("shoal.app")
 
-# A pass takes milliseconds. Its singleton key blocks the next ticks while a
-# pass is unfinished, so a pass whose process died must lose its lease soon:
-# maintenance (every 5 s) expires it after this, and the next tick runs.
-AGGREGATOR_EXPIRE_IN = 5
 
 StartHook = Callable[[Shoal], Awaitable[None]]
 
@@ -189,18 +190,19 @@ class App:
                 AGGREGATOR_SCHEDULE,
                 AGGREGATOR_CRON,
                 queue=AGGREGATOR_QUEUE,
-                # One pass at a time across the cluster; a tick that finds the
-                # previous pass still running is dropped.
-                singleton_key="aggregate",
-                retry_limit=0,
-                expire_in=AGGREGATOR_EXPIRE_IN,
+                **AGGREGATOR_JOB_OPTIONS,
             )
             workers.append(boss.work(AGGREGATOR_QUEUE, _aggregate(batches), concurrency=1))
             for kind in self.kinds.values():
                 runner = batches.runners[kind.name]
                 workers.append(
                     boss.work(
-                        kind.queue, runner, concurrency=kind.concurrency, prepare=runner.prepare
+                        kind.queue,
+                        runner,
+                        concurrency=kind.concurrency,
+                        prepare=runner.prepare,
+                        finalize=runner.finalize,
+                        store_output=False,
                     )
                 )
                 loops.append(asyncio.create_task(runner.heartbeat_loop(), name="shoal-heartbeat"))

@@ -37,6 +37,8 @@ async def running(batches: Batches, kind: str = "test.kind") -> AsyncIterator[Wo
         runner,
         concurrency=spec.concurrency,
         prepare=runner.prepare,
+        finalize=runner.finalize,
+        store_output=False,
         poll_interval=timedelta(milliseconds=50),
     )
     beats = asyncio.create_task(runner.heartbeat_loop())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from shoal.batch.states import ItemStatus, TaskId
 from shoal.batch.store import BatchStore, ClosedTask, Dispatch
@@ -34,8 +35,17 @@ log = logging.getLogger("shoal.aggregator")
 
 AGGREGATOR_QUEUE = "shoal.batch.aggregate"
 AGGREGATOR_SCHEDULE = "shoal.batch.aggregate"
-# Every second; the reference polled every 10 s.
+# Every second; the reference polled every 10 s. Workers also wake it the
+# moment they finish a task's last items, so completion is noticed at once.
 AGGREGATOR_CRON = "* * * * * *"
+# One pass at a time across the cluster: a tick (or wake-up) that finds the
+# previous pass unfinished is dropped. A pass takes milliseconds; one whose
+# process died loses its lease after expire_in (maintenance looks every 5 s).
+AGGREGATOR_JOB_OPTIONS: dict[str, Any] = {
+    "singleton_key": "aggregate",
+    "retry_limit": 0,
+    "expire_in": 5,
+}
 ZOMBIES_REAPED = "zombies_reaped"
 # Rows handled per statement, so one pass never holds many locks for long.
 BATCH_LIMIT = 1000
@@ -69,6 +79,10 @@ class Aggregator:
         self.store = store
         self.boss = boss
         self.clock = clock
+
+    async def wake(self, conn: AsyncConn) -> None:
+        """Enqueue a pass now (in ``conn``'s transaction); a no-op while one is pending."""
+        await self.boss.insert([{"queue": AGGREGATOR_QUEUE, **AGGREGATOR_JOB_OPTIONS}], conn=conn)
 
     async def _dispatch(self, conn: AsyncConn, items: Sequence[Dispatch]) -> int:
         pending = [d for d in items if d.status is ItemStatus.PENDING]

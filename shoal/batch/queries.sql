@@ -268,3 +268,11 @@ FROM {schema}.task
 WHERE completed_at IS NOT NULL AND last_item_at IS NOT NULL
 ORDER BY completed_at DESC
 LIMIT %(limit)s
+
+-- name: finished_tasks
+-- Which of these tasks have nothing pending or running (as this transaction
+-- sees it): the worker that finished their last items wakes the aggregator.
+SELECT t.id::text
+FROM unnest(%(task_ids)s::uuid[]) AS t(id)
+WHERE NOT EXISTS (
+    SELECT 1 FROM {schema}.item i WHERE i.task_id = t.id AND i.status IN ('pending', 'running'))

@@ -3,10 +3,13 @@
 The guard is a conditional ``pending -> running`` update: a job delivered for
 an item that is already running, finished or cancelled (a duplicate or late
 delivery) does nothing and costs no handler call (counted as a phantom skip).
-The worker writes only its own item row, never the task row. Each outcome is
-written fenced by the attempt the guard handed out:
+It runs for a whole claimed batch in one statement (``prepare``). The worker
+writes only its own item row, never the task row. Each outcome is written
+fenced by the attempt the guard handed out:
 
-- the handler returns: ``completed`` with its result;
+- the handler returns: ``completed`` with its result, written by ``finalize``
+  in the same transaction that completes the job (one round trip for a batch),
+  after which a task left with nothing pending or running wakes the aggregator;
 - a permanent error, or a transient one on the last attempt: ``error`` with
   the message (the job then completes: the item's outcome is recorded);
 - a transient error with attempts left: back to ``pending``, and the error is
@@ -26,18 +29,20 @@ import asyncio
 import contextlib
 import logging
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
-from shoal.batch.states import ItemId, ItemStatus
+from shoal.batch.states import ItemId, ItemStatus, TaskId
 from shoal.batch.store import BatchStore, GuardedItem
 from shoal.clock import Clock
 from shoal.db.coalesce import Coalescer
+from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
-from shoal.queue.job import Job
+from shoal.queue.job import Completed, Job, Outcome
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
 
@@ -58,13 +63,30 @@ def error_entry(attempt: int, error: BaseException, at: str) -> dict[str, Any]:
     }
 
 
-class ItemRunner:
-    """The queue handler of one kind's item jobs."""
+@dataclass(frozen=True, slots=True)
+class ItemDone:
+    """A finished run's result, carried to ``finalize`` as the job's outcome."""
 
-    def __init__(self, store: BatchStore, kind: BatchKind, *, clock: Clock) -> None:
+    item_id: ItemId
+    fence: int
+    task_id: TaskId
+    result: Any
+
+
+# Enqueues an aggregator pass in the given transaction.
+Wake = Callable[[AsyncConn], Awaitable[None]]
+
+
+class ItemRunner:
+    """The queue handler of one kind's item jobs (with ``prepare`` and ``finalize``)."""
+
+    def __init__(
+        self, store: BatchStore, kind: BatchKind, *, clock: Clock, wake: Wake | None = None
+    ) -> None:
         self.store = store
         self.kind = kind
         self.clock = clock
+        self.wake = wake
         # Items running in this process, by id, with their fence. Written by
         # runs as they start and end, read by the heartbeat loop.
         self._held: dict[ItemId, int] = {}
@@ -75,9 +97,6 @@ class ItemRunner:
         # The guard and the completion of concurrent items share round trips.
         self._guard: Coalescer[ItemId, GuardedItem | None] = Coalescer(
             self._guard_many, name=f"shoal-guard:{kind.name}"
-        )
-        self._complete: Coalescer[tuple[ItemId, int, Any], bool] = Coalescer(
-            self._complete_many, name=f"shoal-complete-items:{kind.name}"
         )
 
     async def prepare(self, claimed: Sequence[ClaimedJob]) -> None:
@@ -122,9 +141,31 @@ class ItemRunner:
         passed = await self.store.guard_items(ids, now=self.clock.sql_now())
         return [passed.get(item_id) for item_id in ids]
 
-    async def _complete_many(self, done: Sequence[tuple[ItemId, int, Any]]) -> list[bool]:
-        won = await self.store.complete_items(done, now=self.clock.sql_now())
-        return [d[0] in won for d in done]
+    async def finalize(self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]) -> None:
+        """Record the results of finished items in the transaction completing their jobs."""
+        done = [
+            outcome.output
+            for _, outcome in batch
+            if isinstance(outcome, Completed) and isinstance(outcome.output, ItemDone)
+        ]
+        if not done:
+            return
+        won = await self.store.complete_items(
+            [(d.item_id, d.fence, d.result) for d in done], now=self.clock.sql_now(), conn=conn
+        )
+        for d in done:
+            self._held.pop(d.item_id, None)
+            if d.item_id not in won:
+                log.warning(
+                    "item %s: a run lost its fence (reaped or cancelled meanwhile); "
+                    "its result was not recorded",
+                    d.item_id,
+                )
+        await self._wake_if_finished(conn, {d.task_id for d in done})
+
+    async def _wake_if_finished(self, conn: AsyncConn, task_ids: set[TaskId]) -> None:
+        if self.wake is not None and await self.store.finished_tasks(conn, list(task_ids)):
+            await self.wake(conn)
 
     @property
     def heartbeat_interval(self) -> timedelta:
@@ -151,42 +192,43 @@ class ItemRunner:
             result = await self.kind.handler(item)
         except asyncio.CancelledError:
             # Shutdown or execution timeout: give the item back for another run.
+            self._held.pop(item.id, None)
             await self._final(item, ItemStatus.PENDING, TimeoutError("run interrupted"))
             raise
         except Exception as exc:
+            self._held.pop(item.id, None)
             last = guarded.run >= guarded.max_attempts
             if self.kind.is_permanent(exc) or last:
                 await self._final(item, ItemStatus.ERROR, exc)
                 return {"item": "error"}
             await self._final(item, ItemStatus.PENDING, exc)
             raise
-        finally:
-            self._held.pop(item.id, None)
-        await self._final(item, ItemStatus.COMPLETED, None, result)
-        return {"item": "completed"}
+        # Still held (heartbeats continue) until finalize records the result.
+        return ItemDone(item.id, item.fence, item.task_id, result)
 
-    async def _final(
-        self,
-        item: Item,
-        status: ItemStatus,
-        error: BaseException | None,
-        result: Any = None,
-    ) -> None:
-        """The fenced final write, shielded from cancellation and retried when transient."""
+    async def _final(self, item: Item, status: ItemStatus, error: BaseException) -> None:
+        """The fenced write of a failed run (error, or back to pending).
+
+        Shielded from cancellation and retried when transient; when the item
+        is now an error and its task has nothing left, the aggregator is woken.
+        """
 
         async def write() -> bool:
-            now = self.clock.sql_now()
-            if status is ItemStatus.COMPLETED:
-                return await self._complete.submit((item.id, item.fence, result))
-            assert error is not None
-            return await self.store.fail_item(
-                item.id,
-                item.fence,
-                status=status,
-                message=f"{type(error).__name__}: {error}",
-                entry=error_entry(item.attempt, error, self.clock.now().isoformat()),
-                now=now,
-            )
+            async def fail(conn: AsyncConn) -> bool:
+                won = await self.store.fail_item(
+                    item.id,
+                    item.fence,
+                    status=status,
+                    message=f"{type(error).__name__}: {error}",
+                    entry=error_entry(item.attempt, error, self.clock.now().isoformat()),
+                    now=self.clock.sql_now(),
+                    conn=conn,
+                )
+                if won and status is ItemStatus.ERROR:
+                    await self._wake_if_finished(conn, {item.task_id})
+                return won
+
+            return await self.store.db.run(fail)
 
         for attempt in range(FINAL_WRITE_TRIES):
             try:

@@ -187,10 +187,11 @@ class Batches:
         self.max_items = max_items
         self.store = BatchStore(boss.db)
         self.clock = boss.clock
-        self.runners = {
-            name: ItemRunner(self.store, kind, clock=boss.clock) for name, kind in kinds.items()
-        }
         self.aggregator = Aggregator(self.store, boss, clock=boss.clock)
+        self.runners = {
+            name: ItemRunner(self.store, kind, clock=boss.clock, wake=self.aggregator.wake)
+            for name, kind in kinds.items()
+        }
 
     def kind(self, name: object) -> BatchKind:
         if not isinstance(name, str) or name not in self.kinds:

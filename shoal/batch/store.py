@@ -202,7 +202,11 @@ class BatchStore:
         }
 
     async def complete_items(
-        self, done: Sequence[tuple[ItemId, int, Any]], *, now: datetime | None
+        self,
+        done: Sequence[tuple[ItemId, int, Any]],
+        *,
+        now: datetime | None,
+        conn: AsyncConn | None = None,
     ) -> set[ItemId]:
         """running -> completed for (id, fence, result); the ids that won their fence."""
         rows = await self._rows(
@@ -213,8 +217,13 @@ class BatchStore:
                 "results": [json.dumps(d[2]) for d in done],
                 "now": now,
             },
+            conn,
         )
         return {ItemId(r[0]) for r in rows}
+
+    async def finished_tasks(self, conn: AsyncConn, task_ids: Sequence[TaskId]) -> list[TaskId]:
+        rows = await self._rows("finished_tasks", {"task_ids": list(task_ids)}, conn)
+        return [TaskId(r[0]) for r in rows]
 
     async def fail_item(
         self,
@@ -225,6 +234,7 @@ class BatchStore:
         message: str,
         entry: Mapping[str, Any],
         now: datetime | None,
+        conn: AsyncConn | None = None,
     ) -> bool:
         """running -> ``status`` (error or pending), fenced; False when the fence failed."""
         rows = await self._rows(
@@ -237,6 +247,7 @@ class BatchStore:
                 "entry": json.dumps(dict(entry)),
                 "now": now,
             },
+            conn,
         )
         return bool(rows)
 

@@ -42,6 +42,7 @@ from shoal.queue.store import (
 from shoal.queue.worker import (
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
+    Finalize,
     Prepare,
     Worker,
     error_entry,
@@ -182,12 +183,17 @@ class Shoal:
         batch_size: int | None = None,
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         prepare: Prepare | None = None,
+        finalize: Finalize | None = None,
+        store_output: bool = True,
     ) -> Worker:
         """Start running ``handler`` on ``queue`` in this process; returns the running worker.
 
         At most ``concurrency`` handlers run at once. Stop it with
         ``await worker.stop()`` (or :meth:`close`). ``prepare``, if given, is
-        awaited with each claimed batch before its jobs run.
+        awaited with each claimed batch before its jobs run; ``finalize`` with
+        each batch of outcomes, inside the transaction that records them.
+        With ``store_output=False`` handlers' return values are not kept on
+        the job rows.
         """
         check_queue_name(queue)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -207,6 +213,8 @@ class Shoal:
             jitter=self.jitter,
             notifier=self.notifier,
             prepare=prepare,
+            finalize=finalize,
+            store_output=store_output,
         )
         worker.start()
         self._workers.append(worker)

@@ -85,7 +85,7 @@ class Maintenance:
                         },
                     )
                 )
-            states = await self.store.fail_on(conn, failures, now=now_sql)
+            states = await self.store.fail(failures, now=now_sql, expired_only=True, conn=conn)
             retried = sum(1 for s in states.values() if s is JobState.RETRY)
             return retried, len(states) - retried
 

@@ -323,7 +323,11 @@ class JobStore:
         ]
 
     async def complete(
-        self, done: Sequence[tuple[JobId, int, Any]], *, now: datetime | None
+        self,
+        done: Sequence[tuple[JobId, int, Any]],
+        *,
+        now: datetime | None,
+        conn: AsyncConn | None = None,
     ) -> set[JobId]:
         """active -> completed for (id, attempt, output); returns the ids that won their fence."""
         if not done:
@@ -336,13 +340,23 @@ class JobStore:
                 "outputs": [None if d[2] is None else Jsonb(d[2]) for d in done],
                 "now": now,
             },
+            conn,
         )
         return {JobId(r[0]) for r in rows}
 
     async def fail(
-        self, failures: Sequence[Failure], *, now: datetime | None, expired_only: bool = False
+        self,
+        failures: Sequence[Failure],
+        *,
+        now: datetime | None,
+        expired_only: bool = False,
+        conn: AsyncConn | None = None,
     ) -> dict[JobId, JobState]:
-        """active -> retry | failed; returns the new state of each job that won its fence."""
+        """active -> retry | failed; returns the new state of each job that won its fence.
+
+        With ``expired_only`` (the rescuer) a job must also still be past its
+        lease: a heartbeat that landed after the rescuer read it wins.
+        """
         if not failures:
             return {}
         rows = await self._rows(
@@ -358,11 +372,16 @@ class JobStore:
                 "expired_only": expired_only,
                 "now": now,
             },
+            conn,
         )
         return {JobId(r[0]): JobState(r[1]) for r in rows}
 
     async def release(
-        self, jobs: Sequence[tuple[JobId, int, timedelta]], *, now: datetime | None
+        self,
+        jobs: Sequence[tuple[JobId, int, timedelta]],
+        *,
+        now: datetime | None,
+        conn: AsyncConn | None = None,
     ) -> set[JobId]:
         """active -> created without costing an attempt (snooze, shutdown hand-back)."""
         if not jobs:
@@ -375,15 +394,23 @@ class JobStore:
                 "delays_s": [j[2].total_seconds() for j in jobs],
                 "now": now,
             },
+            conn,
         )
         return {JobId(r[0]) for r in rows}
 
     async def cancel_active(
-        self, job_id: JobId, attempt: int, error: Mapping[str, Any], *, now: datetime | None
+        self,
+        job_id: JobId,
+        attempt: int,
+        error: Mapping[str, Any],
+        *,
+        now: datetime | None,
+        conn: AsyncConn | None = None,
     ) -> bool:
         rows = await self._rows(
             "cancel_active_job",
             {"id": job_id, "attempt": attempt, "error": json.dumps(error), "now": now},
+            conn,
         )
         return bool(rows)
 
@@ -407,29 +434,6 @@ class JobStore:
         return [
             ExpiredLease(JobId(r[0]), r[1], _policy(r[2], r[3], r[4], r[5]), r[6]) for r in rows
         ]
-
-    async def fail_on(
-        self, conn: AsyncConn, failures: Sequence[Failure], *, now: datetime | None
-    ) -> dict[JobId, JobState]:
-        """``fail`` with ``expired_only``, inside the rescuer's transaction."""
-        if not failures:
-            return {}
-        rows = await self._rows(
-            "fail_jobs",
-            {
-                "ids": [f.id for f in failures],
-                "attempts": [f.attempt for f in failures],
-                "states": [f.state.value for f in failures],
-                "retry_in_s": [
-                    None if f.retry_in is None else f.retry_in.total_seconds() for f in failures
-                ],
-                "errors": [json.dumps(f.error) for f in failures],
-                "expired_only": True,
-                "now": now,
-            },
-            conn,
-        )
-        return {JobId(r[0]): JobState(r[1]) for r in rows}
 
     async def archive_finished(
         self, *, retention: timedelta, limit: int, now: datetime | None

@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from shoal.clock import Clock
+from shoal.db.pool import AsyncConn
 from shoal.errors import Cancel, PermanentError, Snooze, TransientError
 from shoal.queue.job import (
     Cancelled,
@@ -64,6 +65,9 @@ ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # Called by the fetcher with each claimed batch before any of it runs: lets a
 # layer above do per-job set-up for many jobs in one round trip.
 Prepare = Callable[[Sequence[ClaimedJob]], Awaitable[None]]
+# Called by the completer inside the transaction that records a batch of
+# outcomes: a layer above writes its own rows for them in that transaction.
+Finalize = Callable[[AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[None]]
 
 
 class ExpiredError(TimeoutError):
@@ -106,6 +110,8 @@ class Worker:
         jitter: Jitter,
         notifier: Notifier | None,
         prepare: Prepare | None = None,
+        finalize: Finalize | None = None,
+        store_output: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -119,6 +125,8 @@ class Worker:
         self.jitter = jitter
         self.notifier = notifier
         self.prepare = prepare
+        self.finalize = finalize
+        self.store_output = store_output
 
         # Claimed, not yet started. Written by the fetcher, read by runners.
         self._buffer: deque[ClaimedJob] = deque()
@@ -392,7 +400,8 @@ class Worker:
         cancels: list[tuple[ClaimedJob, BaseException]] = []
         for claim, outcome in batch:
             if isinstance(outcome, Completed):
-                completed.append((claim.id, claim.attempt, outcome.output))
+                output = outcome.output if self.store_output else None
+                completed.append((claim.id, claim.attempt, output))
             elif isinstance(outcome, Failed):
                 step = after_failure(
                     claim.attempt,
@@ -423,20 +432,34 @@ class Worker:
                 released.append((claim.id, claim.attempt, timedelta(0)))
             else:
                 cancels.append((claim, outcome.error))
-        if completed:
-            won = await self.store.complete(completed, now=now_sql)
-            self._completed += len(won)
-            self._lost += len(completed) - len(won)
-        if failures:
-            states = await self.store.fail(failures, now=now_sql)
-            self._failed += sum(1 for s in states.values() if s is JobState.FAILED)
-            self._retried += sum(1 for s in states.values() if s is JobState.RETRY)
-            self._lost += len(failures) - len(states)
-        if released:
-            won_back = await self.store.release(released, now=now_sql)
-            self._released += len(won_back)
-            self._lost += len(released) - len(won_back)
-        for claim, error in cancels:
-            await self.store.cancel_active(
-                claim.id, claim.attempt, error_entry(claim.attempt, error, at), now=now_sql
-            )
+
+        async def apply(conn: AsyncConn | None) -> tuple[int, int, int, int, int]:
+            won = await self.store.complete(completed, now=now_sql, conn=conn)
+            states = await self.store.fail(failures, now=now_sql, conn=conn)
+            won_back = await self.store.release(released, now=now_sql, conn=conn)
+            for claim, error in cancels:
+                await self.store.cancel_active(
+                    claim.id,
+                    claim.attempt,
+                    error_entry(claim.attempt, error, at),
+                    now=now_sql,
+                    conn=conn,
+                )
+            if conn is not None and self.finalize is not None:
+                await self.finalize(conn, batch)
+            failed = sum(1 for s in states.values() if s is JobState.FAILED)
+            lost = len(completed) - len(won) + len(failures) - len(states)
+            lost += len(released) - len(won_back)
+            return len(won), failed, len(states) - failed, len(won_back), lost
+
+        if self.finalize is None:
+            counts = await apply(None)
+        else:
+            # The owner's own writes for these outcomes commit with them.
+            counts = await self.store.db.run(apply)
+        won, failed, retried, released_n, lost = counts
+        self._completed += won
+        self._failed += failed
+        self._retried += retried
+        self._released += released_n
+        self._lost += lost
