@@ -51,18 +51,29 @@ ZOMBIES_REAPED = "zombies_reaped"
 BATCH_LIMIT = 1000
 
 
-def item_job(dispatch: Dispatch) -> dict[str, object]:
-    """The job that runs one item. Its singleton key names the item and attempt:
-    a duplicate dispatch of the same run is dropped, while a re-dispatch after
-    a reap is not blocked by the dead worker's job, still active until its lease
-    expires (the phantom guard then skips that one).
+async def dispatch_items(boss: Shoal, conn: AsyncConn, items: Sequence[Dispatch]) -> int:
+    """Send one job per item, in ``conn``'s transaction; returns how many were sent.
+
+    Each job carries only the item's id. Its singleton key names the item and
+    attempt: a duplicate dispatch of the same run is dropped, while a
+    re-dispatch after a reap is not blocked by the dead worker's job, still
+    active until its lease expires (the phantom guard then skips that one).
     """
-    return {
-        "queue": dispatch.queue,
-        "data": {"item": dispatch.id},
-        "singleton_key": f"item-{dispatch.id}:{dispatch.attempt}",
-        **dispatch.job_options,
-    }
+    groups: dict[tuple[str, str], list[Dispatch]] = {}  # by queue and options
+    for item in items:
+        key = (item.queue, repr(sorted(item.job_options.items())))
+        groups.setdefault(key, []).append(item)
+    sent = 0
+    for group in groups.values():
+        ids = await boss.insert_many(
+            group[0].queue,
+            [{"item": d.id} for d in group],
+            singleton_keys=[f"item-{d.id}:{d.attempt}" for d in group],
+            conn=conn,
+            **group[0].job_options,
+        )
+        sent += sum(1 for job_id in ids if job_id is not None)
+    return sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +97,7 @@ class Aggregator:
 
     async def _dispatch(self, conn: AsyncConn, items: Sequence[Dispatch]) -> int:
         pending = [d for d in items if d.status is ItemStatus.PENDING]
-        if not pending:
-            return 0
-        ids = await self.boss.insert([item_job(d) for d in pending], conn=conn)
-        return sum(1 for job_id in ids if job_id is not None)
+        return await dispatch_items(self.boss, conn, pending) if pending else 0
 
     async def expire_deadlines(self) -> int:
         now = self.clock.sql_now()

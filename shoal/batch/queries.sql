@@ -49,16 +49,30 @@ RETURNING i.id, i.attempt, i.attempt - i.attempt_base, i.ref, i.data, i.task_id:
 
 -- name: complete_items
 -- running -> completed for many items, each fenced by the attempt its worker
--- was handed; returns the ids that won their fence.
-UPDATE {schema}.item i
-SET status = 'completed',
-    result = u.result,
-    error = NULL,
-    finished_at = coalesce(%(now)s::timestamptz, now()),
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[]) AS u(id, attempt, result)
-WHERE i.id = u.id AND i.status = 'running' AND i.attempt = u.attempt
-RETURNING i.id
+-- was handed. Returns the ids that won their fence, and (id NULL) each task
+-- left with nothing pending or running: its worker wakes the aggregator. The
+-- NOT EXISTS sees the items as they were before this statement, so the ones
+-- being completed here are left out by id.
+WITH done AS (
+    UPDATE {schema}.item i
+    SET status = 'completed',
+        result = u.result,
+        error = NULL,
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
+        AS u(id, attempt, result)
+    WHERE i.id = u.id AND i.status = 'running' AND i.attempt = u.attempt
+    RETURNING i.id, i.task_id
+)
+SELECT id, NULL FROM done
+UNION ALL
+SELECT NULL, t.task_id::text
+FROM (SELECT DISTINCT task_id FROM done) t
+WHERE NOT EXISTS (
+    SELECT 1 FROM {schema}.item i
+    WHERE i.task_id = t.task_id AND i.status IN ('pending', 'running')
+      AND i.id <> ALL(%(ids)s::bigint[]))
 
 -- name: fail_item
 -- running -> error (permanent, or no attempts left) | pending (transient, to be

@@ -45,6 +45,7 @@ from shoal.errors import TransientError
 from shoal.queue.job import Completed, Job, Outcome
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
+from shoal.queue.worker import AfterCommit
 
 log = logging.getLogger("shoal.batch")
 
@@ -141,27 +142,39 @@ class ItemRunner:
         passed = await self.store.guard_items(ids, now=self.clock.sql_now())
         return [passed.get(item_id) for item_id in ids]
 
-    async def finalize(self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]) -> None:
-        """Record the results of finished items in the transaction completing their jobs."""
+    async def finalize(
+        self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]
+    ) -> AfterCommit | None:
+        """Record finished items' results in the transaction completing their jobs.
+
+        Sends one statement (the worker pipelines it with the job writes);
+        after the commit, wakes the aggregator if a task has nothing left.
+        """
         done = [
             outcome.output
             for _, outcome in batch
             if isinstance(outcome, Completed) and isinstance(outcome.output, ItemDone)
         ]
         if not done:
-            return
-        won = await self.store.complete_items(
-            [(d.item_id, d.fence, d.result) for d in done], now=self.clock.sql_now(), conn=conn
+            return None
+        pending = await self.store.send_complete_items(
+            conn, [(d.item_id, d.fence, d.result) for d in done], now=self.clock.sql_now()
         )
-        for d in done:
-            self._held.pop(d.item_id, None)
-            if d.item_id not in won:
-                log.warning(
-                    "item %s: a run lost its fence (reaped or cancelled meanwhile); "
-                    "its result was not recorded",
-                    d.item_id,
-                )
-        await self._wake_if_finished(conn, {d.task_id for d in done})
+
+        async def after_commit() -> None:
+            won, finished = await pending.result()
+            for d in done:
+                self._held.pop(d.item_id, None)
+                if d.item_id not in won:
+                    log.warning(
+                        "item %s: a run lost its fence (reaped or cancelled meanwhile); "
+                        "its result was not recorded",
+                        d.item_id,
+                    )
+            if finished and self.wake is not None:
+                await self.store.db.run(self.wake)
+
+        return after_commit
 
     async def _wake_if_finished(self, conn: AsyncConn, task_ids: set[TaskId]) -> None:
         if self.wake is not None and await self.store.finished_tasks(conn, list(task_ids)):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from shoal.batch.aggregator import Aggregator, item_job
+from shoal.batch.aggregator import Aggregator, dispatch_items
 from shoal.batch.kinds import BatchKind
 from shoal.batch.runner import PHANTOM_SKIPS, ItemRunner
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
@@ -269,12 +269,13 @@ class Batches:
             item_ids = await self.store.insert_items(
                 conn, task_id, [p.ref for p in parsed], [p.data for p in parsed], now=now
             )
-            await self.boss.insert(
+            await dispatch_items(
+                self.boss,
+                conn,
                 [
-                    item_job(Dispatch(item_id, 0, ItemStatus.PENDING, spec.queue, spec.job_options))
-                    for item_id in item_ids
+                    Dispatch(i, 0, ItemStatus.PENDING, spec.queue, spec.job_options)
+                    for i in item_ids
                 ],
-                conn=conn,
             )
             return Created(task_id, created=True)
 
@@ -353,7 +354,7 @@ class Batches:
             reopened = await self.store.reopen_failed_items(conn, row.id, now=now)
             if reopened:
                 await self.store.reopen_task(conn, row.id)
-                await self.boss.insert([item_job(d) for d in reopened], conn=conn)
+                await dispatch_items(self.boss, conn, reopened)
             return len(reopened)
 
         return await self.boss.db.run(retry)

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
-from shoal.db.pool import AsyncConn, Database, translated
+from shoal.db.pool import AsyncConn, Database, Pending, translated
 from shoal.db.queries import load_queries
 
 
@@ -201,25 +201,44 @@ class BatchStore:
             for r in rows
         }
 
-    async def complete_items(
+    async def send_complete_items(
         self,
+        conn: AsyncConn,
         done: Sequence[tuple[ItemId, int, Any]],
         *,
         now: datetime | None,
-        conn: AsyncConn | None = None,
-    ) -> set[ItemId]:
-        """running -> completed for (id, fence, result); the ids that won their fence."""
-        rows = await self._rows(
-            "complete_items",
+    ) -> Pending[tuple[set[ItemId], list[TaskId]]]:
+        """Send running -> completed for (id, fence, result).
+
+        Reads the ids that won their fence, and the tasks now left with
+        nothing pending or running.
+        """
+        cur = await conn.execute(
+            self.sql["complete_items"],
             {
                 "ids": [d[0] for d in done],
                 "attempts": [d[1] for d in done],
                 "results": [json.dumps(d[2]) for d in done],
                 "now": now,
             },
-            conn,
         )
-        return {ItemId(r[0]) for r in rows}
+
+        def convert(rows: list[tuple[Any, ...]]) -> tuple[set[ItemId], list[TaskId]]:
+            won = {ItemId(r[0]) for r in rows if r[0] is not None}
+            return won, [TaskId(r[1]) for r in rows if r[1] is not None]
+
+        return Pending(cur, convert)
+
+    async def complete_items(
+        self, done: Sequence[tuple[ItemId, int, Any]], *, now: datetime | None
+    ) -> set[ItemId]:
+        """running -> completed for (id, fence, result); the ids that won their fence."""
+
+        async def run(c: AsyncConn) -> set[ItemId]:
+            won, _ = await (await self.send_complete_items(c, done, now=now)).result()
+            return won
+
+        return await self.db.run(run, transaction=False)
 
     async def finished_tasks(self, conn: AsyncConn, task_ids: Sequence[TaskId]) -> list[TaskId]:
         rows = await self._rows("finished_tasks", {"task_ids": list(task_ids)}, conn)

@@ -21,7 +21,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -178,6 +178,31 @@ class Database:
             async with self.pool.connection() as conn:
                 with abandon_after(conn, seconds):
                     yield conn
+
+
+class Pending(Generic[T]):
+    """A statement already sent, whose rows are read later.
+
+    In pipeline mode ``execute`` only queues a statement; several can go out
+    in one round trip and their results be read once the pipeline syncs.
+    """
+
+    __slots__ = ("_convert", "_cursor")
+
+    def __init__(
+        self,
+        cursor: psycopg.AsyncCursor[TupleRow] | None,
+        convert: Callable[[list[TupleRow]], T],
+    ) -> None:
+        self._cursor = cursor
+        self._convert = convert
+
+    async def result(self) -> T:
+        if self._cursor is None:
+            return self._convert([])
+        with translated():
+            rows = await self._cursor.fetchall() if self._cursor.description else []
+        return self._convert(rows)
 
 
 @contextlib.contextmanager

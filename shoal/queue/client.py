@@ -172,6 +172,45 @@ class Shoal:
                 raise InvalidInput("jobs", f"more than {MAX_INSERT} jobs in one insert")
         return await self.store.insert(new_jobs, now=self.clock.sql_now(), conn=conn)
 
+    async def insert_many(
+        self,
+        queue: str,
+        payloads: Sequence[Any],
+        *,
+        singleton_keys: Sequence[str | None] | None = None,
+        conn: AsyncConn | None = None,
+        **options: Any,
+    ) -> list[JobId | None]:
+        """Enqueue many jobs of one queue sharing ``options``, in one statement.
+
+        The fast path of :meth:`insert` for fan-out: the options are validated
+        once, each payload on its own. ``singleton_keys``, when given, holds
+        one key (or None) per payload.
+        """
+        if singleton_keys is not None and len(singleton_keys) != len(payloads):
+            raise InvalidInput(
+                "singleton_keys",
+                f"has {len(singleton_keys)} keys for {len(payloads)} payloads",
+            )
+        if len(payloads) > MAX_INSERT:
+            raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
+        if "singleton_key" in options:
+            raise InvalidInput("singleton_key", "use singleton_keys=[...] with insert_many")
+        template = self._new_job(queue, None, options, "")
+        keys = singleton_keys or [None] * len(payloads)
+        for i, key in enumerate(keys):
+            if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
+                raise InvalidInput(f"singleton_keys[{i}]", "must be a non-empty string")
+        jobs = [
+            NewJob(
+                template.settings,
+                encode_payload(payload, max_bytes=self.max_payload_bytes, field=f"payloads[{i}]"),
+                key,
+            )
+            for i, (payload, key) in enumerate(zip(payloads, keys, strict=True))
+        ]
+        return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
+
     # -- working -----------------------------------------------------------
 
     def work(

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from shoal.db.pool import AsyncConn, Database, translated
+from shoal.db.pool import AsyncConn, Database, Pending, translated
 from shoal.db.queries import load_queries
 from shoal.queue.retry import RetryPolicy
 from shoal.queue.states import JobId, JobState
@@ -322,45 +322,40 @@ class JobStore:
             for r in rows
         ]
 
-    async def complete(
-        self,
-        done: Sequence[tuple[JobId, int, Any]],
-        *,
-        now: datetime | None,
-        conn: AsyncConn | None = None,
-    ) -> set[JobId]:
-        """active -> completed for (id, attempt, output); returns the ids that won their fence."""
+    async def send_complete(
+        self, conn: AsyncConn, done: Sequence[tuple[JobId, int, Any]], *, now: datetime | None
+    ) -> Pending[set[JobId]]:
+        """Send active -> completed for (id, attempt, output); read the ids that won their fence."""
         if not done:
-            return set()
-        rows = await self._rows(
-            "complete_jobs",
+            return Pending(None, lambda rows: set())
+        cur = await conn.execute(
+            self.sql["complete_jobs"],
             {
                 "ids": [d[0] for d in done],
                 "attempts": [d[1] for d in done],
                 "outputs": [None if d[2] is None else Jsonb(d[2]) for d in done],
                 "now": now,
             },
-            conn,
         )
-        return {JobId(r[0]) for r in rows}
+        return Pending(cur, lambda rows: {JobId(r[0]) for r in rows})
 
-    async def fail(
+    async def send_fail(
         self,
+        conn: AsyncConn,
         failures: Sequence[Failure],
         *,
         now: datetime | None,
         expired_only: bool = False,
-        conn: AsyncConn | None = None,
-    ) -> dict[JobId, JobState]:
-        """active -> retry | failed; returns the new state of each job that won its fence.
+    ) -> Pending[dict[JobId, JobState]]:
+        """Send active -> retry | failed; read the new state of each job that won its fence.
 
         With ``expired_only`` (the rescuer) a job must also still be past its
         lease: a heartbeat that landed after the rescuer read it wins.
         """
         if not failures:
-            return {}
-        rows = await self._rows(
-            "fail_jobs",
+            return Pending(None, lambda rows: {})
+        cur = await conn.execute(
+            self.sql["fail_jobs"],
             {
                 "ids": [f.id for f in failures],
                 "attempts": [f.attempt for f in failures],
@@ -372,9 +367,59 @@ class JobStore:
                 "expired_only": expired_only,
                 "now": now,
             },
-            conn,
         )
-        return {JobId(r[0]): JobState(r[1]) for r in rows}
+        return Pending(cur, lambda rows: {JobId(r[0]): JobState(r[1]) for r in rows})
+
+    async def send_release(
+        self,
+        conn: AsyncConn,
+        jobs: Sequence[tuple[JobId, int, timedelta]],
+        *,
+        now: datetime | None,
+    ) -> Pending[set[JobId]]:
+        """Send active -> created without costing an attempt (snooze, shutdown hand-back)."""
+        if not jobs:
+            return Pending(None, lambda rows: set())
+        cur = await conn.execute(
+            self.sql["release_jobs"],
+            {
+                "ids": [j[0] for j in jobs],
+                "attempts": [j[1] for j in jobs],
+                "delays_s": [j[2].total_seconds() for j in jobs],
+                "now": now,
+            },
+        )
+        return Pending(cur, lambda rows: {JobId(r[0]) for r in rows})
+
+    async def complete(
+        self,
+        done: Sequence[tuple[JobId, int, Any]],
+        *,
+        now: datetime | None,
+        conn: AsyncConn | None = None,
+    ) -> set[JobId]:
+        """active -> completed for (id, attempt, output); returns the ids that won their fence."""
+
+        async def run(c: AsyncConn) -> set[JobId]:
+            return await (await self.send_complete(c, done, now=now)).result()
+
+        return await self._on(conn, run, transaction=False)
+
+    async def fail(
+        self,
+        failures: Sequence[Failure],
+        *,
+        now: datetime | None,
+        expired_only: bool = False,
+        conn: AsyncConn | None = None,
+    ) -> dict[JobId, JobState]:
+        """active -> retry | failed; see :meth:`send_fail`."""
+
+        async def run(c: AsyncConn) -> dict[JobId, JobState]:
+            pending = await self.send_fail(c, failures, now=now, expired_only=expired_only)
+            return await pending.result()
+
+        return await self._on(conn, run, transaction=False)
 
     async def release(
         self,
@@ -384,19 +429,11 @@ class JobStore:
         conn: AsyncConn | None = None,
     ) -> set[JobId]:
         """active -> created without costing an attempt (snooze, shutdown hand-back)."""
-        if not jobs:
-            return set()
-        rows = await self._rows(
-            "release_jobs",
-            {
-                "ids": [j[0] for j in jobs],
-                "attempts": [j[1] for j in jobs],
-                "delays_s": [j[2].total_seconds() for j in jobs],
-                "now": now,
-            },
-            conn,
-        )
-        return {JobId(r[0]) for r in rows}
+
+        async def run(c: AsyncConn) -> set[JobId]:
+            return await (await self.send_release(c, jobs, now=now)).result()
+
+        return await self._on(conn, run, transaction=False)
 
     async def cancel_active(
         self,

@@ -67,7 +67,12 @@ ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 Prepare = Callable[[Sequence[ClaimedJob]], Awaitable[None]]
 # Called by the completer inside the transaction that records a batch of
 # outcomes: a layer above writes its own rows for them in that transaction.
-Finalize = Callable[[AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[None]]
+# It may only send statements (pipeline mode); it returns what to do with
+# their results once the transaction has committed.
+AfterCommit = Callable[[], Awaitable[None]]
+Finalize = Callable[
+    [AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[AfterCommit | None]
+]
 
 
 class ExpiredError(TimeoutError):
@@ -433,30 +438,35 @@ class Worker:
             else:
                 cancels.append((claim, outcome.error))
 
-        async def apply(conn: AsyncConn | None) -> tuple[int, int, int, int, int]:
-            won = await self.store.complete(completed, now=now_sql, conn=conn)
-            states = await self.store.fail(failures, now=now_sql, conn=conn)
-            won_back = await self.store.release(released, now=now_sql, conn=conn)
-            for claim, error in cancels:
-                await self.store.cancel_active(
-                    claim.id,
-                    claim.attempt,
-                    error_entry(claim.attempt, error, at),
-                    now=now_sql,
-                    conn=conn,
-                )
-            if conn is not None and self.finalize is not None:
-                await self.finalize(conn, batch)
-            failed = sum(1 for s in states.values() if s is JobState.FAILED)
+        async def record(
+            conn: AsyncConn,
+        ) -> tuple[tuple[int, int, int, int, int], AfterCommit | None]:
+            # One transaction, sent as one pipeline: a single round trip for
+            # the whole batch, the owner's own writes (finalize) included.
+            after: AfterCommit | None = None
+            async with conn.pipeline(), conn.transaction():
+                done = await self.store.send_complete(conn, completed, now=now_sql)
+                failed = await self.store.send_fail(conn, failures, now=now_sql)
+                back = await self.store.send_release(conn, released, now=now_sql)
+                for claim, error in cancels:
+                    await self.store.cancel_active(
+                        claim.id,
+                        claim.attempt,
+                        error_entry(claim.attempt, error, at),
+                        now=now_sql,
+                        conn=conn,
+                    )
+                if self.finalize is not None:
+                    after = await self.finalize(conn, batch)
+            won, states, won_back = await done.result(), await failed.result(), await back.result()
+            failed_n = sum(1 for s in states.values() if s is JobState.FAILED)
             lost = len(completed) - len(won) + len(failures) - len(states)
             lost += len(released) - len(won_back)
-            return len(won), failed, len(states) - failed, len(won_back), lost
+            return (len(won), failed_n, len(states) - failed_n, len(won_back), lost), after
 
-        if self.finalize is None:
-            counts = await apply(None)
-        else:
-            # The owner's own writes for these outcomes commit with them.
-            counts = await self.store.db.run(apply)
+        counts, after = await self.store.db.run(record, transaction=False)
+        if after is not None:
+            await after()
         won, failed, retried, released_n, lost = counts
         self._completed += won
         self._failed += failed

@@ -11,7 +11,10 @@ CREATE SEQUENCE {schema}.job_id_seq AS bigint;
 
 CREATE TABLE {schema}.job (
     id               bigint PRIMARY KEY DEFAULT nextval('{schema}.job_id_seq'),
-    queue            text NOT NULL CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.\-/]{{0,127}}$'),
+    -- Identifiers compare bytewise (COLLATE "C"): the claim and singleton
+    -- indexes are walked on every claim and insert, and locale-aware
+    -- comparison made them measurably slower.
+    queue            text COLLATE "C" NOT NULL CHECK (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.\-/]{{0,127}}$'),
     state            {schema}.job_state NOT NULL DEFAULT 'created',
     priority         integer NOT NULL DEFAULT 0,
     data             jsonb NOT NULL DEFAULT 'null',
@@ -25,10 +28,10 @@ CREATE TABLE {schema}.job (
     -- execution timeout: counted from the moment the job becomes active (and
     -- from each heartbeat), never from when it was queued.
     expire_in        interval NOT NULL CHECK (expire_in > interval '0'),
-    singleton_key    text,
-    dead_letter      text,
+    singleton_key    text COLLATE "C",
+    dead_letter      text COLLATE "C",
     -- set on jobs a dead-letter queue received: where the original lived.
-    origin_queue     text,
+    origin_queue     text COLLATE "C",
     origin_id        bigint,
     start_after      timestamptz NOT NULL,
     created_at       timestamptz NOT NULL,
@@ -69,7 +72,7 @@ CREATE INDEX job_archive_id ON {schema}.job_archive (id);
 
 -- A row per paused queue; workers in every process stop claiming from it.
 CREATE TABLE {schema}.paused_queue (
-    queue     text PRIMARY KEY,
+    queue     text COLLATE "C" PRIMARY KEY,
     paused_at timestamptz NOT NULL
 );
 
@@ -77,8 +80,8 @@ CREATE TABLE {schema}.paused_queue (
 -- whose update wins a tick inserts its job in the same transaction, so each
 -- tick runs once however many processes run the scheduler.
 CREATE TABLE {schema}.schedule (
-    name       text PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.\-/]{{0,127}}$'),
-    queue      text NOT NULL,
+    name       text COLLATE "C" PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.\-/]{{0,127}}$'),
+    queue      text COLLATE "C" NOT NULL,
     cron       text NOT NULL,
     timezone   text NOT NULL DEFAULT 'UTC',
     data       jsonb NOT NULL DEFAULT 'null',

@@ -11,11 +11,11 @@ CREATE TYPE {schema}.item_status AS ENUM ('pending', 'running', 'completed', 'er
 
 CREATE TABLE {schema}.task (
     id                  uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    kind                text NOT NULL,
+    kind                text COLLATE "C" NOT NULL,
     status              {schema}.task_status NOT NULL DEFAULT 'processing',
     outcome             {schema}.task_outcome,
     -- Idempotency is this unique key plus a conflict catch, never read-then-write.
-    idempotency_key     text UNIQUE,
+    idempotency_key     text COLLATE "C" UNIQUE,
     -- A digest of the request, so a reused key with a different request is told apart.
     request_hash        text NOT NULL,
     params              jsonb NOT NULL DEFAULT 'null',
@@ -29,10 +29,10 @@ CREATE TABLE {schema}.task (
     cancel_requested_at timestamptz,
     -- Where and how the items' jobs are sent: the aggregator re-dispatches
     -- reaped items with these, whatever kinds its own process knows.
-    item_queue          text NOT NULL,
+    item_queue          text COLLATE "C" NOT NULL,
     job_options         jsonb NOT NULL DEFAULT '{{}}',
     -- Queue that receives the on_complete hook job when the task closes.
-    on_complete_queue   text,
+    on_complete_queue   text COLLATE "C",
     created_at          timestamptz NOT NULL,
     completed_at        timestamptz,
     -- When the last item finished, as seen by the closing aggregator: the
@@ -49,7 +49,7 @@ CREATE INDEX task_created ON {schema}.task (created_at DESC, id);
 CREATE TABLE {schema}.item (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     task_id     uuid NOT NULL REFERENCES {schema}.task (id) ON DELETE CASCADE,
-    ref         text NOT NULL,
+    ref         text COLLATE "C" NOT NULL,
     data        jsonb NOT NULL DEFAULT 'null',
     status      {schema}.item_status NOT NULL DEFAULT 'pending',
     -- Guard passes so far; the fencing token of the current run. A worker's
