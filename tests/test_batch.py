@@ -492,3 +492,16 @@ async def test_export_rows_cover_every_item(boss: Shoal) -> None:
     rows = await batches.export_rows(created.task_id)
     assert [r.ref for r in rows] == [str(i) for i in range(1500)]
     assert json.dumps([r.ref for r in rows[:2]]) == '["0", "1"]'
+
+
+def test_state_diagrams_in_docs_match_the_transitions() -> None:
+    import re
+    from pathlib import Path
+
+    from shoal.batch.states import ITEM_TRANSITIONS, TASK_TRANSITIONS
+
+    text = (Path(__file__).parent.parent / "docs" / "batch.md").read_text()
+    blocks = re.findall(r'state "(\w+)" as \w+ \{(.*?)\}', text, re.DOTALL)
+    drawn = {name: set(re.findall(r"(\w+) --> (\w+)", body)) for name, body in blocks}
+    assert drawn["item"] == {(a.value, b.value) for a, bs in ITEM_TRANSITIONS.items() for b in bs}
+    assert drawn["task"] == {(a.value, b.value) for a, bs in TASK_TRANSITIONS.items() for b in bs}
