@@ -119,12 +119,15 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
     token = api_token(args)
     app = load_app(args.app)
     boss = await _connect(args, url, max_size=args.pool_size, listen=False)
+    limits = {
+        "max_body_bytes": args.max_body_bytes,
+        "request_deadline_s": args.request_deadline,
+    }
     api = create_api(
         boss,
         app.batches(boss),
         token=token,
-        max_body_bytes=args.max_body_bytes,
-        request_deadline_s=args.request_deadline,
+        **{name: value for name, value in limits.items() if value is not None},
     )
     server = uvicorn.Server(
         uvicorn.Config(
@@ -238,9 +241,9 @@ def parser() -> argparse.ArgumentParser:
     api.add_argument("--port", type=int, default=8000)
     api.add_argument("--token", help="bearer token (prefer $SHOAL_API_TOKEN: arguments show in ps)")
     api.add_argument("--pool-size", type=int, default=10, help="database connections")
-    api.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024)
+    api.add_argument("--max-body-bytes", type=int, help="request body cap (default 16 MiB)")
     api.add_argument(
-        "--request-deadline", type=float, default=30.0, help="seconds to receive a request body"
+        "--request-deadline", type=float, help="seconds to receive a request body (default 30)"
     )
     sub.add_parser("status", help="queue depths as a table")
     queue = sub.add_parser("queue", help="control a queue")

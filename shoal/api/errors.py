@@ -166,7 +166,16 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(422, "body: the request is invalid", field="body")
         first = errors[0]
         field = field_path(first.get("loc", ()))
-        message = f"{field}: {_describe(first)}"
+        if first.get("type") == "json_invalid":
+            field = "body"
+            position = first.get("loc", ("body", "?"))[-1]
+            reason = first.get("ctx", {}).get("error", "JSON decode error")
+            message = f"body: not valid JSON ({reason} at character {position})"
+        elif field == "body" and isinstance(first.get("input"), bytes):
+            # The body arrived, but not as JSON: FastAPI parses only JSON content types.
+            message = "body: send a JSON object with 'Content-Type: application/json'"
+        else:
+            message = f"{field}: {_describe(first)}"
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem(s))"
         return error_response(422, message, field=field)
@@ -224,6 +233,14 @@ def install_error_handlers(app: FastAPI) -> None:
             message, field = detail, getattr(exc, "field", None)
         return error_response(exc.status_code, message, field=field, headers=exc.headers)
 
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the client's fault. Starlette still re-raises it after this
+        # answer, so the server logs the traceback.
+        return error_response(
+            500, "internal error: the server log has the details", code="internal_error"
+        )
+
+    app.add_exception_handler(Exception, internal)
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(InvalidInput, invalid_input)

@@ -21,13 +21,14 @@ class Job:
     which case the handler should stop.
     """
 
-    __slots__ = ("_claim", "_heartbeat")
+    __slots__ = ("_claim", "_data", "_heartbeat")
 
     def __init__(
         self, claim: ClaimedJob, heartbeat: Callable[[Job], Awaitable[bool]] | None = None
     ) -> None:
         self._claim = claim
         self._heartbeat = heartbeat
+        self._data: Any = _UNREAD
 
     @property
     def id(self) -> JobId:
@@ -39,7 +40,10 @@ class Job:
 
     @property
     def data(self) -> Any:
-        return self._claim.data
+        """The payload, parsed from JSON on first read."""
+        if self._data is _UNREAD:
+            self._data = self._claim.data
+        return self._data
 
     @property
     def attempt(self) -> int:
@@ -75,6 +79,7 @@ class Job:
 
 
 Handler = Callable[[Job], Awaitable[Any]]
+_UNREAD = object()
 
 
 # -- outcomes of one run -------------------------------------------------------

@@ -40,7 +40,8 @@ SELECT inserted.id FROM input LEFT JOIN inserted USING (id) ORDER BY input.ord
 
 -- name: claim_jobs
 -- Claims up to %(limit)s waiting jobs of one queue (see claim_jobs() in 0001_queue.sql).
-SELECT id, queue, data, priority, attempt, retry_limit,
+-- The payload comes back as text: it is parsed only if a handler reads it.
+SELECT id, queue, data::text, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, created_at, started_at, lease_expires_at

@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -88,22 +88,34 @@ class NewJob:
     singleton_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
-    """A job a worker holds under a lease. ``attempt`` is its fencing token."""
+class ClaimedJob(NamedTuple):
+    """A job a worker holds under a lease. ``attempt`` is its fencing token.
+
+    A NamedTuple rather than a frozen dataclass: one is built for every
+    claimed job on the hot path, where a tuple is several times cheaper to
+    make. The payload stays JSON text until someone reads ``data``.
+    """
 
     id: JobId
     queue: str
-    data: Any
+    data_json: str
     priority: int
     attempt: int
     policy: RetryPolicy
-    expire_in: timedelta
+    expire_in_s: float
     singleton_key: str | None
     dead_letter: str | None
     created_at: datetime
     started_at: datetime
     lease_expires_at: datetime
+
+    @property
+    def data(self) -> Any:
+        return json.loads(self.data_json)
+
+    @property
+    def expire_in(self) -> timedelta:
+        return timedelta(seconds=self.expire_in_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,27 +310,12 @@ class JobStore:
         params = {"queue": queue, "limit": limit, "now": now}
 
         async def run(c: AsyncConn) -> list[tuple[Any, ...]]:
-            async with c.pipeline(), c.transaction():
-                await c.execute(_ASYNC_COMMIT)
-                cur = await c.execute(query, params)
+            cur = await c.execute(query, params)
             return await cur.fetchall()
 
         rows = await self.db.run(run, transaction=False)
         return [
-            ClaimedJob(
-                JobId(r[0]),
-                r[1],
-                r[2],
-                r[3],
-                r[4],
-                _policy(r[5], r[6], r[7], r[8]),
-                timedelta(seconds=r[9]),
-                r[10],
-                r[11],
-                r[12],
-                r[13],
-                r[14],
-            )
+            ClaimedJob(r[0], r[1], r[2], r[3], r[4], _policy(r[5], r[6], r[7], r[8]), *r[9:])
             for r in rows
         ]
 

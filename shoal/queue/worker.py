@@ -313,7 +313,7 @@ class Worker:
 
     async def _run_one(self, claim: ClaimedJob, task: asyncio.Task[Any]) -> Outcome:
         job = Job(claim, self._heartbeat)
-        self._deadline_at[claim.id] = self.clock.monotonic() + claim.expire_in.total_seconds()
+        self._deadline_at[claim.id] = self.clock.monotonic() + claim.expire_in_s
         try:
             output = await self.handler(job)
         except asyncio.CancelledError:
@@ -353,7 +353,7 @@ class Worker:
     async def _heartbeat(self, job: Job) -> bool:
         held = await self.store.extend_leases([(job.id, job.attempt)], now=self.clock.sql_now())
         if job.id in held and job.id in self._deadline_at:
-            self._deadline_at[job.id] = self.clock.monotonic() + job.expire_in.total_seconds()
+            self._deadline_at[job.id] = self.clock.monotonic() + job.claim.expire_in_s
         return job.id in held
 
     def _finish(self, claim: ClaimedJob, outcome: Outcome) -> None:
@@ -438,11 +438,26 @@ class Worker:
             else:
                 cancels.append((claim, outcome.error))
 
+        def tally(
+            won: set[JobId], states: dict[JobId, JobState], won_back: set[JobId]
+        ) -> tuple[int, int, int, int, int]:
+            failed_n = sum(1 for s in states.values() if s is JobState.FAILED)
+            lost = len(completed) - len(won) + len(failures) - len(states)
+            lost += len(released) - len(won_back)
+            return len(won), failed_n, len(states) - failed_n, len(won_back), lost
+
+        async def record_one(conn: AsyncConn) -> tuple[int, int, int, int, int]:
+            # The common case: one kind of outcome, one statement in autocommit.
+            won = await (await self.store.send_complete(conn, completed, now=now_sql)).result()
+            states = await (await self.store.send_fail(conn, failures, now=now_sql)).result()
+            back = await (await self.store.send_release(conn, released, now=now_sql)).result()
+            return tally(won, states, back)
+
         async def record(
             conn: AsyncConn,
         ) -> tuple[tuple[int, int, int, int, int], AfterCommit | None]:
-            # One transaction, sent as one pipeline: a single round trip for
-            # the whole batch, the owner's own writes (finalize) included.
+            # One transaction sent as one pipeline (a single round trip), with
+            # the owner's own writes for these outcomes (finalize) in it.
             after: AfterCommit | None = None
             async with conn.pipeline(), conn.transaction():
                 done = await self.store.send_complete(conn, completed, now=now_sql)
@@ -458,13 +473,15 @@ class Worker:
                     )
                 if self.finalize is not None:
                     after = await self.finalize(conn, batch)
-            won, states, won_back = await done.result(), await failed.result(), await back.result()
-            failed_n = sum(1 for s in states.values() if s is JobState.FAILED)
-            lost = len(completed) - len(won) + len(failures) - len(states)
-            lost += len(released) - len(won_back)
-            return (len(won), failed_n, len(states) - failed_n, len(won_back), lost), after
+            return tally(await done.result(), await failed.result(), await back.result()), after
 
-        counts, after = await self.store.db.run(record, transaction=False)
+        simple = self.finalize is None and not cancels
+        simple = simple and sum(1 for kind in (completed, failures, released) if kind) == 1
+        after: AfterCommit | None = None
+        if simple:
+            counts = await self.store.db.run(record_one, transaction=False)
+        else:
+            counts, after = await self.store.db.run(record, transaction=False)
         if after is not None:
             await after()
         won, failed, retried, released_n, lost = counts
