@@ -3,6 +3,8 @@
     .venv/bin/python bench/queue_bench.py            # 3 repetitions, median reported
     .venv/bin/python bench/queue_bench.py --quick    # 1 repetition
     .venv/bin/python bench/queue_bench.py --n 20000 --libs shoal,raw
+    .venv/bin/python bench/queue_bench.py --libs shoal \
+        --pg-setting plan_cache_mode=force_custom_plan
 
 What it measures, all in one run against one Postgres server:
 
@@ -11,8 +13,13 @@ What it measures, all in one run against one Postgres server:
 - drain: the same N no-op jobs worked off by one worker at concurrency 10, in a
   child process of its own (so its peak RSS is its own), timed from the moment
   the worker is started until the database shows every job finished;
-- stale planner statistics (shoal and raw only): the job table is analyzed
-  while it holds no rows, with autovacuum off, before the N jobs arrive.
+- stale planner statistics (shoal and raw only): the job table is filled,
+  emptied and analyzed while it holds no rows (keeping its pages), with
+  autovacuum off, before the N jobs arrive.
+
+``--pg-setting`` sets a server setting for every session of the bench database,
+to test a hypothesis (the output names it; don't publish such a run as the
+default one).
 
 The database named by DATABASE_URL (default: the local server) is only used to
 drop and create ``shoal_bench``; every library gets a schema of its own there.
@@ -23,13 +30,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,17 +54,24 @@ QUEUE = "bench_noop"
 CONCURRENCY = 10
 # The raw baseline claims this many jobs per statement (the issue's figure).
 RAW_CLAIM_BATCH = 100
-# pgqueuer's own default batch size (PgQueuer.run(batch_size=10)).
-PGQ_BATCH_SIZE = 10
+# pgqueuer runs with its own default batch size (PgQueuer.run(batch_size=10)),
+# and again with the batch the raw baseline and shoal claim (up to 100); the
+# "vs pgqueuer" column compares with the second, which drained faster in every
+# run on the 2-core machine.
+PGQ_BATCH_SIZES = (10, 100)
+PGQ_REFERENCE_BATCH = 100
 # How often a drain child looks at the database once its handler has seen N jobs.
 DONE_POLL_S = 0.002
 # A drain that takes longer than this is reported as failed, not waited for.
 DRAIN_TIMEOUT_S = 180.0
+# ... and so is one whose finished count stops moving for this long.
+STALL_TIMEOUT_S = 20.0
 # How often the parent samples a child's RSS (the child also reports VmHWM).
 RSS_SAMPLE_S = 0.02
 # The child passes the connection string through the environment, not argv,
 # so a password in DATABASE_URL never shows in the process list.
 URL_ENV = "SHOAL_BENCH_URL"
+SCRIPT = os.path.abspath(__file__)
 
 SCHEMA_SHOAL = "shoal"
 SCHEMA_RAW = "bench_raw"
@@ -72,7 +89,7 @@ SETTINGS = {
     ),
     "shoal": f"boss.work(queue, handler, concurrency={CONCURRENCY}) (batch_size default)",
     "pgqueuer": (
-        f"PgQueuer.from_psycopg_connection(conn).run(batch_size={PGQ_BATCH_SIZE}); "
+        "PgQueuer.from_psycopg_connection(conn).run(batch_size=10 | 100); "
         "max_concurrent_tasks unset (pgqueuer's default: no cap); enqueue: "
         "Queries.enqueue(list, list, list)"
     ),
@@ -98,17 +115,17 @@ CREATE TABLE {schema}.job (
 CREATE INDEX job_claim ON {schema}.job (queue, id) WHERE state = 'queued';
 """
 
-RAW_INSERT = f"""
-INSERT INTO {SCHEMA_RAW}.job (queue, data)
+RAW_INSERT = """
+INSERT INTO bench_raw.job (queue, data)
 SELECT %s, d FROM unnest(%s::jsonb[]) AS d
 RETURNING id
 """
 
-RAW_CLAIM = f"""
-UPDATE {SCHEMA_RAW}.job
+RAW_CLAIM = """
+UPDATE bench_raw.job
 SET state = 'running', attempt = attempt + 1, started_at = now()
 WHERE id IN (
-    SELECT id FROM {SCHEMA_RAW}.job
+    SELECT id FROM bench_raw.job
     WHERE queue = %s AND state = 'queued'
     ORDER BY id
     LIMIT %s
@@ -116,41 +133,38 @@ WHERE id IN (
 RETURNING id, data
 """
 
-RAW_COMPLETE = f"""
-UPDATE {SCHEMA_RAW}.job SET state = 'done', finished_at = now()
+RAW_COMPLETE = """
+UPDATE bench_raw.job SET state = 'done', finished_at = now()
 WHERE id = ANY(%s) AND state = 'running'
 """
 
 # What "every job finished" looks like in each library's tables.
 DONE_COUNT_SQL = {
-    "raw": f"SELECT count(*) FROM {SCHEMA_RAW}.job WHERE state = 'done'",
-    "shoal": f"SELECT count(*) FROM {SCHEMA_SHOAL}.job WHERE state = 'completed'",
+    "raw": "SELECT count(*) FROM bench_raw.job WHERE state = 'done'",
+    "shoal": "SELECT count(*) FROM shoal.job WHERE state = 'completed'",
     # pgqueuer deletes a finished job from its queue table and logs it.
-    "pgqueuer": (
-        f"SELECT count(*) FROM {SCHEMA_PGQUEUER}.pgqueuer_log WHERE status = 'successful'"
-    ),
+    "pgqueuer": "SELECT count(*) FROM bench_pgqueuer.pgqueuer_log WHERE status = 'successful'",
     "procrastinate": (
-        f"SELECT count(*) FROM {SCHEMA_PROCRASTINATE}.procrastinate_jobs "
-        "WHERE status = 'succeeded'"
+        "SELECT count(*) FROM bench_procrastinate.procrastinate_jobs WHERE status = 'succeeded'"
     ),
 }
 
 # The table whose statistics the drain's claim is planned with.
 JOB_TABLE = {
-    "raw": f"{SCHEMA_RAW}.job",
-    "shoal": f"{SCHEMA_SHOAL}.job",
-    "pgqueuer": f"{SCHEMA_PGQUEUER}.pgqueuer",
-    "procrastinate": f"{SCHEMA_PROCRASTINATE}.procrastinate_jobs",
+    "raw": sql.Identifier(SCHEMA_RAW, "job"),
+    "shoal": sql.Identifier(SCHEMA_SHOAL, "job"),
+    "pgqueuer": sql.Identifier(SCHEMA_PGQUEUER, "pgqueuer"),
+    "procrastinate": sql.Identifier(SCHEMA_PROCRASTINATE, "procrastinate_jobs"),
 }
 
 TRUNCATE_SQL = {
-    "raw": f"TRUNCATE {SCHEMA_RAW}.job",
-    "shoal": f"TRUNCATE {SCHEMA_SHOAL}.job, {SCHEMA_SHOAL}.job_archive",
+    "raw": "TRUNCATE bench_raw.job",
+    "shoal": "TRUNCATE shoal.job, shoal.job_archive",
     "pgqueuer": (
-        f"TRUNCATE {SCHEMA_PGQUEUER}.pgqueuer, {SCHEMA_PGQUEUER}.pgqueuer_log, "
-        f"{SCHEMA_PGQUEUER}.pgqueuer_statistics"
+        "TRUNCATE bench_pgqueuer.pgqueuer, bench_pgqueuer.pgqueuer_log, "
+        "bench_pgqueuer.pgqueuer_statistics"
     ),
-    "procrastinate": f"TRUNCATE {SCHEMA_PROCRASTINATE}.procrastinate_jobs CASCADE",
+    "procrastinate": "TRUNCATE bench_procrastinate.procrastinate_jobs CASCADE",
 }
 
 
@@ -198,21 +212,47 @@ class DrainCounter:
             self.reached.set()
 
 
-async def wait_until_recorded(url: str, lib: str, counter: DrainCounter) -> None:
-    """Return once the handler saw N jobs and the database shows N finished."""
-    await asyncio.wait_for(counter.reached.wait(), DRAIN_TIMEOUT_S)
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        deadline = time.perf_counter() + DRAIN_TIMEOUT_S
-        while time.perf_counter() < deadline:
-            cur = await conn.execute(DONE_COUNT_SQL[lib])
-            row = await cur.fetchone()
-            if row is not None and row[0] >= counter.n:
-                return
-            await asyncio.sleep(DONE_POLL_S)
-    raise TimeoutError(f"{lib}: jobs not recorded finished within {DRAIN_TIMEOUT_S}s")
+async def wait_until_recorded(
+    watch: psycopg.AsyncConnection[Any],
+    lib: str,
+    counter: DrainCounter,
+    describe: Callable[[], Awaitable[str]] | None = None,
+) -> None:
+    """Return once the handler saw N jobs and ``watch`` shows N finished in the database.
+
+    ``watch`` is opened before the clock starts, so connecting is not timed.
+    Fails when the count stops moving for STALL_TIMEOUT_S, with ``describe``'s
+    account of the worker's state in the message.
+    """
+    try:
+        await asyncio.wait_for(counter.reached.wait(), DRAIN_TIMEOUT_S)
+    except TimeoutError:
+        detail = await describe() if describe else ""
+        raise TimeoutError(
+            f"{lib}: handler saw {counter.seen} of {counter.n} jobs in {DRAIN_TIMEOUT_S}s{detail}"
+        ) from None
+    last, last_change = -1, time.perf_counter()
+    while time.perf_counter() - last_change < STALL_TIMEOUT_S:
+        cur = await watch.execute(DONE_COUNT_SQL[lib])
+        row = await cur.fetchone()
+        done = row[0] if row else 0
+        if done >= counter.n:
+            return
+        if done != last:
+            last, last_change = done, time.perf_counter()
+        await asyncio.sleep(DONE_POLL_S)
+    detail = await describe() if describe else ""
+    raise TimeoutError(
+        f"{lib}: handler saw all {counter.n} jobs, but only {last} were recorded finished, "
+        f"with no progress for {STALL_TIMEOUT_S:.0f}s{detail}"
+    )
 
 
-async def drain_raw(url: str, n: int) -> dict[str, Any]:
+async def open_watch(url: str) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(url, autocommit=True)
+
+
+async def drain_raw(url: str, n: int, batch: int | None = None) -> dict[str, Any]:
     handled = 0
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         start = time.perf_counter()
@@ -228,7 +268,7 @@ async def drain_raw(url: str, n: int) -> dict[str, Any]:
     return {"elapsed_s": elapsed, "handled": handled}
 
 
-async def drain_shoal(url: str, n: int) -> dict[str, Any]:
+async def drain_shoal(url: str, n: int, batch: int | None = None) -> dict[str, Any]:
     from shoal import Job, Shoal
 
     counter = DrainCounter(n)
@@ -237,14 +277,27 @@ async def drain_shoal(url: str, n: int) -> dict[str, Any]:
         counter.hit()
 
     boss = await Shoal.connect(url, schema=SCHEMA_SHOAL)
+    watch = await open_watch(url)
     try:
         start = time.perf_counter()
         worker = boss.work(QUEUE, handler, concurrency=CONCURRENCY)
-        await wait_until_recorded(url, "shoal", counter)
+
+        async def describe() -> str:
+            cur = await watch.execute("SELECT state::text, count(*) FROM shoal.job GROUP BY 1")
+            states = dict(await cur.fetchall())
+            tasks = sorted(
+                f"{t.get_name()}={'done' if t.done() else 'running'}"
+                for t in asyncio.all_tasks()
+                if t.get_name().startswith("shoal")
+            )
+            return f"; job states {states}; {worker.stats}; tasks {tasks}"
+
+        await wait_until_recorded(watch, "shoal", counter, describe)
         elapsed = time.perf_counter() - start
         stats = worker.stats
         await worker.stop()
     finally:
+        await watch.close()
         await boss.close()
     return {
         "elapsed_s": elapsed,
@@ -259,13 +312,16 @@ async def drain_shoal(url: str, n: int) -> dict[str, Any]:
     }
 
 
-async def drain_pgqueuer(url: str, n: int) -> dict[str, Any]:
+async def drain_pgqueuer(url: str, n: int, batch: int | None = None) -> dict[str, Any]:
     from pgqueuer import PgQueuer
     from pgqueuer.models import Job as PgqJob
 
     counter = DrainCounter(n)
     pgq_url = with_search_path(url, SCHEMA_PGQUEUER)
-    async with await psycopg.AsyncConnection.connect(pgq_url, autocommit=True) as conn:
+    async with (
+        await psycopg.AsyncConnection.connect(pgq_url, autocommit=True) as conn,
+        await open_watch(url) as watch,
+    ):
         pgq = PgQueuer.from_psycopg_connection(conn)
 
         @pgq.entrypoint(QUEUE)
@@ -273,9 +329,9 @@ async def drain_pgqueuer(url: str, n: int) -> dict[str, Any]:
             counter.hit()
 
         start = time.perf_counter()
-        run = asyncio.create_task(pgq.run(batch_size=PGQ_BATCH_SIZE))
+        run = asyncio.create_task(pgq.run(batch_size=batch or PGQ_REFERENCE_BATCH))
         try:
-            await wait_until_recorded(url, "pgqueuer", counter)
+            await wait_until_recorded(watch, "pgqueuer", counter)
             elapsed = time.perf_counter() - start
         finally:
             pgq.shutdown.set()
@@ -283,14 +339,14 @@ async def drain_pgqueuer(url: str, n: int) -> dict[str, Any]:
     return {"elapsed_s": elapsed, "handled": counter.seen}
 
 
-async def drain_procrastinate(url: str, n: int) -> dict[str, Any]:
+async def drain_procrastinate(url: str, n: int, batch: int | None = None) -> dict[str, Any]:
     counter = DrainCounter(n)
 
     async def bench_noop(i: int) -> None:
         counter.hit()
 
     app, _task = procrastinate_app(url, bench_noop)
-    async with app.open_async():
+    async with app.open_async(), await open_watch(url) as watch:
         start = time.perf_counter()
         run = asyncio.create_task(
             app.run_worker_async(
@@ -301,14 +357,15 @@ async def drain_procrastinate(url: str, n: int) -> dict[str, Any]:
             )
         )
         try:
-            await wait_until_recorded(url, "procrastinate", counter)
+            await wait_until_recorded(watch, "procrastinate", counter)
             elapsed = time.perf_counter() - start
         finally:
             await asyncio.wait_for(run, 30)
     return {"elapsed_s": elapsed, "handled": counter.seen}
 
 
-DRAINS: dict[str, Callable[[str, int], Awaitable[dict[str, Any]]]] = {
+# Each takes (url, n, batch); only pgqueuer's batch size is a setting measured here.
+DRAINS: dict[str, Callable[[str, int, int | None], Coroutine[Any, Any, dict[str, Any]]]] = {
     "raw": drain_raw,
     "shoal": drain_shoal,
     "pgqueuer": drain_pgqueuer,
@@ -329,9 +386,9 @@ def peak_rss_kib() -> int:
     return 0
 
 
-def worker_main(lib: str, n: int) -> None:
+def worker_main(lib: str, n: int, batch: int | None) -> None:
     url = os.environ[URL_ENV]
-    result = asyncio.run(DRAINS[lib](url, n))
+    result = asyncio.run(DRAINS[lib](url, n, batch))
     result["vm_hwm_kib"] = peak_rss_kib()
     print(json.dumps(result), flush=True)
 
@@ -345,6 +402,7 @@ class Case:
 
     lib: str
     stale: bool = False
+    batch: int | None = None  # pgqueuer's batch_size
     enqueue_s: list[float] = field(default_factory=list)
     drain_s: list[float] = field(default_factory=list)
     rss_mib: list[float] = field(default_factory=list)
@@ -357,6 +415,8 @@ class Case:
         name = "raw psycopg" if self.lib == "raw" else self.lib
         if self.lib in STALE_LIBS:
             return f"{name} ({'stale' if self.stale else 'fresh'} stats)"
+        if self.batch is not None:
+            return f"{name} (batch_size={self.batch})"
         return name
 
 
@@ -370,8 +430,11 @@ def rate(n: int, seconds: list[float]) -> float | None:
 
 
 class Bench:
-    def __init__(self, admin_url: str, n: int, reps: int, libs: list[str]) -> None:
+    def __init__(
+        self, admin_url: str, n: int, reps: int, libs: list[str], pg_settings: list[str]
+    ) -> None:
         self.admin_url = admin_url
+        self.pg_settings = pg_settings
         self.url = make_conninfo(admin_url, dbname=BENCH_DB)
         self.n = n
         self.reps = reps
@@ -379,6 +442,8 @@ class Bench:
         self.payloads = [{"i": i} for i in range(n)]
         self.plans: list[tuple[str, str]] = []
         self.pg_version = ""
+        self.shoal_version = shoal_version()
+        self.load_at_start = os.getloadavg()
 
     # -- setup ----------------------------------------------------------
 
@@ -390,14 +455,20 @@ class Bench:
             name = sql.Identifier(BENCH_DB)
             await c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
             await c.execute(sql.SQL("CREATE DATABASE {}").format(name))
+            for setting in self.pg_settings:
+                key, _, value = setting.partition("=")
+                await c.execute(
+                    sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                        name, sql.Identifier(*key.split(".")), sql.Literal(value)
+                    )
+                )
         self.conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
         for schema in (SCHEMA_RAW, SCHEMA_PROCRASTINATE, SCHEMA_PGQUEUER):
             await self.conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        await self.conn.execute(
-            sql.SQL(RAW_SCHEMA_SQL).format(schema=sql.Identifier(SCHEMA_RAW))  # type: ignore[arg-type]  # constant text
-        )
+        await self.conn.execute(sql.SQL(RAW_SCHEMA_SQL).format(schema=sql.Identifier(SCHEMA_RAW)))
 
         from pgqueuer import Queries
+
         from shoal import Shoal
 
         self.boss = await Shoal.connect(self.url, schema=SCHEMA_SHOAL)
@@ -425,6 +496,7 @@ class Bench:
     async def enqueue(self, lib: str) -> float:
         payloads = self.payloads
         n = self.n
+        ids: Sized
         start = time.perf_counter()
         if lib == "shoal":
             ids = await self.boss.insert([{"queue": QUEUE, "data": p} for p in payloads])
@@ -456,19 +528,23 @@ class Bench:
         """
         table = JOB_TABLE[lib]
         await self.conn.execute(TRUNCATE_SQL[lib])
-        await self.conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+        await self.conn.execute(
+            sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(table)
+        )
         await self.enqueue(lib)
-        await self.conn.execute(f"DELETE FROM {table}")
-        await self.conn.execute(f"VACUUM (ANALYZE, TRUNCATE false) {table}")
+        await self.conn.execute(sql.SQL("DELETE FROM {}").format(table))
+        await self.conn.execute(sql.SQL("VACUUM (ANALYZE, TRUNCATE false) {}").format(table))
         return await self.table_stats(lib)
 
     async def restore_autovacuum(self, lib: str) -> None:
-        await self.conn.execute(f"ALTER TABLE {JOB_TABLE[lib]} RESET (autovacuum_enabled)")
+        await self.conn.execute(
+            sql.SQL("ALTER TABLE {} RESET (autovacuum_enabled)").format(JOB_TABLE[lib])
+        )
 
     async def table_stats(self, lib: str) -> str:
         cur = await self.conn.execute(
             "SELECT relpages, reltuples FROM pg_class WHERE oid = %s::regclass",
-            (JOB_TABLE[lib],),
+            (JOB_TABLE[lib].as_string(self.conn),),
         )
         row = await cur.fetchone()
         assert row is not None
@@ -477,9 +553,7 @@ class Bench:
     async def explain_claim(self, lib: str, label: str) -> None:
         """Record the plan of ``lib``'s claim as the drain will meet it."""
         if lib == "raw":
-            cur = await self.conn.execute(
-                "EXPLAIN " + RAW_CLAIM.replace("%s", "{}").format(f"'{QUEUE}'", RAW_CLAIM_BATCH)
-            )
+            cur = await self.conn.execute("EXPLAIN " + RAW_CLAIM, (QUEUE, RAW_CLAIM_BATCH))
             plan = "\n".join(r[0] for r in await cur.fetchall())
         elif lib == "shoal":
             plan = await self.explain_shoal_claim()
@@ -514,9 +588,7 @@ class Bench:
                 ("auto_explain.log_level", "notice"),
             ):
                 await conn.execute("SELECT set_config(%s, %s, false)", (setting, value))
-            await conn.execute(
-                f"SELECT count(*) FROM {SCHEMA_SHOAL}.claim_jobs(%s, 20, NULL)", (QUEUE,)
-            )
+            await conn.execute("SELECT count(*) FROM shoal.claim_jobs(%s, 20, NULL)", (QUEUE,))
             await conn.rollback()
         # Every statement is reported; keep the plan (not the query text) of the
         # function's UPDATE, which is the one that starts "Update on".
@@ -529,15 +601,16 @@ class Bench:
 
     # -- drains (timed in a child) ---------------------------------------
 
-    async def drain(self, lib: str) -> dict[str, Any]:
+    async def drain(self, lib: str, batch: int | None) -> dict[str, Any]:
         env = dict(os.environ, **{URL_ENV: self.url})
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            os.path.abspath(__file__),
+            SCRIPT,
             "--worker",
             lib,
             "--n",
             str(self.n),
+            *(["--batch", str(batch)] if batch else []),
             env=env,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -546,26 +619,54 @@ class Bench:
         ps = psutil.Process(proc.pid)
         communicate = asyncio.ensure_future(proc.communicate())
         while not communicate.done():
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):  # it may exit between polls
                 sampled = max(sampled, ps.memory_info().rss)
-            except psutil.NoSuchProcess:
-                pass
             await asyncio.wait({communicate}, timeout=RSS_SAMPLE_S)
         out, err = communicate.result()
+        orphans = await self.cancel_orphaned_statements()
         if proc.returncode != 0:
-            tail = err.decode(errors="replace").strip().splitlines()[-15:]
-            raise RuntimeError(f"{lib} drain exited {proc.returncode}:\n" + "\n".join(tail))
+            log_path = save_stderr(lib, err)
+            last = err.decode(errors="replace").strip().splitlines()[-1:]
+            raise RuntimeError(
+                f"{lib} drain exited {proc.returncode}: {' '.join(last)}{orphans} "
+                f"(its stderr: {log_path})"
+            )
         result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
         result["sampled_rss_bytes"] = sampled
         if result["handled"] < self.n:
             raise RuntimeError(f"{lib}: handler saw {result['handled']} of {self.n} jobs")
-        stderr = err.decode(errors="replace").strip()
+        stderr = err.decode(errors="replace").strip() + orphans
         if stderr:
             result["stderr"] = stderr[-2000:]
         return result
 
+    async def cancel_orphaned_statements(self) -> str:
+        """Cancel statements still running for a drain child that has exited.
+
+        A client that abandons a statement by closing its socket does not stop
+        the server: the backend runs the statement to its end, and on two
+        cores that would slow every later measurement. Only the child's
+        statements can be running here; the parent's connections are idle.
+        """
+        cur = await self.conn.execute(
+            "SELECT pid, left(query, 60) FROM pg_stat_activity"
+            " WHERE datname = %s AND state = 'active' AND pid <> pg_backend_pid()",
+            (BENCH_DB,),
+        )
+        rows = await cur.fetchall()
+        for pid, _query in rows:
+            await self.conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        if not rows:
+            return ""
+        queries = "; ".join(" ".join(q.split()) for _pid, q in rows)
+        return f"\n(cancelled {len(rows)} statement(s) running after the child exited: {queries})"
+
     async def run_case(self, case: Case) -> None:
         lib = case.lib
+        # One untimed enqueue first: the first call on a connection pays for
+        # catalog lookups and statement preparation that later calls do not.
+        await self.conn.execute(TRUNCATE_SQL[lib])
+        await self.enqueue(lib)
         for rep in range(self.reps):
             if case.stale:
                 stats = await self.make_stats_stale(lib)
@@ -574,11 +675,11 @@ class Bench:
             case.enqueue_s.append(await self.enqueue(lib))
             if not case.stale:
                 # Fresh: statistics that know the N waiting jobs are there.
-                await self.conn.execute(f"ANALYZE {JOB_TABLE[lib]}")
+                await self.conn.execute(sql.SQL("ANALYZE {}").format(JOB_TABLE[lib]))
                 stats = await self.table_stats(lib)
             if rep == 0:
                 await self.explain_claim(lib, case.label)
-            result = await self.drain(lib)
+            result = await self.drain(lib, case.batch)
             case.drain_s.append(result["elapsed_s"])
             case.rss_mib.append(result["vm_hwm_kib"] / 1024)
             case.sampled_rss_mib.append(result["sampled_rss_bytes"] / 2**20)
@@ -590,11 +691,36 @@ class Bench:
             print(
                 f"  {case.label:<28} rep {rep + 1}: enqueue {case.enqueue_s[-1] * 1000:7.1f} ms"
                 f"  drain {result['elapsed_s']:6.2f} s  peak RSS {case.rss_mib[-1]:5.1f} MiB"
-                f"  [{stats}]{extra}",
+                f"  load {os.getloadavg()[0]:.2f}  [{stats}]{extra}",
                 flush=True,
             )
         if case.stale:
             await self.restore_autovacuum(lib)
+
+
+def shoal_version() -> str:
+    """The commit of the shoal checkout measured, marked when the tree has edits."""
+    import shoal
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(shoal.__file__)))
+    try:
+        described = subprocess.run(
+            ["git", "-C", root, "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return f"{root} (not a git checkout)"
+    return f"{root} at {described.stdout.strip()}"
+
+
+def save_stderr(lib: str, err: bytes) -> str:
+    """Keep a failed drain child's whole stderr (its warnings come before the traceback)."""
+    path = os.path.join(tempfile.gettempdir(), f"shoal_bench_{lib}_drain.stderr")
+    with open(path, "wb") as f:
+        f.write(err)
+    return path
 
 
 def fmt_rate(value: float | None) -> str:
@@ -607,26 +733,29 @@ def fmt_ratio(value: float | None, base: float | None) -> str:
 
 def report(bench: Bench, cases: list[Case]) -> str:
     n = bench.n
-    by_label = {(c.lib, c.stale): c for c in cases}
+    by_key = {(c.lib, c.stale, c.batch): c for c in cases}
 
-    def rates(lib: str, stale: bool) -> tuple[float | None, float | None]:
-        c = by_label.get((lib, stale))
+    def rates(lib: str, stale: bool, batch: int | None = None) -> tuple[float | None, float | None]:
+        c = by_key.get((lib, stale, batch))
         if c is None or c.error:
             return None, None
         return rate(n, c.enqueue_s), rate(n, c.drain_s)
 
+    load = ", ".join(f"{x:.2f}" for x in bench.load_at_start)
     lines = [
         f"N = {n:,} jobs; repetitions = {bench.reps} (median shown); "
-        f"os.cpu_count() = {os.cpu_count()}",
+        f"os.cpu_count() = {os.cpu_count()}; load average at start {load}",
         f"Postgres: {bench.pg_version}",
+        f"shoal: {bench.shoal_version}",
+        *(f"diagnostic setting for every session: {s}" for s in bench.pg_settings),
         "",
         "| case | enqueue jobs/s | drain jobs/s | vs raw (enqueue / drain) "
         "| vs pgqueuer (enqueue / drain) | worker peak RSS MiB |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    pgq_enq, pgq_drain = rates("pgqueuer", False)
+    pgq_enq, pgq_drain = rates("pgqueuer", False, PGQ_REFERENCE_BATCH)
     for c in cases:
-        enq, drain = rates(c.lib, c.stale)
+        enq, drain = rates(c.lib, c.stale, c.batch)
         # Compare like with like: a stale-statistics row against raw with stale statistics.
         raw_enq, raw_drain = rates("raw", c.stale)
         rss = median(c.rss_mib)
@@ -639,6 +768,13 @@ def report(bench: Bench, cases: list[Case]) -> str:
             f"| {fmt_ratio(enq, pgq_enq)} / {fmt_ratio(drain, pgq_drain)} "
             f"| {'n/a' if rss is None else f'{rss:.1f}'} |"
         )
+    lines += [
+        "",
+        "Rows with stale statistics are compared with raw psycopg (stale stats); "
+        f"'vs pgqueuer' is against pgqueuer (batch_size={PGQ_REFERENCE_BATCH}).",
+        "Drain seconds per repetition:",
+        *(f"- {c.label}: {', '.join(f'{x:.2f}' for x in c.drain_s)}" for c in cases if c.drain_s),
+    ]
     return "\n".join(lines)
 
 
@@ -649,11 +785,18 @@ async def main_async(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"--libs: unknown {sorted(unknown)}; choose from {', '.join(LIBS)}")
     reps = 1 if args.quick else args.reps
-    bench = Bench(admin_url, args.n, reps, libs)
+    bench = Bench(admin_url, args.n, reps, libs, args.pg_setting)
     host = conninfo_to_dict(admin_url).get("host", "local socket")
     print(f"shoal queue bench: N={args.n}, reps={reps}, server {host}, db {BENCH_DB}", flush=True)
     await bench.setup()
-    cases = [Case(lib) for lib in LIBS if lib in libs]
+    cases = [
+        case
+        for lib in LIBS
+        if lib in libs
+        for case in (
+            [Case(lib, batch=b) for b in PGQ_BATCH_SIZES] if lib == "pgqueuer" else [Case(lib)]
+        )
+    ]
     cases += [Case(lib, stale=True) for lib in STALE_LIBS if lib in libs]
     started = time.perf_counter()
     try:
@@ -702,10 +845,18 @@ def main() -> None:
     parser.add_argument(
         "--libs", default=",".join(LIBS), help=f"comma-separated subset of {','.join(LIBS)}"
     )
+    parser.add_argument(
+        "--pg-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="diagnostic: ALTER DATABASE shoal_bench SET NAME = VALUE (repeatable)",
+    )
     parser.add_argument("--worker", choices=LIBS, help=argparse.SUPPRESS)  # a drain child
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)  # the child's pgqueuer batch
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker, args.n)
+        worker_main(args.worker, args.n, args.batch)
         return
     sys.exit(asyncio.run(main_async(args)))
 

@@ -20,6 +20,7 @@ request validation         422     ``invalid_input``
 ``StillCreating``          409     ``still_creating``
 ``Conflict``               409     ``conflict``
 ``TransientError``         503     ``unavailable``
+anything else (a bug)      500     ``internal_error``
 =========================  ======  =====================
 """
 
@@ -211,7 +212,8 @@ def install_error_handlers(app: FastAPI) -> None:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
         return error_response(
             503,
-            f"the database did not answer in time; retry shortly ({exc})",
+            # The cause stays in the log: it names hosts and users of the database.
+            "the database did not answer in time; retry shortly",
             code="unavailable",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )

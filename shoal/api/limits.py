@@ -3,9 +3,9 @@
 Two ways a client can hold a server's memory or a worker slot hostage:
 
 - **A huge body.** A declared ``Content-Length`` over the cap is answered 413
-  before a byte of the body is read; a body without one (chunked) is counted as
-  it streams in and cut off with 413 the moment it passes the cap, so a lying or
-  absent header buys nothing.
+  before the body reaches the app; a body without one (chunked) is counted as
+  it streams in and refused with 413 the moment it passes the cap, so a lying
+  or absent header buys nothing. Nothing past the cap is ever kept in memory.
 - **A slow body.** A per-read timeout does not stop a client that trickles one
   byte every few seconds. The deadline here covers the whole body: from the
   moment the request reaches the app until its last byte, however the bytes
@@ -19,6 +19,7 @@ to go away) pass through untouched, so a long export is never cut by this.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -39,6 +40,9 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # A 16 MiB body at a slow 1 MiB/s still makes it; a client that needs longer is
 # indistinguishable from one holding the connection on purpose.
 DEFAULT_REQUEST_DEADLINE_S = 30.0
+# How much of a refused body is read and discarded so the client sees the 413
+# (see _drain). Past it, or past the deadline, the connection is just closed.
+DRAIN_MAX_BYTES = 64 * 1024 * 1024
 
 
 class LimitExceeded(HTTPException):
@@ -76,6 +80,33 @@ async def _answer(send: Send, status: int, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _expects_continue(scope: Scope) -> bool:
+    return any(
+        name.lower() == b"expect" and value.lower().strip() == b"100-continue"
+        for name, value in scope.get("headers", ())
+    )
+
+
+async def _drain(receive: Receive, deadline: float, budget: int) -> None:
+    """Read and discard the rest of the body, within ``deadline`` and ``budget`` bytes.
+
+    Closing a socket that still has unread request bytes makes the kernel send
+    a reset, and most clients then lose the answer already sent to them: they
+    report "connection reset" instead of the 413. Reading the rest first (as
+    nginx's lingering close does) lets them see it. Nothing read is kept.
+    """
+    drained = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(deadline):
+            while drained <= budget:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                drained += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+
+
 def _code(status: int) -> str:
     return {400: "bad_request", 408: "request_timeout", 413: "payload_too_large"}[status]
 
@@ -109,13 +140,17 @@ class RequestLimits:
         if isinstance(declared, str):
             await _answer(send, 400, f"body: Content-Length {declared!r:.40} is not a length")
             return
-        if declared is not None and declared > self.max_body_bytes:
-            await _answer(send, 413, self._too_large(f"{declared} bytes are declared"))
-            return
-
         loop = asyncio.get_running_loop()
         # Real time, not shoal's injectable clock: this bounds a socket wait.
         deadline = loop.time() + self.request_deadline_s
+        if declared is not None and declared > self.max_body_bytes:
+            # A client waiting for "100 Continue" has sent nothing yet: answer
+            # at once and it never sends the body. Any other is already sending.
+            if not _expects_continue(scope) and declared <= DRAIN_MAX_BYTES:
+                await _drain(receive, deadline, DRAIN_MAX_BYTES)
+            await _answer(send, 413, self._too_large(f"{declared} bytes are declared"))
+            return
+
         received = 0
         body_done = False
         response_started = False
@@ -136,6 +171,9 @@ class RequestLimits:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
+                    if message.get("more_body", False):
+                        await _drain(receive, deadline, DRAIN_MAX_BYTES)
+                    body_done = True
                     raise LimitExceeded(413, self._too_large(f"over {received} bytes arrived"))
                 body_done = not message.get("more_body", False)
             else:

@@ -49,26 +49,36 @@ RETURNING i.id, i.attempt, i.attempt - i.attempt_base, i.ref, i.data, i.task_id:
 
 -- name: complete_items
 -- running -> completed for many items, each fenced by the attempt its worker
--- was handed. Returns the ids that won their fence, and (id NULL) each task
--- left with nothing pending or running: its worker wakes the aggregator. The
--- NOT EXISTS sees the items as they were before this statement, so the ones
--- being completed here are left out by id.
-WITH done AS (
+-- was handed. Returns the ids recorded (now, or already by this same run: a
+-- batch retried after a lost acknowledgement), and (id NULL) each of their
+-- tasks left with nothing pending or running, so the worker wakes the
+-- aggregator. The CTEs see the items as they were before this statement, so
+-- the ones being completed here are left out of NOT EXISTS by id.
+WITH u AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
+        AS u(id, attempt, result)
+), done AS (
     UPDATE {schema}.item i
     SET status = 'completed',
         result = u.result,
         error = NULL,
         finished_at = coalesce(%(now)s::timestamptz, now()),
         updated_at = coalesce(%(now)s::timestamptz, now())
-    FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
-        AS u(id, attempt, result)
-    WHERE i.id = u.id AND i.status = 'running' AND i.attempt = u.attempt
+    FROM u
+    WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
+      AND i.attempt = u.attempt
     RETURNING i.id, i.task_id
+), already AS (
+    SELECT i.id, i.task_id
+    FROM {schema}.item i JOIN u ON u.id = i.id
+    WHERE i.status = 'completed' AND i.attempt = u.attempt
+), recorded AS (
+    SELECT id, task_id FROM done UNION ALL SELECT id, task_id FROM already
 )
-SELECT id, NULL FROM done
+SELECT id, NULL FROM recorded
 UNION ALL
 SELECT NULL, t.task_id::text
-FROM (SELECT DISTINCT task_id FROM done) t
+FROM (SELECT DISTINCT task_id FROM recorded) t
 WHERE NOT EXISTS (
     SELECT 1 FROM {schema}.item i
     WHERE i.task_id = t.task_id AND i.status IN ('pending', 'running')
@@ -91,7 +101,8 @@ RETURNING id
 UPDATE {schema}.item i
 SET updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt)
-WHERE i.id = u.id AND i.status = 'running' AND i.attempt = u.attempt
+WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
+  AND i.attempt = u.attempt
 RETURNING i.id
 
 -- name: reap_zombies

@@ -8,8 +8,9 @@ writes only its own item row, never the task row. Each outcome is written
 fenced by the attempt the guard handed out:
 
 - the handler returns: ``completed`` with its result, written by ``finalize``
-  in the same transaction that completes the job (one round trip for a batch),
-  after which a task left with nothing pending or running wakes the aggregator;
+  for a whole batch of finished items in one statement, just before their jobs
+  are completed; a task left with nothing pending or running wakes the
+  aggregator;
 - a permanent error, or a transient one on the last attempt: ``error`` with
   the message (the job then completes: the item's outcome is recorded);
 - a transient error with attempts left: back to ``pending``, and the error is
@@ -45,7 +46,6 @@ from shoal.errors import TransientError
 from shoal.queue.job import Completed, Job, Outcome
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
-from shoal.queue.worker import AfterCommit
 
 log = logging.getLogger("shoal.batch")
 
@@ -142,13 +142,11 @@ class ItemRunner:
         passed = await self.store.guard_items(ids, now=self.clock.sql_now())
         return [passed.get(item_id) for item_id in ids]
 
-    async def finalize(
-        self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]
-    ) -> AfterCommit | None:
-        """Record finished items' results in the transaction completing their jobs.
+    async def finalize(self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]) -> None:
+        """Record finished items' results, for a whole batch, before their jobs complete.
 
-        Sends one statement (the worker pipelines it with the job writes);
-        after the commit, wakes the aggregator if a task has nothing left.
+        One fenced statement; a task it leaves with nothing pending or running
+        wakes the aggregator.
         """
         done = [
             outcome.output
@@ -156,25 +154,21 @@ class ItemRunner:
             if isinstance(outcome, Completed) and isinstance(outcome.output, ItemDone)
         ]
         if not done:
-            return None
+            return
         pending = await self.store.send_complete_items(
             conn, [(d.item_id, d.fence, d.result) for d in done], now=self.clock.sql_now()
         )
-
-        async def after_commit() -> None:
-            won, finished = await pending.result()
-            for d in done:
-                self._held.pop(d.item_id, None)
-                if d.item_id not in won:
-                    log.warning(
-                        "item %s: a run lost its fence (reaped or cancelled meanwhile); "
-                        "its result was not recorded",
-                        d.item_id,
-                    )
-            if finished and self.wake is not None:
-                await self.store.db.run(self.wake)
-
-        return after_commit
+        won, finished = await pending.result()
+        for d in done:
+            self._held.pop(d.item_id, None)
+            if d.item_id not in won:
+                log.warning(
+                    "item %s: a run lost its fence (reaped or cancelled meanwhile); "
+                    "its result was not recorded",
+                    d.item_id,
+                )
+        if finished and self.wake is not None:
+            await self.store.db.run(self.wake)
 
     async def _wake_if_finished(self, conn: AsyncConn, task_ids: set[TaskId]) -> None:
         if self.wake is not None and await self.store.finished_tasks(conn, list(task_ids)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -374,9 +375,10 @@ class Batches:
         return (await self.store.counters()).get(PHANTOM_SKIPS, 0)
 
     async def _row(self, task_id: str) -> TaskRow:
-        if not _is_uuid(task_id):
+        canonical = _canonical_uuid(task_id)
+        if canonical is None:
             raise NotFound(f"task {task_id!r} does not exist")
-        row = await self.store.get_task(TaskId(task_id))
+        row = await self.store.get_task(TaskId(canonical))
         if row is None:
             raise NotFound(f"task {task_id!r} does not exist")
         return row
@@ -407,14 +409,12 @@ def _seconds(field: str, value: timedelta | float | None) -> float | None:
     return seconds
 
 
-def _is_uuid(value: object) -> bool:
-    import uuid
-
+def _canonical_uuid(value: object) -> str | None:
+    """The canonical spelling of a UUID (PostgreSQL refuses some Python accepts), or None."""
     try:
-        uuid.UUID(str(value))
+        return str(uuid.UUID(str(value)))
     except ValueError:
-        return False
-    return True
+        return None
 
 
 __all__ = [

@@ -50,6 +50,8 @@ async def migrate(db: Database) -> list[int]:
 
     async def apply(conn: AsyncConn) -> list[int]:
         schema = sql.Identifier(db.schema)
+        # Index builds on a big table may take longer than a statement may.
+        await conn.execute("SET LOCAL statement_timeout = 0")
         # The lock comes first: CREATE SCHEMA IF NOT EXISTS itself races
         # (two creators can both pass the existence check).
         await conn.execute(

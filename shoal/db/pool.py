@@ -44,6 +44,7 @@ DEFAULT_DEADLINE = timedelta(seconds=30)
 # drops the connection, and how soon keepalives start.
 TCP_USER_TIMEOUT_MS = 30_000
 KEEPALIVES_IDLE_S = 10
+RECONNECT_TIMEOUT_S = 3600.0
 
 TRANSIENT_SQLSTATES = {
     "40001",  # serialization_failure
@@ -118,6 +119,15 @@ class Database:
             "keepalives": 1,
             "keepalives_idle": KEEPALIVES_IDLE_S,
             "connect_timeout": max(2, int(deadline.total_seconds())),
+            # Plans from the parameters at hand, never a generic plan whose
+            # estimates (unknown array sizes, stale statistics) can turn a
+            # batch write quadratic. And the server stops a statement a little
+            # before our deadline, so a slow call fails cleanly on a reusable
+            # connection, and an abandoned one does not keep running.
+            "options": (
+                "-c plan_cache_mode=force_custom_plan "
+                f"-c statement_timeout={int(deadline.total_seconds() * 1000 * 0.9)}"
+            ),
         }
         self.pool: psycopg_pool.AsyncConnectionPool[AsyncConn] = psycopg_pool.AsyncConnectionPool(
             url,
@@ -126,7 +136,9 @@ class Database:
             kwargs=self._kwargs,
             open=False,
             timeout=deadline.total_seconds(),
-            reconnect_timeout=0,  # keep trying: a restarted server comes back
+            # How long the pool keeps refilling min_size after losing its
+            # connections; requests still open new ones after that.
+            reconnect_timeout=RECONNECT_TIMEOUT_S,
             name=f"shoal:{schema}",
         )
 
@@ -181,10 +193,10 @@ class Database:
 
 
 class Pending(Generic[T]):
-    """A statement already sent, whose rows are read later.
+    """A statement already executed, with the conversion of its rows.
 
-    In pipeline mode ``execute`` only queues a statement; several can go out
-    in one round trip and their results be read once the pipeline syncs.
+    Lets a store hand out "send" functions whose results are read (and
+    converted) by the caller, one shape for single and batched writes.
     """
 
     __slots__ = ("_convert", "_cursor")

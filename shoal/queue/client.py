@@ -230,7 +230,7 @@ class Shoal:
         At most ``concurrency`` handlers run at once. Stop it with
         ``await worker.stop()`` (or :meth:`close`). ``prepare``, if given, is
         awaited with each claimed batch before its jobs run; ``finalize`` with
-        each batch of outcomes, inside the transaction that records them.
+        each batch of outcomes, just before they are recorded.
         With ``store_output=False`` handlers' return values are not kept on
         the job rows.
         """

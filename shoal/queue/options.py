@@ -72,15 +72,23 @@ def check_queue_name(name: object, field: str = "queue") -> str:
     return name
 
 
+# A JSON escape of NUL (not an escaped backslash followed by "u0000"):
+# PostgreSQL's jsonb cannot hold NUL characters.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
 def encode_payload(data: object, *, max_bytes: int, field: str = "data") -> str:
     """``data`` as JSON text, or InvalidInput naming why it cannot be a payload."""
     try:
         text = json.dumps(data, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+        encoded = text.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) is one
         raise InvalidInput(field, f"payload is not JSON: {exc}") from None
-    if "\\u0000" in text:
+    except RecursionError:
+        raise InvalidInput(field, "payload is nested too deeply") from None
+    if "\\u0000" in text and _JSON_NUL.search(text):
         raise InvalidInput(field, "payload strings may not contain NUL characters")
-    size = len(text.encode("utf-8"))
+    size = len(encoded)
     if size > max_bytes:
         raise InvalidInput(
             field,

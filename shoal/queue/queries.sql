@@ -55,7 +55,10 @@ SET state = 'completed',
     lease_expires_at = NULL,
     output = u.output
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outputs)s::jsonb[]) AS u(id, attempt, output)
-WHERE j.id = u.id AND j.state = 'active' AND j.attempt = u.attempt
+-- id = ANY gives the planner the primary key to reach each job; without it a
+-- generic plan could scan every active job once per outcome (quadratic).
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
+  AND j.attempt = u.attempt
 RETURNING j.id
 
 -- name: fail_jobs
@@ -77,7 +80,8 @@ WITH u AS (
         lease_expires_at = NULL,
         errors = j.errors || jsonb_build_array(u.error)
     FROM u
-    WHERE j.id = u.id AND j.state = 'active' AND j.attempt = u.attempt
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
+      AND j.attempt = u.attempt
       AND (NOT %(expired_only)s OR j.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
     RETURNING j.*
 ), dead AS (
@@ -102,7 +106,8 @@ SET state = 'created',
     lease_expires_at = NULL,
     start_after = coalesce(%(now)s::timestamptz, now()) + u.delay_s * interval '1 second'
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(delays_s)s::float8[]) AS u(id, attempt, delay_s)
-WHERE j.id = u.id AND j.state = 'active' AND j.attempt = u.attempt
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
+  AND j.attempt = u.attempt
 RETURNING j.id
 
 -- name: cancel_active_job
@@ -121,7 +126,8 @@ RETURNING id
 UPDATE {schema}.job j
 SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + j.expire_in
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt)
-WHERE j.id = u.id AND j.state = 'active' AND j.attempt = u.attempt
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
+  AND j.attempt = u.attempt
 RETURNING j.id, j.lease_expires_at
 
 -- name: lock_expired_leases

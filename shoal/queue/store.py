@@ -227,9 +227,6 @@ def _record(row: Sequence[Any]) -> JobRecord:
     )
 
 
-_ASYNC_COMMIT = sql.SQL("SET LOCAL synchronous_commit = off")
-
-
 class JobStore:
     """Typed access to the queue tables of one schema."""
 

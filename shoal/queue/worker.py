@@ -56,6 +56,9 @@ DEFAULT_POLL_INTERVAL = timedelta(seconds=2)
 DEFAULT_SHUTDOWN_GRACE = timedelta(seconds=30)
 # Most jobs claimed in one round trip.
 DEFAULT_MAX_BATCH = 100
+# Most outcomes recorded in one statement: bounds every write's cost and
+# keeps it well inside the database deadline, however far behind it falls.
+MAX_RECORD_BATCH = 500
 # The deadline watchdog looks at least this often.
 WATCHDOG_MAX_SLEEP_S = 0.25
 # Backoff of the fetcher and completer after a failed database call.
@@ -65,14 +68,13 @@ ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # Called by the fetcher with each claimed batch before any of it runs: lets a
 # layer above do per-job set-up for many jobs in one round trip.
 Prepare = Callable[[Sequence[ClaimedJob]], Awaitable[None]]
-# Called by the completer inside the transaction that records a batch of
-# outcomes: a layer above writes its own rows for them in that transaction.
-# It may only send statements (pipeline mode); it returns what to do with
-# their results once the transaction has committed.
-AfterCommit = Callable[[], Awaitable[None]]
-Finalize = Callable[
-    [AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[AfterCommit | None]
-]
+# Called by the completer with each batch of completed jobs, on its
+# connection, just before it records them: a layer above writes its own rows
+# for them (the batch layer: item results). A batch whose recording fails is
+# retried, so its writes must be idempotent (fenced); a crash between its
+# writes and the job writes only means the jobs run again, to find their work
+# done.
+Finalize = Callable[[AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[None]]
 
 
 class ExpiredError(TimeoutError):
@@ -146,6 +148,7 @@ class Worker:
         # after adding them to _expired.
         self._deadline_at: dict[JobId, float] = {}
         self._expired: set[JobId] = set()
+        self._recording = 0  # outcomes in the completer's current write
         self._stopping = False
         self._stop_requested = asyncio.Event()
         self._completer_should_exit = False
@@ -244,7 +247,10 @@ class Worker:
         errors = 0
         last_at, last_finished = self.clock.monotonic(), 0
         while not self._stopping:
-            room = self.concurrency + self._prefetch() - len(self._buffer) - len(self._running)
+            # Outcomes not yet recorded still count: their jobs are active, and
+            # claiming past a slow completer would only pile up active jobs.
+            held = len(self._buffer) + len(self._running) + self._unrecorded
+            room = self.concurrency + self._prefetch() - held
             if room < 1:
                 self._room.clear()
                 await self._wait_for(self._room)
@@ -362,6 +368,10 @@ class Worker:
         self._room.set()
         self._record(claim, outcome)
 
+    @property
+    def _unrecorded(self) -> int:
+        return len(self._outcomes) + self._recording
+
     def _record(self, claim: ClaimedJob, outcome: Outcome) -> None:
         self._outcomes.append((claim, outcome))
         self.idle.clear()
@@ -379,7 +389,9 @@ class Worker:
                 self._outcomes_ready.clear()
                 await self._outcomes_ready.wait()
                 continue
-            batch, self._outcomes = self._outcomes, []
+            batch = self._outcomes[:MAX_RECORD_BATCH]
+            del self._outcomes[:MAX_RECORD_BATCH]
+            self._recording = len(batch)
             try:
                 # Shielded: a cancelled caller must not lose the acknowledgement.
                 await asyncio.shield(self._write(batch))
@@ -395,18 +407,27 @@ class Worker:
                     "recording outcomes of jobs %s failed; their leases will expire",
                     [c.id for c, _ in batch],
                 )
+            finally:
+                self._recording = 0
+                self._room.set()
 
     async def _write(self, batch: list[tuple[ClaimedJob, Outcome]]) -> None:
+        """Record a batch of outcomes: one fenced statement per kind of outcome.
+
+        Each statement commits on its own; the outcomes it recorded leave
+        ``batch`` at once, so when a later statement fails (say the connection
+        drops after an earlier one was answered) only the rest is retried, and
+        nothing is written or counted twice.
+        """
         now_sql = self.clock.sql_now()
         at = self.clock.now().isoformat()
-        completed: list[tuple[JobId, int, Any]] = []
-        failures: list[Failure] = []
-        released: list[tuple[JobId, int, timedelta]] = []
+        completed: list[tuple[ClaimedJob, Outcome]] = []
+        failures: dict[JobId, Failure] = {}
+        released: list[tuple[ClaimedJob, timedelta]] = []
         cancels: list[tuple[ClaimedJob, BaseException]] = []
         for claim, outcome in batch:
             if isinstance(outcome, Completed):
-                output = outcome.output if self.store_output else None
-                completed.append((claim.id, claim.attempt, output))
+                completed.append((claim, outcome))
             elif isinstance(outcome, Failed):
                 step = after_failure(
                     claim.attempt,
@@ -418,75 +439,69 @@ class Worker:
                 retry_in = None
                 if step.start_after is not None:
                     retry_in = step.start_after - self.clock.now()
-                failures.append(
-                    Failure(
-                        claim.id,
-                        claim.attempt,
-                        step.state,
-                        retry_in,
-                        error_entry(claim.attempt, outcome.error, at),
-                    )
+                failures[claim.id] = Failure(
+                    claim.id,
+                    claim.attempt,
+                    step.state,
+                    retry_in,
+                    error_entry(claim.attempt, outcome.error, at),
                 )
-                if step.state is JobState.FAILED:
-                    log.warning(
-                        "job %s (%s) failed for good: %r", claim.id, self.queue, outcome.error
-                    )
-            elif isinstance(outcome, Snoozed):
-                released.append((claim.id, claim.attempt, outcome.delay))
-            elif isinstance(outcome, Interrupted):
-                released.append((claim.id, claim.attempt, timedelta(0)))
+            elif isinstance(outcome, Snoozed | Interrupted):
+                delay = outcome.delay if isinstance(outcome, Snoozed) else timedelta(0)
+                released.append((claim, delay))
             else:
                 cancels.append((claim, outcome.error))
 
-        def tally(
-            won: set[JobId], states: dict[JobId, JobState], won_back: set[JobId]
-        ) -> tuple[int, int, int, int, int]:
-            failed_n = sum(1 for s in states.values() if s is JobState.FAILED)
-            lost = len(completed) - len(won) + len(failures) - len(states)
-            lost += len(released) - len(won_back)
-            return len(won), failed_n, len(states) - failed_n, len(won_back), lost
+        def recorded(claims: set[JobId]) -> None:
+            batch[:] = [(c, o) for c, o in batch if c.id not in claims]
 
-        async def record_one(conn: AsyncConn) -> tuple[int, int, int, int, int]:
-            # The common case: one kind of outcome, one statement in autocommit.
-            won = await (await self.store.send_complete(conn, completed, now=now_sql)).result()
-            states = await (await self.store.send_fail(conn, failures, now=now_sql)).result()
-            back = await (await self.store.send_release(conn, released, now=now_sql)).result()
-            return tally(won, states, back)
-
-        async def record(
-            conn: AsyncConn,
-        ) -> tuple[tuple[int, int, int, int, int], AfterCommit | None]:
-            # One transaction sent as one pipeline (a single round trip), with
-            # the owner's own writes for these outcomes (finalize) in it.
-            after: AfterCommit | None = None
-            async with conn.pipeline(), conn.transaction():
-                done = await self.store.send_complete(conn, completed, now=now_sql)
-                failed = await self.store.send_fail(conn, failures, now=now_sql)
-                back = await self.store.send_release(conn, released, now=now_sql)
-                for claim, error in cancels:
-                    await self.store.cancel_active(
-                        claim.id,
-                        claim.attempt,
-                        error_entry(claim.attempt, error, at),
-                        now=now_sql,
-                        conn=conn,
-                    )
+        async def record(conn: AsyncConn) -> None:
+            if completed:
                 if self.finalize is not None:
-                    after = await self.finalize(conn, batch)
-            return tally(await done.result(), await failed.result(), await back.result()), after
+                    await self.finalize(conn, completed)
+                done = [
+                    (c.id, c.attempt, o.output if self.store_output else None)
+                    for c, o in completed
+                    if isinstance(o, Completed)
+                ]
+                won = await (await self.store.send_complete(conn, done, now=now_sql)).result()
+                self._completed += len(won)
+                self._lost += len(done) - len(won)
+                recorded({c.id for c, _ in completed})
+            if failures:
+                states = await (
+                    await self.store.send_fail(conn, list(failures.values()), now=now_sql)
+                ).result()
+                for job_id, state in states.items():
+                    if state is JobState.FAILED:
+                        self._failed += 1
+                        log.warning(
+                            "job %s (%s) failed for good: %s",
+                            job_id,
+                            self.queue,
+                            failures[job_id].error["message"],
+                        )
+                    else:
+                        self._retried += 1
+                self._lost += len(failures) - len(states)
+                recorded(set(failures))
+            if released:
+                back = await (
+                    await self.store.send_release(
+                        conn, [(c.id, c.attempt, d) for c, d in released], now=now_sql
+                    )
+                ).result()
+                self._released += len(back)
+                self._lost += len(released) - len(back)
+                recorded({c.id for c, _ in released})
+            for claim, error in cancels:
+                await self.store.cancel_active(
+                    claim.id,
+                    claim.attempt,
+                    error_entry(claim.attempt, error, at),
+                    now=now_sql,
+                    conn=conn,
+                )
+                recorded({claim.id})
 
-        simple = self.finalize is None and not cancels
-        simple = simple and sum(1 for kind in (completed, failures, released) if kind) == 1
-        after: AfterCommit | None = None
-        if simple:
-            counts = await self.store.db.run(record_one, transaction=False)
-        else:
-            counts, after = await self.store.db.run(record, transaction=False)
-        if after is not None:
-            await after()
-        won, failed, retried, released_n, lost = counts
-        self._completed += won
-        self._failed += failed
-        self._retried += retried
-        self._released += released_n
-        self._lost += lost
+        await self.store.db.run(record, transaction=False)

@@ -105,6 +105,11 @@ SET enable_sort = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
+    -- The claim need not wait for its WAL flush: a claim lost to a server
+    -- crash only puts its jobs back to waiting; their workers' results then
+    -- lose the attempt fence and the jobs run again (at-least-once, as for
+    -- any crash). A completion is flushed, and with it every earlier claim.
+    SELECT set_config('synchronous_commit', 'off', true);
     WITH next AS (
         SELECT id
         FROM {schema}.job
