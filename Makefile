@@ -19,7 +19,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy shoal
-	$(VENV)/bin/mypy --check-untyped-defs --ignore-missing-imports tests
+	$(VENV)/bin/mypy tests
 
 test: lint
 	$(VENV)/bin/pytest

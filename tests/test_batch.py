@@ -32,12 +32,18 @@ async def test_create_writes_task_items_and_one_job_per_item(boss: Shoal, db_url
     created = await batches.create("test.kind", ["a", {"ref": "b", "data": {"page": 2}}])
     assert created.created
     view = await batches.get(created.task_id)
-    assert (view.status, view.progress.total, view.progress.pending) == (TaskStatus.PROCESSING, 2, 2)
-    jobs = await sql(db_url, "SELECT singleton_key, data FROM shoal.job WHERE queue = 'batch.test.kind'")
+    assert (view.status, view.progress.total, view.progress.pending) == (
+        TaskStatus.PROCESSING,
+        2,
+        2,
+    )
+    jobs = await sql(
+        db_url, "SELECT singleton_key, data FROM shoal.job WHERE queue = 'batch.test.kind'"
+    )
     keys = sorted(str(k) for k, _ in jobs)
     assert len(keys) == 2 and all(k.startswith("item-") and k.endswith(":0") for k in keys)
     # Jobs carry ids, not documents.
-    assert all(set(data) == {"item"} for _, data in jobs)  # type: ignore[arg-type]
+    assert all(isinstance(data, dict) and set(data) == {"item"} for _, data in jobs)
 
 
 async def test_creation_is_one_transaction(boss: Shoal, db_url: str) -> None:
@@ -49,7 +55,8 @@ async def test_creation_is_one_transaction(boss: Shoal, db_url: str) -> None:
     )
     await sql(
         db_url,
-        "CREATE TRIGGER no_jobs BEFORE INSERT ON shoal.job FOR EACH STATEMENT EXECUTE FUNCTION fail_jobs()",
+        "CREATE TRIGGER no_jobs BEFORE INSERT ON shoal.job "
+        "FOR EACH STATEMENT EXECUTE FUNCTION fail_jobs()",
     )
     with pytest.raises(psycopg.Error, match="job table unavailable"):
         await batches.create("test.kind", ["a", "b", "c"])
@@ -132,8 +139,13 @@ async def test_a_task_runs_every_item_and_closes_completed(boss: Shoal) -> None:
     view = await batches.get(created.task_id)
     assert (view.status, view.outcome) == (TaskStatus.COMPLETED, TaskOutcome.COMPLETED)
     assert view.progress.as_dict() == {
-        "total": 200, "pending": 0, "running": 0, "completed": 200, "error": 0,
-        "cancelled": 0, "percent": 100.0,
+        "total": 200,
+        "pending": 0,
+        "running": 0,
+        "completed": 200,
+        "error": 0,
+        "cancelled": 0,
+        "percent": 100.0,
     }
     page = await batches.items(created.task_id, limit=3)
     assert [i.result for i in page.items] == [{"ref": "doc-0"}, {"ref": "doc-1"}, {"ref": "doc-2"}]
@@ -200,7 +212,9 @@ async def test_transient_error_goes_back_to_pending_then_retries(boss: Shoal, db
     seen: list[tuple[int, str]] = []
 
     async def flaky(item: Item) -> str:
-        (status,) = (await sql(db_url, "SELECT status::text FROM shoal.item WHERE id = %s", item.id))[0]
+        (status,) = (
+            await sql(db_url, "SELECT status::text FROM shoal.item WHERE id = %s", item.id)
+        )[0]
         seen.append((item.attempt, str(status)))
         if item.attempt == 1:
             raise ConnectionError("gateway timeout")
@@ -239,7 +253,10 @@ async def test_classifier_and_exception_classes_mark_errors_permanent(boss: Shoa
         raise (KeyError if item.ref == "a" else ValueError)(item.ref)
 
     batches = make_batches(
-        boss, handler, retry_limit=5, permanent=(KeyError,),
+        boss,
+        handler,
+        retry_limit=5,
+        permanent=(KeyError,),
         classify=lambda exc: isinstance(exc, ValueError),
     )
     created = await batches.create("test.kind", ["a", "b"])
@@ -307,7 +324,9 @@ async def test_zombie_is_reaped_by_stale_heartbeat_and_retried(
     jobs = await sql(db_url, "SELECT singleton_key FROM shoal.job ORDER BY id")
     assert [k for (k,) in jobs] == [f"item-{item.id}:0", f"item-{item.id}:1"]
     # The dead worker comes back: its late write loses to the fence.
-    assert not await batches.store.complete_items([(item.id, first.attempt, "stale")], now=clock.now())
+    assert not await batches.store.complete_items(
+        [(item.id, first.attempt, "stale")], now=clock.now()
+    )
     second = await guard_one(batches, clock.now())
     clock.advance(timedelta(minutes=3))
     report = await batches.aggregator.run_once()
@@ -336,7 +355,9 @@ async def test_reaper_never_touches_an_item_that_just_finished(
     guarded = await guard_one(batches, clock.now())
     clock.advance(timedelta(minutes=5))
     # The worker finishes a moment before the aggregator's pass.
-    assert await batches.store.complete_items([(guarded.id, guarded.attempt, "ok")], now=clock.now())
+    assert await batches.store.complete_items(
+        [(guarded.id, guarded.attempt, "ok")], now=clock.now()
+    )
     report = await batches.aggregator.run_once()
     assert report.reaped_to_pending + report.reaped_to_error == 0
     (item,) = (await batches.items(created.task_id)).items
@@ -359,7 +380,9 @@ async def test_racing_aggregators_close_a_task_and_enqueue_its_hook_once(
     others = [make_batches(boss, on_complete=hook) for _ in range(5)]
     reports = await asyncio.gather(*(b.aggregator.run_once() for b in [batches, *others]))
     assert sum(len(r.closed) for r in reports) == 1
-    hooks = await sql(db_url, "SELECT data FROM shoal.job WHERE queue = 'batch.test.kind.on_complete'")
+    hooks = await sql(
+        db_url, "SELECT data FROM shoal.job WHERE queue = 'batch.test.kind.on_complete'"
+    )
     assert hooks == [({"task_id": created.task_id, "outcome": "completed"},)]
 
 
@@ -372,10 +395,14 @@ async def test_task_stays_open_while_anything_is_pending_or_running(boss: Shoal)
     assert (await batches.get(created.task_id)).status is TaskStatus.PROCESSING
 
 
-async def test_progress_is_one_group_by_over_the_task_status_index(boss: Shoal, db_url: str) -> None:
+async def test_progress_is_one_group_by_over_the_task_status_index(
+    boss: Shoal, db_url: str
+) -> None:
     batches = make_batches(boss)
     created = await batches.create("test.kind", [str(i) for i in range(50)])
-    indexes = await sql(db_url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'item_task_status'")
+    indexes = await sql(
+        db_url, "SELECT indexdef FROM pg_indexes WHERE indexname = 'item_task_status'"
+    )
     assert "(task_id, status, id)" in str(indexes[0][0])
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
         await conn.execute("SET enable_seqscan = off")

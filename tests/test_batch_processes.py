@@ -23,8 +23,18 @@ ROOT = Path(__file__).parent.parent
 
 def start_worker(db_url: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "shoal.cli", "--database-url", db_url, "worker",
-         "--app", "tests.batchapp:app", "--grace", "5"],
+        [
+            sys.executable,
+            "-m",
+            "shoal.cli",
+            "--database-url",
+            db_url,
+            "worker",
+            "--app",
+            "tests.batchapp:app",
+            "--grace",
+            "5",
+        ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -57,8 +67,8 @@ async def test_sigkilled_worker_items_are_retried_and_each_result_recorded_once(
         # Wait until some items finished and others are mid-run in the first worker.
         while True:
             finished = (await batches.get(created.task_id)).progress.completed
-            runs = await rows(db_url, "SELECT count(*) FROM side_effect")
-            if finished >= 8 and runs and runs[0][0] > finished:  # type: ignore[operator]
+            started = await rows(db_url, "SELECT count(*) FROM side_effect")
+            if finished >= 8 and started and started[0][0] > finished:  # type: ignore[operator]
                 break
             assert loop.time() < deadline, "the first worker never got going"
             await asyncio.sleep(0.02)
@@ -86,7 +96,7 @@ async def test_sigkilled_worker_items_are_retried_and_each_result_recorded_once(
             db_url, "SELECT item_id, attempt, pid FROM side_effect ORDER BY at"
         ):
             runs_by_item[item_id].append((attempt, pid))  # type: ignore[index, arg-type]
-        rerun = {item_id for item_id, runs in runs_by_item.items() if len(runs) > 1}
+        rerun = {item_id for item_id, seen in runs_by_item.items() if len(seen) > 1}
         assert rerun, "the kill interrupted no item; the test proved nothing"
         for item_id, item in items.items():
             runs = runs_by_item[item_id]
