@@ -164,7 +164,11 @@ class Shoal:
         for i, spec in enumerate(jobs):
             if not isinstance(spec, Mapping):
                 raise InvalidInput(f"jobs[{i}]", f"expected a mapping, got {type(spec).__name__}")
-            options = {k: v for k, v in spec.items() if k not in ("queue", "data")}
+            options = (
+                {k: v for k, v in spec.items() if k not in ("queue", "data")}
+                if len(spec) > 2 or (len(spec) == 2 and "data" not in spec)
+                else {}
+            )
             if "queue" not in spec:
                 raise InvalidInput(f"jobs[{i}].queue", "missing")
             new_jobs.append(self._new_job(spec["queue"], spec.get("data"), options, f"jobs[{i}]."))

@@ -63,13 +63,21 @@ _PG_BOSS_SPELLINGS = {
 
 
 def check_queue_name(name: object, field: str = "queue") -> str:
+    if isinstance(name, str) and name in _GOOD_NAMES:
+        return name
     if not isinstance(name, str) or not QUEUE_NAME.match(name):
         raise InvalidInput(
             field,
             f"{name!r} is not a valid queue name: 1-128 letters, digits, "
             "'_', '.', '-' or '/', starting with a letter or digit",
         )
+    if len(_GOOD_NAMES) < 10_000:
+        _GOOD_NAMES.add(name)
     return name
+
+
+# Names already checked: an insert of 10,000 jobs names one queue 10,000 times.
+_GOOD_NAMES: set[str] = set()
 
 
 # A JSON escape of NUL (not an escaped backslash followed by "u0000"):
