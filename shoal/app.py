@@ -41,7 +41,7 @@ from shoal.batch.kinds import (
     ItemHandler,
     TaskHook,
 )
-from shoal.batch.service import Batches
+from shoal.batch.service import Batches, KindWorker
 from shoal.queue.client import Shoal
 from shoal.queue.cron import check_cron, check_timezone
 from shoal.queue.job import Handler, Job
@@ -185,6 +185,7 @@ class App:
             for s in self.handlers.values()
         ]
         batches = self.batches(boss)
+        kind_workers: list[KindWorker] = []
         if self.kinds:
             await boss.schedule(
                 AGGREGATOR_SCHEDULE,
@@ -194,33 +195,20 @@ class App:
             )
             workers.append(boss.work(AGGREGATOR_QUEUE, _aggregate(batches), concurrency=1))
             for kind in self.kinds.values():
-                runner = batches.runners[kind.name]
-                workers.append(
-                    boss.work(
-                        kind.queue,
-                        runner,
-                        concurrency=kind.concurrency,
-                        prepare=runner.prepare,
-                        finalize=runner.finalize,
-                        store_output=False,
-                    )
-                )
-                loops.append(asyncio.create_task(runner.heartbeat_loop(), name="shoal-heartbeat"))
+                kind_workers.append(batches.work(kind.name))
                 if kind.hook_queue is not None:
                     workers.append(boss.work(kind.hook_queue, _on_complete(batches, kind)))
         if scheduler:
             loops.append(asyncio.create_task(boss.scheduler().run(), name="shoal-scheduler"))
         if maintenance:
             loops.append(asyncio.create_task(boss.maintenance().run(), name="shoal-maintenance"))
-        log.info("running %d worker(s): %s", len(workers), ", ".join(w.queue for w in workers))
+        queues = [w.queue for w in workers] + [k.worker.queue for k in kind_workers]
+        log.info("running %d worker(s): %s", len(queues), ", ".join(queues))
         try:
             await stop.wait()
         finally:
             log.info("stopping: finishing running jobs (grace %s)", grace)
-            await boss.stop_workers(grace)
-            if self.kinds:
-                for runner in batches.runners.values():
-                    await runner.release_unstarted()
+            await asyncio.gather(boss.stop_workers(grace), *(k.stop(grace) for k in kind_workers))
             for loop in loops:
                 loop.cancel()
             for loop in loops:

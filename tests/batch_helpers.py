@@ -29,25 +29,12 @@ def make_batches(boss: Shoal, handler: Handler = noop, **options: Any) -> Batche
 
 @asynccontextmanager
 async def running(batches: Batches, kind: str = "test.kind") -> AsyncIterator[Worker]:
-    """A worker for ``kind``'s items, with its heartbeat loop, stopped on exit."""
-    spec = batches.kinds[kind]
-    runner = batches.runners[kind]
-    worker = batches.boss.work(
-        spec.queue,
-        runner,
-        concurrency=spec.concurrency,
-        prepare=runner.prepare,
-        finalize=runner.finalize,
-        store_output=False,
-        poll_interval=timedelta(milliseconds=50),
-    )
-    beats = asyncio.create_task(runner.heartbeat_loop())
+    """A worker for ``kind``'s items (as ``App.run`` starts it), stopped on exit."""
+    started = batches.work(kind, poll_interval=timedelta(milliseconds=50))
     try:
-        yield worker
+        yield started.worker
     finally:
-        await worker.stop(grace=timedelta(seconds=5))
-        beats.cancel()
-        await runner.release_unstarted()
+        await started.stop(grace=timedelta(seconds=5))
 
 
 async def settle(batches: Batches, task_id: str, timeout_s: float = 20.0) -> None:

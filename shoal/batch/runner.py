@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,7 +42,7 @@ from shoal.clock import Clock
 from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
-from shoal.queue.job import Completed, Job, Outcome
+from shoal.queue.job import Completed, Job, Outcome, error_entry, event_entry
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
 
@@ -52,16 +51,6 @@ log = logging.getLogger("shoal.batch")
 PHANTOM_SKIPS = "phantom_skips"
 # Attempts to record an outcome before giving up on it (the sweep recovers).
 FINAL_WRITE_TRIES = 5
-
-
-def error_entry(attempt: int, error: BaseException, at: str) -> dict[str, Any]:
-    return {
-        "attempt": attempt,
-        "at": at,
-        "type": type(error).__name__,
-        "message": str(error) or type(error).__name__,
-        "traceback": "".join(traceback.format_exception(error))[-8000:],
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +115,12 @@ class ItemRunner:
                 guarded.attempt,
                 status=ItemStatus.PENDING,
                 message="handed back at shutdown before it ran",
-                entry={
-                    "attempt": guarded.run,
-                    "at": self.clock.now().isoformat(),
-                    "type": "Interrupted",
-                    "message": "handed back at shutdown before it ran",
-                    "traceback": None,
-                },
+                entry=event_entry(
+                    guarded.run,
+                    "Interrupted",
+                    "handed back at shutdown before it ran",
+                    self.clock.now().isoformat(),
+                ),
                 now=self.clock.sql_now(),
             )
         self._prepared.clear()

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import uuid
@@ -24,6 +26,7 @@ from shoal.db.pool import AsyncConn
 from shoal.errors import Conflict, InvalidInput, NotFound, TransientError
 from shoal.queue.client import Shoal
 from shoal.queue.options import encode_payload
+from shoal.queue.worker import DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_GRACE, Worker
 
 DEFAULT_MAX_ITEMS = 100_000
 MAX_REF_LENGTH = 512
@@ -173,6 +176,25 @@ def request_hash(
     return digest.hexdigest()
 
 
+class KindWorker:
+    """The running worker of one batch kind: its queue worker and heartbeat loop."""
+
+    def __init__(self, worker: Worker, runner: ItemRunner) -> None:
+        self.worker = worker
+        self.runner = runner
+        self._heartbeats = asyncio.create_task(
+            runner.heartbeat_loop(), name=f"shoal-heartbeat:{runner.kind.name}"
+        )
+
+    async def stop(self, grace: timedelta = DEFAULT_SHUTDOWN_GRACE) -> None:
+        """Stop claiming, let running items finish within ``grace``, hand back the rest."""
+        await self.worker.stop(grace)
+        self._heartbeats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._heartbeats
+        await self.runner.release_unstarted()
+
+
 class Batches:
     """The batch layer's front door, over one :class:`Shoal` client."""
 
@@ -193,6 +215,22 @@ class Batches:
             name: ItemRunner(self.store, kind, clock=boss.clock, wake=self.aggregator.wake)
             for name, kind in kinds.items()
         }
+
+    def work(self, kind: str, *, poll_interval: timedelta = DEFAULT_POLL_INTERVAL) -> KindWorker:
+        """Start running ``kind``'s items in this process (``App.run`` does this for each kind)."""
+        spec = self.kind(kind)
+        runner = self.runners[spec.name]
+        worker = self.boss.work(
+            spec.queue,
+            runner,
+            concurrency=spec.concurrency,
+            poll_interval=poll_interval,
+            prepare=runner.prepare,
+            finalize=runner.finalize,
+            # The item row holds the result; the job needs no copy.
+            store_output=False,
+        )
+        return KindWorker(worker, runner)
 
     def kind(self, name: object) -> BatchKind:
         if not isinstance(name, str) or name not in self.kinds:
@@ -423,6 +461,7 @@ __all__ = [
     "IdempotencyMismatch",
     "ItemId",
     "ItemsPage",
+    "KindWorker",
     "Progress",
     "StillCreating",
     "TaskView",

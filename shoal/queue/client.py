@@ -18,7 +18,7 @@ from shoal.db.migrate import migrate
 from shoal.db.pool import AsyncConn, Database
 from shoal.errors import InvalidInput, NotFound
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
-from shoal.queue.job import Handler, Job
+from shoal.queue.job import Handler, Job, error_entry
 from shoal.queue.maintenance import Maintenance, MaintenanceReport
 from shoal.queue.notifier import Notifier
 from shoal.queue.options import (
@@ -45,7 +45,6 @@ from shoal.queue.worker import (
     Finalize,
     Prepare,
     Worker,
-    error_entry,
 )
 
 MAX_INSERT = 100_000

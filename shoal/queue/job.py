@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -80,6 +81,28 @@ class Job:
 
 Handler = Callable[[Job], Awaitable[Any]]
 _UNREAD = object()
+
+
+# -- the failure history kept on a row ---------------------------------------
+
+# A traceback is kept up to this many characters (its end, where the cause is).
+MAX_TRACEBACK_CHARS = 8000
+
+
+def error_entry(attempt: int, error: BaseException, at: str) -> dict[str, Any]:
+    """One failed attempt, as appended to a job's or an item's ``errors``."""
+    return {
+        "attempt": attempt,
+        "at": at,
+        "type": type(error).__name__,
+        "message": str(error) or type(error).__name__,
+        "traceback": "".join(traceback.format_exception(error))[-MAX_TRACEBACK_CHARS:],
+    }
+
+
+def event_entry(attempt: int, kind: str, message: str, at: str) -> dict[str, Any]:
+    """A failure with no exception behind it (a lease expired, a run handed back)."""
+    return {"attempt": attempt, "at": at, "type": kind, "message": message, "traceback": None}
 
 
 # -- outcomes of one run -------------------------------------------------------

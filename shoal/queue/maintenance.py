@@ -14,6 +14,7 @@ from datetime import timedelta
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
+from shoal.queue.job import event_entry
 from shoal.queue.retry import Jitter, after_failure
 from shoal.queue.states import JobState
 from shoal.queue.store import Failure, JobStore
@@ -74,15 +75,14 @@ class Maintenance:
                         lease.attempt,
                         step.state,
                         None if step.start_after is None else step.start_after - now,
-                        {
-                            "attempt": lease.attempt,
-                            "at": now.isoformat(),
-                            "type": "LeaseExpired",
-                            "message": "lease expired: the worker died, or ran past expire_in "
+                        event_entry(
+                            lease.attempt,
+                            "LeaseExpired",
+                            "lease expired: the worker died, or ran past expire_in "
                             "without a heartbeat; lease ended "
                             + lease.lease_expires_at.isoformat(),
-                            "traceback": None,
-                        },
+                            now.isoformat(),
+                        ),
                     )
                 )
             states = await self.store.fail(failures, now=now_sql, expired_only=True, conn=conn)

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from shoal.queue.job import (
     Job,
     Outcome,
     Snoozed,
+    error_entry,
 )
 from shoal.queue.notifier import Notifier
 from shoal.queue.retry import Jitter, after_failure
@@ -93,16 +93,6 @@ class WorkerStats:
     lost: int  # outcomes whose fence failed: the job was no longer ours
 
 
-def error_entry(attempt: int, error: BaseException, at: str) -> dict[str, Any]:
-    return {
-        "attempt": attempt,
-        "at": at,
-        "type": type(error).__name__,
-        "message": str(error) or type(error).__name__,
-        "traceback": "".join(traceback.format_exception(error))[-8000:],
-    }
-
-
 class Worker:
     """A running ``work(queue, handler)`` loop. Use :meth:`Shoal.work` to start one."""
 
@@ -151,6 +141,7 @@ class Worker:
         self._deadline_at: dict[JobId, float] = {}
         self._expired: set[JobId] = set()
         self._recording = 0  # outcomes in the completer's current write
+        self._stopped: asyncio.Future[None] | None = None
         self._stopping = False
         self._stop_requested = asyncio.Event()
         self._completer_should_exit = False
@@ -182,10 +173,14 @@ class Worker:
     async def stop(self, grace: timedelta = DEFAULT_SHUTDOWN_GRACE) -> None:
         """Stop claiming, let running jobs finish within ``grace``, hand back the rest.
 
-        Handed-back jobs cost no attempt. Returns once every outcome is written.
+        Handed-back jobs cost no attempt. Returns once every outcome is
+        written; a second call waits for the first one's work.
         """
-        if self._stopping:
-            return
+        if self._stopped is None:
+            self._stopped = asyncio.ensure_future(self._stop(grace))
+        await asyncio.shield(self._stopped)
+
+    async def _stop(self, grace: timedelta) -> None:
         self._stopping = True
         # The fetcher is never cancelled mid-claim: a claim that committed but
         # whose rows were dropped would strand its jobs until their leases
