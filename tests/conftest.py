@@ -122,6 +122,21 @@ async def boss(db_url: str) -> AsyncIterator[Shoal]:
 
 
 @pytest.fixture
+async def observer(db_url: str) -> AsyncIterator[Shoal]:
+    """A client of the test's own, to set up and inspect while workers run.
+
+    Its connections are named ``shoal-test``, so they never count as a
+    worker's ('shoal') and it does not LISTEN.
+    """
+    db = await Database(db_url, max_size=4, application_name="shoal-test").open()
+    client = Shoal(db, listen=False)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
 

@@ -44,14 +44,9 @@ def proxied_url(db_url: str, proxy: TcpProxy) -> str:
 
 
 @pytest.fixture
-async def direct(db_url: str) -> AsyncIterator[Shoal]:
+def direct(observer: Shoal) -> Shoal:
     """A client that bypasses the proxy, to set up and inspect while the proxy is stalled."""
-    db = await Database(db_url, max_size=4, application_name="shoal-test").open()
-    boss = Shoal(db, listen=False)
-    try:
-        yield boss
-    finally:
-        await boss.close()
+    return observer
 
 
 async def scalar(boss: Shoal, query: str, *params: Any) -> Any:

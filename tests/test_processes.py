@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
@@ -108,14 +108,9 @@ def workers(db_url: str, tmp_path: Path) -> Iterator[WorkerProcesses]:
 
 
 @pytest.fixture
-async def client(db_url: str) -> AsyncIterator[Shoal]:
+def client(observer: Shoal) -> Shoal:
     """The test's own client: not named 'shoal', so it never counts as a worker connection."""
-    db = await Database(db_url, max_size=4, application_name="shoal-test").open()
-    boss = Shoal(db, listen=False)
-    try:
-        yield boss
-    finally:
-        await boss.close()
+    return observer
 
 
 async def rows(boss: Shoal, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
