@@ -210,7 +210,12 @@ async def cmd_demo(args: argparse.Namespace, url: str) -> int:
     from shoal.demo import run_demo
 
     return await run_demo(
-        url, schema=args.schema, items=args.items, console=Console(), port=args.port
+        url,
+        schema=args.schema,
+        items=args.items,
+        console=Console(),
+        port=args.port,
+        stay=args.stay,
     )
 
 
@@ -252,6 +257,9 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the end-to-end demo")
     demo.add_argument("--items", type=int, default=300, help="items in the demo task")
     demo.add_argument("--port", type=int, default=8000, help="port of the dashboard")
+    demo.add_argument(
+        "--stay", action="store_true", help="keep serving the dashboard after the task closes"
+    )
     return root
 
 

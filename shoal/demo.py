@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import signal
 from datetime import timedelta
 from typing import Any
 
@@ -106,8 +107,26 @@ async def _serve_api(boss: Shoal, batches: Batches, port: int, console: Console)
 _servers: list[tuple[Any, asyncio.Task[None]]] = []
 
 
+async def _until_interrupted() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
 async def run_demo(
-    url: str, *, schema: str, items: int, console: Console, port: int = DEMO_API_PORT
+    url: str,
+    *,
+    schema: str,
+    items: int,
+    console: Console,
+    port: int = DEMO_API_PORT,
+    stay: bool = False,
 ) -> int:
     boss = await Shoal.connect(url, schema=schema, max_size=20)
     batches = app.batches(boss)
@@ -164,6 +183,9 @@ async def run_demo(
             console.print(f"an item in error: {errors[0].ref}: [red]{errors[0].error}[/red]")
         if dashboard:
             console.print(f"dashboard: {dashboard}")
+            if stay:
+                console.print("serving the dashboard until Ctrl-C")
+                await _until_interrupted()
         return 0
     finally:
         stop.set()

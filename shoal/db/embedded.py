@@ -28,13 +28,21 @@ import platformdirs
 from psycopg import sql
 
 SERVER_USER = "shoal_postgres"
+ROOT_DATA_DIR = Path("/var/lib/shoal/postgres")
 START_TIMEOUT_S = 60
 # Enough for a handful of worker processes with their pools plus tests.
 DEFAULT_MAX_CONNECTIONS = 300
 
 
 def default_data_dir() -> Path:
-    """Where the default embedded server keeps its data (under the user's data dir)."""
+    """Where the default embedded server keeps its data.
+
+    Under the user's data dir; as root under /var/lib/shoal instead, since the
+    server runs as another user who must be able to reach the directory, and
+    opening up /root for that would be rude.
+    """
+    if os.geteuid() == 0:
+        return ROOT_DATA_DIR
     return Path(platformdirs.user_data_dir("shoal")) / "postgres"
 
 
