@@ -85,10 +85,15 @@ _GOOD_NAMES: set[str] = set()
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+# Built once: json.dumps with any non-default option builds an encoder per call,
+# which was half the cost of validating a 10,000-job insert.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_payload(data: object, *, max_bytes: int, field: str = "data") -> str:
     """``data`` as JSON text, or InvalidInput naming why it cannot be a payload."""
     try:
-        text = json.dumps(data, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _ENCODER.encode(data)
         encoded = text.encode("utf-8")
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) is one
         raise InvalidInput(field, f"payload is not JSON: {exc}") from None
