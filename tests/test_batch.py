@@ -532,3 +532,29 @@ def test_state_diagrams_in_docs_match_the_transitions() -> None:
     drawn = {name: set(re.findall(r"(\w+) --> (\w+)", body)) for name, body in blocks}
     assert drawn["item"] == {(a.value, b.value) for a, bs in ITEM_TRANSITIONS.items() for b in bs}
     assert drawn["task"] == {(a.value, b.value) for a, bs in TASK_TRANSITIONS.items() for b in bs}
+
+
+async def test_completion_is_noticed_within_two_seconds_of_the_last_item(boss: Shoal) -> None:
+    from shoal import App
+
+    app = App()
+
+    @app.batch("test.latency", concurrency=10)
+    async def handler(item: Item) -> None:
+        await asyncio.sleep(0.01)
+
+    stop = asyncio.Event()
+    runner = asyncio.create_task(app.run(boss, stop=stop, maintenance=False))
+    try:
+        batches = app.batches(boss)
+        created = await batches.create("test.latency", [str(i) for i in range(300)])
+        for _ in range(600):
+            if (await batches.get(created.task_id)).status is not TaskStatus.PROCESSING:
+                break
+            await asyncio.sleep(0.05)
+        row = await batches.store.get_task(created.task_id)
+        assert row is not None and row.completed_at and row.last_item_at
+        assert row.completed_at - row.last_item_at < timedelta(seconds=2)
+    finally:
+        stop.set()
+        await runner
