@@ -244,9 +244,12 @@ class Worker:
         errors = 0
         last_at, last_finished = self.clock.monotonic(), 0
         while not self._stopping:
-            # Outcomes not yet recorded still count: their jobs are active, and
-            # claiming past a slow completer would only pile up active jobs.
-            held = len(self._buffer) + len(self._running) + self._unrecorded
+            # Outcomes waiting beyond one full write mean the completer is
+            # falling behind: they count as held, so claiming slows down
+            # instead of piling up active jobs. (Counting every unrecorded
+            # outcome starved fast queues: the write in flight is usually big.)
+            backlog = max(0, self._unrecorded - MAX_RECORD_BATCH)
+            held = len(self._buffer) + len(self._running) + backlog
             room = self.concurrency + self._prefetch() - held
             if room < 1:
                 self._room.clear()
