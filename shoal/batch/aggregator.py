@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shoal.batch.states import ItemStatus, TaskId
+from shoal.batch.states import ItemStatus
 from shoal.batch.store import BatchStore, ClosedTask, Dispatch
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
@@ -171,7 +171,3 @@ class Aggregator:
         resent += await self.sweep_orphans()
         closed = await self.close_tasks()
         return AggregatorReport(timed_out, to_pending, to_error, resent, tuple(closed))
-
-
-def closed_ids(report: AggregatorReport) -> list[TaskId]:
-    return [task.id for task in report.closed]

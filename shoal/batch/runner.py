@@ -27,7 +27,6 @@ item go stale.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -261,9 +260,3 @@ class ItemRunner:
                 log.warning("item heartbeat failed: %s", exc)
             except Exception:  # loop boundary: heartbeats must keep going
                 log.exception("item heartbeat failed")
-
-
-async def stop_task(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task

@@ -126,16 +126,7 @@ class BatchStore:
     async def _rows(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
     ) -> list[tuple[Any, ...]]:
-        query = self.sql[name]
-
-        async def run(c: AsyncConn) -> list[tuple[Any, ...]]:
-            cur = await c.execute(query, params)
-            return await cur.fetchall() if cur.description else []
-
-        if conn is not None:
-            with translated():
-                return await run(conn)
-        return await self.db.run(run, transaction=False)
+        return await self.db.fetch(self.sql[name], params, conn)
 
     async def _count(self, name: str, params: Mapping[str, Any], conn: AsyncConn) -> int:
         with translated():

@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
 import psycopg
 import psycopg_pool
 from psycopg import errors as pg_errors
+from psycopg import sql
 from psycopg.rows import TupleRow
 
 from shoal.errors import Conflict, DeadlineExceeded, TransientError
@@ -181,6 +182,33 @@ class Database:
                     async with conn.transaction():
                         return await work(conn)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def on(
+        self,
+        conn: AsyncConn | None,
+        work: Callable[[AsyncConn], Awaitable[T]],
+        *,
+        transaction: bool = True,
+    ) -> T:
+        """``work`` on the caller's connection (its transaction), else as :meth:`run`."""
+        if conn is None:
+            return await self.run(work, transaction=transaction)
+        with translated():
+            return await work(conn)
+
+    async def fetch(
+        self, query: sql.Composed, params: Mapping[str, Any], conn: AsyncConn | None = None
+    ) -> list[TupleRow]:
+        """One statement's rows (none for a statement without a result).
+
+        One statement is its own transaction: no BEGIN/COMMIT round trips.
+        """
+
+        async def run(c: AsyncConn) -> list[TupleRow]:
+            cur = await c.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+        return await self.on(conn, run, transaction=False)
 
     @contextlib.asynccontextmanager
     async def connection(self, *, deadline: timedelta | None = None) -> AsyncIterator[AsyncConn]:

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from shoal.db.pool import AsyncConn, Database, Pending, translated
+from shoal.db.pool import AsyncConn, Database, Pending
 from shoal.db.queries import load_queries
 from shoal.queue.retry import RetryPolicy
 from shoal.queue.states import JobId, JobState
@@ -237,29 +236,10 @@ class JobStore:
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
 
-    async def _on(
-        self,
-        conn: AsyncConn | None,
-        work: Callable[[AsyncConn], Awaitable[T]],
-        *,
-        transaction: bool = True,
-    ) -> T:
-        if conn is None:
-            return await self.db.run(work, transaction=transaction)
-        with translated():
-            return await work(conn)
-
     async def _rows(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
     ) -> list[tuple[Any, ...]]:
-        query = self.sql[name]
-
-        async def run(c: AsyncConn) -> list[tuple[Any, ...]]:
-            cur = await c.execute(query, params)
-            return await cur.fetchall() if cur.description else []
-
-        # One statement is its own transaction: no BEGIN/COMMIT round trips.
-        return await self._on(conn, run, transaction=False)
+        return await self.db.fetch(self.sql[name], params, conn)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -290,7 +270,7 @@ class JobStore:
                 await c.execute(notify_q, {"channel": self.channel, "queues": wake})
             return ids
 
-        return await self._on(conn, run)
+        return await self.db.on(conn, run)
 
     # -- the worker's edges ----------------------------------------------
 
@@ -397,7 +377,7 @@ class JobStore:
         async def run(c: AsyncConn) -> set[JobId]:
             return await (await self.send_complete(c, done, now=now)).result()
 
-        return await self._on(conn, run, transaction=False)
+        return await self.db.on(conn, run, transaction=False)
 
     async def fail(
         self,
@@ -413,7 +393,7 @@ class JobStore:
             pending = await self.send_fail(c, failures, now=now, expired_only=expired_only)
             return await pending.result()
 
-        return await self._on(conn, run, transaction=False)
+        return await self.db.on(conn, run, transaction=False)
 
     async def release(
         self,
@@ -427,7 +407,7 @@ class JobStore:
         async def run(c: AsyncConn) -> set[JobId]:
             return await (await self.send_release(c, jobs, now=now)).result()
 
-        return await self._on(conn, run, transaction=False)
+        return await self.db.on(conn, run, transaction=False)
 
     async def cancel_active(
         self,
@@ -575,6 +555,3 @@ class JobStore:
     async def advance_schedule(self, conn: AsyncConn, name: str, tick: datetime) -> bool:
         """Claim ``tick`` of schedule ``name`` inside ``conn``'s transaction."""
         return bool(await self._rows("advance_schedule", {"name": name, "tick": tick}, conn))
-
-    def statement(self, name: str) -> sql.Composed:
-        return self.sql[name]
