@@ -1,0 +1,95 @@
+"""The interface both transports implement, and what a consumer needs of them.
+
+Semantics follow NSQ's, as the reference used it (docs/ingest.md has the full
+mapping): ``ack`` is FIN, ``nak(delay)`` is REQ with a delay and counts a
+delivery, ``touch`` is TOUCH (more time for a slow apply). A message that is
+neither acked nor nakked before its ack deadline is delivered again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+from shoal.errors import TransientError
+from shoal.ingest.message import Envelope
+
+DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=5)
+# How long a delivery may stay unacknowledged before it is delivered again.
+DEFAULT_ACK_WAIT = timedelta(minutes=5)
+
+
+class PublishError(TransientError):
+    """The publish was not confirmed within its timeout: nothing may be assumed stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """A topic's backlog: everything not yet acknowledged, and how old the oldest is."""
+
+    ready: int  # deliverable now
+    in_flight: int  # delivered, not yet acked
+    delayed: int  # nakked with a delay, not yet due
+    oldest_age: timedelta | None  # now minus published_at of the oldest unacked message
+
+    @property
+    def total(self) -> int:
+        return self.ready + self.in_flight + self.delayed
+
+
+class Delivery(Protocol):
+    """One delivery of one message; exactly one of ack / nak / term should follow."""
+
+    @property
+    def envelope(self) -> Envelope: ...
+
+    @property
+    def attempt(self) -> int: ...  # 1 on the first delivery
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay: timedelta) -> None: ...
+
+    async def term(self) -> None:
+        """Never deliver again (the consumer has dead-lettered it)."""
+        ...
+
+    async def touch(self) -> None:
+        """Extend the ack deadline by another ack wait."""
+        ...
+
+
+class Subscription(Protocol):
+    async def fetch(self, limit: int, *, wait: timedelta) -> Sequence[Delivery]:
+        """Up to ``limit`` deliveries; waits up to ``wait`` when none is ready."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Connect, create what is missing, and check durability settings (raise if unsafe)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def publish(
+        self,
+        topic: str,
+        envelopes: Sequence[Envelope],
+        *,
+        timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT,  # noqa: ASYNC109 - a deadline the transport owns
+    ) -> None:
+        """Store every envelope durably, or raise :class:`PublishError`: never buffer silently."""
+        ...
+
+    async def subscribe(
+        self, topic: str, group: str, *, max_in_flight: int, ack_wait: timedelta = DEFAULT_ACK_WAIT
+    ) -> Subscription: ...
+
+    async def depth(self, topic: str, group: str) -> Depth: ...
