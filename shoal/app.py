@@ -42,6 +42,9 @@ from shoal.batch.kinds import (
     TaskHook,
 )
 from shoal.batch.service import Batches, KindWorker
+from shoal.ingest.consumer import Apply, WriteBatch
+from shoal.ingest.message import Topic
+from shoal.ingest.runner import ConsumerSpec, IngestSettings, SinkSpec, run_ingest
 from shoal.queue.client import Shoal
 from shoal.queue.cron import check_cron, check_timezone
 from shoal.queue.job import Handler, Job
@@ -80,6 +83,9 @@ class App:
         self.schedules: dict[str, ScheduleSpec] = {}
         self.start_hooks: list[StartHook] = []
         self.kinds: dict[str, BatchKind] = {}
+        self.consumers: list[ConsumerSpec] = []
+        self.sinks: list[SinkSpec] = []
+        self.ingest_settings = IngestSettings()
 
     def handler(
         self, queue: str, *, concurrency: int = DEFAULT_CONCURRENCY, batch_size: int | None = None
@@ -154,6 +160,32 @@ class App:
 
         return register
 
+    def consumer(self, topic: Topic[Any], **options: Any) -> Callable[[Apply[Any]], Apply[Any]]:
+        """Declare ``apply(message)`` as the consumer of ``topic`` (see :class:`Consumer`).
+
+        >>> readings = Topic("card.ingest")
+        >>> @App().consumer(readings, concurrency=30)
+        ... async def apply_reading(message):
+        ...     ...
+        """
+
+        def register(fn: Apply[Any]) -> Apply[Any]:
+            self.consumers.append(ConsumerSpec(topic, fn, dict(options)))
+            return fn
+
+        return register
+
+    def sink(
+        self, topic: Topic[Any], **options: Any
+    ) -> Callable[[WriteBatch[Any]], WriteBatch[Any]]:
+        """Declare ``write(messages)`` as the batch sink of ``topic`` (a :class:`BatchConsumer`)."""
+
+        def register(fn: WriteBatch[Any]) -> WriteBatch[Any]:
+            self.sinks.append(SinkSpec(topic, fn, dict(options)))
+            return fn
+
+        return register
+
     def batches(self, boss: Shoal) -> Batches:
         """The batch API over ``boss`` for this app's kinds."""
         return Batches(boss, self.kinds)
@@ -202,13 +234,31 @@ class App:
             loops.append(asyncio.create_task(boss.scheduler().run(), name="shoal-scheduler"))
         if maintenance:
             loops.append(asyncio.create_task(boss.maintenance().run(), name="shoal-maintenance"))
+        ingest_stop = asyncio.Event()
+        if self.consumers or self.sinks:
+            loops.append(
+                asyncio.create_task(
+                    run_ingest(
+                        boss,
+                        self.consumers,
+                        self.sinks,
+                        self.ingest_settings,
+                        ingest_stop,
+                        grace=grace,
+                    ),
+                    name="shoal-ingest",
+                )
+            )
         queues = [w.queue for w in workers] + [k.worker.queue for k in kind_workers]
         log.info("running %d worker(s): %s", len(queues), ", ".join(queues))
         try:
             await stop.wait()
         finally:
             log.info("stopping: finishing running jobs (grace %s)", grace)
+            ingest_stop.set()
             await asyncio.gather(boss.stop_workers(grace), *(k.stop(grace) for k in kind_workers))
+            if self.consumers or self.sinks:
+                await asyncio.wait([loops[-1]], timeout=grace.total_seconds())
             for loop in loops:
                 loop.cancel()
             for loop in loops:

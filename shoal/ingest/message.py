@@ -69,6 +69,8 @@ def new_envelope(body: Any, *, published_at: datetime, id: str | None = None) ->
         body_json = json.dumps(body, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput("body", f"not JSON-serialisable: {exc}") from exc
+    if "\\u0000" in body_json:
+        raise InvalidInput("body", "strings may not contain NUL characters")
     envelope = Envelope(id=id or str(uuid.uuid4()), published_at=published_at, body_json=body_json)
     if id is not None and (not id or len(id) > 200 or "\x00" in id):
         raise InvalidInput("id", "a message id is 1-200 characters, without NUL")

@@ -214,6 +214,30 @@ class Shoal:
         ]
         return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
 
+    async def insert_json(
+        self,
+        queue: str,
+        payloads: Sequence[str],
+        *,
+        conn: AsyncConn | None = None,
+        **options: Any,
+    ) -> list[JobId | None]:
+        """:meth:`insert_many` for payloads that are already JSON text, checked by the caller.
+
+        For layers that build their own JSON (ingest envelopes): each text
+        must be one JSON value without NUL characters, within the payload cap.
+        """
+        if len(payloads) > MAX_INSERT:
+            raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
+        if "singleton_key" in options:
+            raise InvalidInput("singleton_key", "insert_json takes no singleton keys")
+        template = self._new_job(queue, None, options, "")
+        for i, text in enumerate(payloads):
+            if len(text) > self.max_payload_bytes:
+                raise InvalidInput(f"payloads[{i}]", f"over the {self.max_payload_bytes}-byte cap")
+        jobs = [NewJob(template.settings, text) for text in payloads]
+        return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
+
     # -- working -----------------------------------------------------------
 
     def work(

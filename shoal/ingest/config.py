@@ -1,0 +1,58 @@
+"""Run-time configuration in the database, read through a short cache.
+
+``shoal config set ingest.mode async`` takes effect in every process within
+the cache's lifetime (5 s by default) without a restart. A failed read serves
+the last value this process saw (and the default before any), so a database
+hiccup never flips a switch.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from shoal.clock import SYSTEM_CLOCK, Clock
+from shoal.errors import InvalidInput
+from shoal.ingest.store import IngestStore
+
+log = logging.getLogger("shoal.ingest.config")
+
+DEFAULT_CACHE_TTL = timedelta(seconds=5)
+MODES = ("sync", "async")
+
+
+class RuntimeConfig:
+    def __init__(
+        self, store: IngestStore, *, ttl: timedelta = DEFAULT_CACHE_TTL, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        self.store = store
+        self.ttl = ttl
+        self.clock = clock
+        self._cache: dict[str, tuple[Any, float]] = {}
+
+    async def get(self, key: str, default: Any = None) -> Any:
+        cached = self._cache.get(key)
+        now = self.clock.monotonic()
+        if cached is not None and now - cached[1] < self.ttl.total_seconds():
+            return default if cached[0] is None else cached[0]
+        try:
+            value = await self.store.config_get(key)
+        except Exception as exc:
+            log.warning("config %s: read failed (%s); keeping the last value", key, exc)
+            return default if cached is None or cached[0] is None else cached[0]
+        self._cache[key] = (value, now)
+        return default if value is None else value
+
+    async def set(self, key: str, value: Any) -> None:
+        check_config(key, value)
+        await self.store.config_set(key, value, now=self.clock.sql_now())
+        self._cache.pop(key, None)
+
+
+def check_config(key: str, value: Any) -> None:
+    """Known keys are checked: a typo must not silently switch a pipeline."""
+    if not isinstance(key, str) or not 1 <= len(key) <= 200 or "\x00" in key:
+        raise InvalidInput("key", "a config key is 1-200 characters")
+    if key.endswith("ingest.mode") and value not in MODES:
+        raise InvalidInput(key, f"must be one of {', '.join(MODES)}; got {value!r}")

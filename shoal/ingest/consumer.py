@@ -1,0 +1,476 @@
+"""Consumers: a fixed number of applies in flight, whatever the producers do.
+
+:class:`Consumer` applies one message at a time per slot (the reference's
+``card.ingest``: 30 slots). :class:`BatchConsumer` buffers messages and
+writes them in batches (``card.collection``: flush at 200 or after 1 s, one
+writer). Both take their messages from a :class:`Transport`, so the same
+code runs on the postgres and the nats transports.
+
+What happens to a delivery:
+
+- already marked done (de-duplication): acknowledged, not applied;
+- applied without error: marked done, then acknowledged;
+- a retryable error: delivered again after the delay ladder's wait for this
+  attempt, without limit (ERROR logged from attempt 10), unless an attempt
+  cap is set, past which it is dead-lettered;
+- any other error is a business error: acknowledged, logged as WARN, and kept
+  in the dead-letter table so it can be replayed after a fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Generic, TypeVar
+
+from shoal.clock import SYSTEM_CLOCK, Clock
+from shoal.errors import InvalidInput
+from shoal.ingest.dedupe import DoneStore
+from shoal.ingest.message import Message, Topic
+from shoal.ingest.retry import DELAY_LADDER, LOUD_FROM_ATTEMPT, is_retryable, redelivery_delay
+from shoal.ingest.store import IngestStore
+from shoal.ingest.transport import Delivery, Subscription, Transport
+
+T = TypeVar("T")
+log = logging.getLogger("shoal.ingest")
+
+DEFAULT_CONCURRENCY = 30
+DEFAULT_GROUP = "shoal"
+DEFAULT_BATCH_SIZE = 200
+DEFAULT_MAX_WAIT = timedelta(seconds=1)
+DEFAULT_BATCH_IN_FLIGHT = 500
+# How long an idle consumer waits for a message before asking again.
+FETCH_WAIT = timedelta(seconds=1)
+# A consumer writes the lag of what it applies at most this often.
+WAIT_RECORD_EVERY = timedelta(seconds=5)
+
+Apply = Callable[[Message[T]], Awaitable[None]]
+WriteBatch = Callable[[list[Message[T]]], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    applied: int = 0
+    duplicates: int = 0
+    redelivered: int = 0
+    business_errors: int = 0
+    dead_lettered: int = 0
+    batches: int = 0
+    splits: int = 0
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInput(name, f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+class _Base(Generic[T]):
+    """What both consumers share: the subscription, settling deliveries, lag records."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        topic: Topic[T],
+        *,
+        store: IngestStore,
+        group: str,
+        poll: timedelta,
+        max_in_flight: int,
+        retryable: tuple[type[BaseException], ...],
+        max_attempts: int | None,
+        ladder: Sequence[timedelta],
+        ack_wait: timedelta,
+        clock: Clock,
+    ) -> None:
+        if max_attempts is not None:
+            _positive("max_attempts", max_attempts)
+        self.transport = transport
+        self.topic = topic
+        self.store = store
+        self.group = group
+        self.poll = poll
+        self.max_in_flight = _positive("max_in_flight", max_in_flight)
+        self.retryable = retryable
+        self.max_attempts = max_attempts
+        self.ladder = tuple(ladder)
+        self.ack_wait = ack_wait
+        self.clock = clock
+        self.stats = ConsumerStats()
+        self._last_wait_record = -WAIT_RECORD_EVERY.total_seconds()
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def _subscribe(self) -> Subscription:
+        return await self.transport.subscribe(
+            self.topic.name, self.group, max_in_flight=self.max_in_flight, ack_wait=self.ack_wait
+        )
+
+    def _message(self, delivery: Delivery) -> Message[T]:
+        envelope = delivery.envelope
+        return Message(
+            id=envelope.id,
+            topic=self.topic.name,
+            body=self.topic.decode(envelope.body),
+            published_at=envelope.published_at,
+            attempt=delivery.attempt,
+        )
+
+    def _note_applied(self, delivery: Delivery) -> None:
+        """Keep the topic's wait time (now - published_at) fresh, without a write per message."""
+        self.stats.applied += 1
+        mono = self.clock.monotonic()
+        if mono - self._last_wait_record < WAIT_RECORD_EVERY.total_seconds():
+            return
+        self._last_wait_record = mono
+        wait = self.clock.now() - delivery.envelope.published_at
+        self._spawn(self.store.record_wait(self.topic.name, wait, now=self.clock.sql_now()))
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:
+                log.warning("topic %s: background write failed: %s", self.topic.name, exc)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _retry_or_dead(self, delivery: Delivery, error: BaseException) -> None:
+        """A retryable failure: redeliver on the ladder, or dead-letter past the cap."""
+        attempt = delivery.attempt
+        message_id = delivery.envelope.id
+        if self.max_attempts is not None and attempt >= self.max_attempts:
+            await self._dead(delivery, "attempts", error)
+            await delivery.term()
+            return
+        delay = redelivery_delay(attempt, self.ladder)
+        level = logging.ERROR if attempt >= LOUD_FROM_ATTEMPT else logging.WARNING
+        log.log(
+            level,
+            "topic %s message %s attempt %d failed (%s: %s); redelivering in %s",
+            self.topic.name,
+            message_id,
+            attempt,
+            type(error).__name__,
+            error,
+            delay,
+        )
+        self.stats.redelivered += 1
+        await delivery.nak(delay)
+
+    async def _business(self, delivery: Delivery, error: BaseException) -> None:
+        log.warning(
+            "topic %s message %s dropped, business error (%s: %s); kept in the dead-letter table",
+            self.topic.name,
+            delivery.envelope.id,
+            type(error).__name__,
+            error,
+        )
+        self.stats.business_errors += 1
+        await self._dead(delivery, "business", error)
+        await delivery.ack()
+
+    async def _dead(self, delivery: Delivery, reason: str, error: BaseException) -> None:
+        envelope = delivery.envelope
+        letter = (envelope.id, envelope.encode().decode(), _describe(error), delivery.attempt)
+        await self.store.dead_letter(self.topic.name, reason, [letter], now=self.clock.sql_now())
+        self.stats.dead_lettered += 1
+
+    async def _settle_failure(self, delivery: Delivery, error: BaseException) -> None:
+        try:
+            if is_retryable(error, self.retryable):
+                await self._retry_or_dead(delivery, error)
+            else:
+                await self._business(delivery, error)
+        except Exception as exc:
+            # The transport or the database is down: the delivery will come
+            # back after its ack wait, which is what a nak would have done.
+            log.warning("topic %s: could not settle a failed delivery: %s", self.topic.name, exc)
+
+    async def _drain_background(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+class Consumer(_Base[T]):
+    """Runs ``apply(message)`` for each message of ``topic``, ``concurrency`` at a time.
+
+    >>> consumer = Consumer(transport, readings, apply_reading, store=store)  # doctest: +SKIP
+    >>> await consumer.run(stop)                                              # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        topic: Topic[T],
+        apply: Apply[T],
+        *,
+        store: IngestStore,
+        dedupe: DoneStore | None = None,
+        group: str = DEFAULT_GROUP,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        retryable: tuple[type[BaseException], ...] = (),
+        max_attempts: int | None = None,
+        ladder: Sequence[timedelta] = DELAY_LADDER,
+        ack_wait: timedelta = timedelta(minutes=5),
+        poll: timedelta = FETCH_WAIT,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        super().__init__(
+            transport,
+            topic,
+            store=store,
+            group=group,
+            poll=poll,
+            max_in_flight=_positive("concurrency", concurrency),
+            retryable=retryable,
+            max_attempts=max_attempts,
+            ladder=ladder,
+            ack_wait=ack_wait,
+            clock=clock,
+        )
+        self.apply = apply
+        self.dedupe = dedupe
+        self.concurrency = concurrency
+
+    async def run(self, stop: asyncio.Event, *, grace: timedelta = timedelta(seconds=30)) -> None:
+        """Consume until ``stop`` is set; then let running applies finish within ``grace``."""
+        sub = await self._subscribe()
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(running)
+                if free <= 0:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    deliveries = await sub.fetch(free, wait=self.poll)
+                except Exception as exc:
+                    log.warning("topic %s: fetch failed: %s", self.topic.name, exc)
+                    await _sleep_or_stop(stop, 1.0)
+                    continue
+                if not deliveries:
+                    continue
+                for delivery in await self._unseen(deliveries):
+                    task = asyncio.create_task(self._handle(delivery))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+        finally:
+            if running:
+                _, late = await asyncio.wait(running, timeout=grace.total_seconds())
+                for task in late:  # their deliveries come back after the ack wait
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+            await self._drain_background()
+            await sub.close()
+
+    async def _unseen(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+        """Acknowledge the deliveries already applied; return the rest."""
+        if self.dedupe is None:
+            return list(deliveries)
+        try:
+            seen = await self.dedupe.seen([d.envelope.id for d in deliveries])
+        except Exception as exc:  # the marker store is down: apply; sinks are idempotent
+            log.warning("topic %s: de-duplication check failed: %s", self.topic.name, exc)
+            return list(deliveries)
+        fresh = []
+        for delivery in deliveries:
+            if delivery.envelope.id in seen:
+                self.stats.duplicates += 1
+                await delivery.ack()
+            else:
+                fresh.append(delivery)
+        return fresh
+
+    async def _handle(self, delivery: Delivery) -> None:
+        try:
+            await self.apply(self._message(delivery))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._settle_failure(delivery, exc)
+            return
+        try:
+            if self.dedupe is not None:
+                await self.dedupe.mark(delivery.envelope.id)
+            await delivery.ack()
+        except Exception as exc:
+            log.warning(
+                "topic %s message %s applied but not acknowledged (%s); a redelivery will be %s",
+                self.topic.name,
+                delivery.envelope.id,
+                exc,
+                "skipped by its marker" if self.dedupe is not None else "applied again",
+            )
+            return
+        self._note_applied(delivery)
+
+
+class BatchConsumer(_Base[T]):
+    """Buffers messages and hands them to ``write(messages)`` in batches.
+
+    A batch is flushed at ``batch_size`` messages or ``max_wait`` after its
+    first one arrived, by at most ``writers`` concurrent writes. On success
+    every message is acknowledged; on a retryable failure every message is
+    delivered again; on any other failure the batch is split in halves until
+    the rows that fail alone are found: the others are written, the poison
+    ones go to the dead-letter table (a requeue of the whole batch would
+    block the topic forever on one bad row).
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        topic: Topic[T],
+        write: WriteBatch[T],
+        *,
+        store: IngestStore,
+        group: str = DEFAULT_GROUP,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_wait: timedelta = DEFAULT_MAX_WAIT,
+        writers: int = 1,
+        max_in_flight: int = DEFAULT_BATCH_IN_FLIGHT,
+        retryable: tuple[type[BaseException], ...] = (),
+        max_attempts: int | None = None,
+        ladder: Sequence[timedelta] = DELAY_LADDER,
+        ack_wait: timedelta = timedelta(minutes=5),
+        poll: timedelta = FETCH_WAIT,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        super().__init__(
+            transport,
+            topic,
+            store=store,
+            group=group,
+            poll=poll,
+            max_in_flight=max_in_flight,
+            retryable=retryable,
+            max_attempts=max_attempts,
+            ladder=ladder,
+            ack_wait=ack_wait,
+            clock=clock,
+        )
+        self.write = write
+        self.batch_size = _positive("batch_size", batch_size)
+        self.writers = _positive("writers", writers)
+        if max_in_flight < batch_size:
+            raise InvalidInput("max_in_flight", f"must be >= batch_size ({batch_size})")
+        self.max_wait = max_wait
+
+    async def run(self, stop: asyncio.Event, *, grace: timedelta = timedelta(seconds=30)) -> None:
+        sub = await self._subscribe()
+        buffer: list[Delivery] = []
+        first_at = 0.0
+        writing: set[asyncio.Task[None]] = set()
+        slots = asyncio.Semaphore(self.writers)
+        held = 0  # deliveries buffered or being written
+
+        async def flush(batch: list[Delivery]) -> None:
+            nonlocal held
+            try:
+                async with slots:
+                    await self._write(batch)
+            finally:
+                held -= len(batch)
+
+        def start_flush() -> None:
+            nonlocal buffer
+            batch, buffer = buffer, []
+            task = asyncio.create_task(flush(batch))
+            writing.add(task)
+            task.add_done_callback(writing.discard)
+
+        try:
+            while not stop.is_set():
+                due = first_at + self.max_wait.total_seconds() - self.clock.monotonic()
+                if buffer and (len(buffer) >= self.batch_size or due <= 0):
+                    start_flush()
+                    continue
+                room = self.max_in_flight - held
+                if room <= 0:
+                    await asyncio.wait(writing, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                wait = timedelta(seconds=max(due, 0.0)) if buffer else self.poll
+                want = min(room, self.batch_size - len(buffer))
+                try:
+                    got = await sub.fetch(want, wait=min(wait, self.poll))
+                except Exception as exc:
+                    log.warning("topic %s: fetch failed: %s", self.topic.name, exc)
+                    await _sleep_or_stop(stop, 1.0)
+                    continue
+                if got and not buffer:
+                    first_at = self.clock.monotonic()
+                buffer.extend(got)
+                held += len(got)
+        finally:
+            if buffer:
+                start_flush()
+            if writing:
+                await asyncio.wait(writing, timeout=grace.total_seconds())
+            await self._drain_background()
+            await sub.close()
+
+    async def _write(self, batch: list[Delivery]) -> None:
+        self.stats.batches += 1
+        messages: list[Message[T]] = []
+        good: list[Delivery] = []
+        for delivery in batch:
+            try:
+                messages.append(self._message(delivery))
+                good.append(delivery)
+            except Exception as exc:  # an undecodable body is poison on its own
+                await self._poison(delivery, exc)
+        if good:
+            await self._write_split(good, messages)
+
+    async def _write_split(self, batch: list[Delivery], messages: list[Message[T]]) -> None:
+        try:
+            await self.write(messages)
+        except Exception as exc:
+            if is_retryable(exc, self.retryable):
+                for delivery in batch:
+                    await self._settle_failure(delivery, exc)
+                return
+            if len(batch) == 1:
+                await self._poison(batch[0], exc)
+                return
+            self.stats.splits += 1
+            half = len(batch) // 2
+            await self._write_split(batch[:half], messages[:half])
+            await self._write_split(batch[half:], messages[half:])
+            return
+        for delivery in batch:
+            try:
+                await delivery.ack()
+            except Exception as exc:
+                log.warning("topic %s: written but not acknowledged: %s", self.topic.name, exc)
+                return
+            self._note_applied(delivery)
+
+    async def _poison(self, delivery: Delivery, error: BaseException) -> None:
+        log.warning(
+            "topic %s message %s is poison (%s); dead-lettered, the rest of its batch is written",
+            self.topic.name,
+            delivery.envelope.id,
+            _describe(error),
+        )
+        try:
+            await self._dead(delivery, "poison", error)
+            await delivery.term()
+        except Exception as exc:
+            log.warning("topic %s: could not dead-letter: %s", self.topic.name, exc)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stop.wait()

@@ -1,0 +1,176 @@
+"""Every statement of the ingest layer, behind typed methods."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from shoal.db.pool import AsyncConn, Database
+from shoal.db.queries import load_queries
+from shoal.ingest.transport import Depth
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    id: int
+    topic: str
+    message_id: str
+    envelope_json: str
+    reason: str  # poison | attempts | business
+    error: str
+    attempt: int
+    dead_at: datetime
+    redriven_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicState:
+    topic: str
+    depth: int
+    ready: int
+    in_flight: int
+    delayed: int
+    oldest_age_s: float | None
+    wait_s: float | None
+    paused: bool
+    checked_at: datetime | None
+    last_wait_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    paused: bool
+    wait_s: float | None
+
+
+class IngestStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.sql = load_queries("shoal.ingest", db.schema)
+
+    async def _rows(
+        self, name: str, params: dict[str, Any], conn: AsyncConn | None = None
+    ) -> list[Any]:
+        return await self.db.fetch(self.sql[name], params, conn)
+
+    # -- de-duplication markers ---------------------------------------------
+
+    async def seen(self, ids: Sequence[str], *, now: datetime | None) -> set[str]:
+        rows = await self._rows("done_seen", {"ids": list(ids), "now": now})
+        return {r[0] for r in rows}
+
+    async def mark_done(self, ids: Sequence[str], ttl: timedelta, *, now: datetime | None) -> None:
+        # Sorted: concurrent markers of overlapping ids lock rows in one order.
+        await self._rows("mark_done", {"ids": sorted(set(ids)), "ttl": ttl, "now": now})
+
+    async def prune_done(self, *, limit: int, now: datetime | None) -> int:
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(self.sql["prune_done"], {"limit": limit, "now": now})
+            return cur.rowcount
+
+        return await self.db.run(run, transaction=False)
+
+    # -- dead letters --------------------------------------------------------
+
+    async def dead_letter(
+        self,
+        topic: str,
+        reason: str,
+        letters: Sequence[tuple[str, str, str, int]],
+        *,
+        now: datetime | None,
+    ) -> None:
+        """Store (message id, envelope JSON, error, attempt) rows for ``topic``."""
+        if not letters:
+            return
+        await self._rows(
+            "dead_letter",
+            {
+                "topic": topic,
+                "reason": reason,
+                "ids": [m[0] for m in letters],
+                "envelopes": [Jsonb(json.loads(m[1])) for m in letters],
+                "errors": [m[2] for m in letters],
+                "attempts": [m[3] for m in letters],
+                "now": now,
+            },
+        )
+
+    async def dead_letters(
+        self, topic: str, *, include_redriven: bool = False, limit: int = 1000
+    ) -> list[DeadLetter]:
+        rows = await self._rows(
+            "dead_letters", {"topic": topic, "all": include_redriven, "limit": limit}
+        )
+        return [DeadLetter(*r) for r in rows]
+
+    async def take_dead_letters(
+        self, conn: AsyncConn, topic: str, *, limit: int, now: datetime | None
+    ) -> list[str]:
+        rows = await self._rows(
+            "take_dead_letters", {"topic": topic, "limit": limit, "now": now}, conn
+        )
+        return [r[0] for r in rows]
+
+    # -- backlog -------------------------------------------------------------
+
+    async def queue_depth(self, queue: str, *, now: datetime | None) -> Depth:
+        (row,) = await self._rows("topic_depth", {"queue": queue, "now": now})
+        age = None if row[3] is None else timedelta(seconds=float(row[3]))
+        return Depth(ready=row[0], in_flight=row[1], delayed=row[2], oldest_age=age)
+
+    async def record_wait(self, topic: str, wait: timedelta, *, now: datetime | None) -> None:
+        await self._rows(
+            "record_wait", {"topic": topic, "wait_s": wait.total_seconds(), "now": now}
+        )
+
+    async def record_backlog(
+        self,
+        topic: str,
+        depth: Depth,
+        *,
+        pause_depth: int,
+        recent: timedelta,
+        now: datetime | None,
+    ) -> Backlog:
+        (row,) = await self._rows(
+            "record_backlog",
+            {
+                "topic": topic,
+                "depth": depth.total,
+                "ready": depth.ready,
+                "in_flight": depth.in_flight,
+                "delayed": depth.delayed,
+                "oldest_age_s": None
+                if depth.oldest_age is None
+                else depth.oldest_age.total_seconds(),
+                "recent": recent,
+                "pause_depth": pause_depth,
+                "now": now,
+            },
+        )
+        return Backlog(*row)
+
+    async def topic_states(self) -> list[TopicState]:
+        return [TopicState(*r) for r in await self._rows("topic_states", {})]
+
+    async def paused(self, topic: str) -> bool:
+        rows = await self._rows("topic_paused", {"topic": topic})
+        return bool(rows and rows[0][0])
+
+    # -- configuration -------------------------------------------------------
+
+    async def config_get(self, key: str) -> Any:
+        rows = await self._rows("config_get", {"key": key})
+        return json.loads(rows[0][0]) if rows else None
+
+    async def config_set(self, key: str, value: Any, *, now: datetime | None) -> None:
+        await self._rows("config_set", {"key": key, "value": json.dumps(value), "now": now})
+
+    async def config_all(self) -> list[tuple[str, Any, datetime]]:
+        return [(r[0], json.loads(r[1]), r[2]) for r in await self._rows("config_all", {})]

@@ -1,0 +1,454 @@
+"""Ingest pipelines on the postgres transport: consumers, de-duplication, the delay
+ladder, batch sinks, the out-of-order guard, backpressure and the mode switch.
+
+Everything runs against real PostgreSQL; time-dependent tests use a FakeClock
+bound into SQL. The nats transport runs the same consumers in
+tests/test_ingest_nats_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from shoal import FakeClock, Shoal
+from shoal.errors import TransientError
+from shoal.ingest.consumer import BatchConsumer, Consumer
+from shoal.ingest.dedupe import PostgresDoneStore
+from shoal.ingest.message import Message
+from shoal.ingest.pipeline import Pipeline, check_connection_budget
+from shoal.ingest.postgres import PostgresTransport, topic_queue
+from shoal.ingest.retry import DELAY_LADDER, redelivery_delay
+from tests.conftest import wait_for
+from tests.ingest_helpers import (
+    COLLECTION,
+    READINGS,
+    Reading,
+    apply_reading,
+    create_schema,
+    scalar,
+    write_collection,
+)
+
+FAST = timedelta(milliseconds=50)
+
+
+@pytest.fixture
+async def pipeline(boss: Shoal) -> AsyncIterator[Pipeline]:
+    await create_schema(boss.db)
+    p = Pipeline(boss, PostgresTransport(boss, ack_wait=timedelta(seconds=2)))
+    await p.start()
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def fake_pipeline(fake_boss: Shoal) -> AsyncIterator[Pipeline]:
+    await create_schema(fake_boss.db)
+    p = Pipeline(fake_boss)
+    await p.start()
+    yield p
+    await p.close()
+
+
+async def running(consumer: Consumer[Any] | BatchConsumer[Any]) -> tuple[asyncio.Event, Any]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop, grace=timedelta(seconds=5)))
+    return stop, task
+
+
+async def stopped(handle: tuple[asyncio.Event, Any]) -> None:
+    handle[0].set()
+    await asyncio.wait_for(handle[1], 10)
+
+
+async def unfinished(boss: Shoal, topic: str) -> int:
+    return int(
+        await scalar(
+            boss.db,
+            "SELECT count(*) FROM shoal.job WHERE queue = %s AND state IN "
+            "('created', 'retry', 'active')",
+            (topic_queue(topic),),
+        )
+    )
+
+
+# -- consumers ------------------------------------------------------------------
+
+
+async def test_every_published_message_is_applied_once(pipeline: Pipeline, boss: Shoal) -> None:
+    readings = [Reading(card_id=i % 50, amount=i) for i in range(1000)]
+    ids = await pipeline.publish_many(READINGS, readings)
+    assert len(set(ids)) == 1000
+    consumer = pipeline.consumer(READINGS, apply_reading(boss.db), concurrency=30, poll=FAST)
+    handle = await running(consumer)
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 1000 FROM applied"), 30)
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)), 10)
+    await stopped(handle)
+    assert await scalar(boss.db, "SELECT sum(total) FROM card") == sum(range(1000))
+    assert await scalar(boss.db, "SELECT count(*) FROM apply_call") == 1000
+    assert consumer.stats.applied == 1000
+
+
+async def _zero(count: Any) -> bool:
+    return await count == 0
+
+
+async def test_concurrency_is_fixed_whatever_the_producers_do(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    active = 0
+    peak = 0
+    done = 0
+
+    async def slow_apply(message: Message[Reading]) -> None:
+        nonlocal active, peak, done
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.01)
+        active -= 1
+        done += 1
+
+    consumer = pipeline.consumer(READINGS, slow_apply, concurrency=7, poll=FAST)
+    handle = await running(consumer)
+    # Three producers publishing at once, far faster than 7 slots apply.
+    await asyncio.gather(
+        *(
+            pipeline.publish_many(READINGS, [Reading(card_id=p, amount=i) for i in range(100)])
+            for p in range(3)
+        )
+    )
+    await wait_for(lambda: done == 300, 30)
+    await stopped(handle)
+    assert peak == 7
+
+
+async def test_a_message_id_is_applied_once_and_replays_are_acknowledged(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    consumer = pipeline.consumer(READINGS, apply_reading(boss.db), concurrency=4, poll=FAST)
+    handle = await running(consumer)
+    await pipeline.publish(READINGS, Reading(card_id=1, amount=5), id="obs-1")
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 1 FROM applied"))
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    # The same observation published again (a producer retry, a transport
+    # redelivery): acknowledged by its done-marker, never applied again.
+    for _ in range(3):
+        await pipeline.publish(READINGS, Reading(card_id=1, amount=5), id="obs-1")
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    await stopped(handle)
+    assert await scalar(boss.db, "SELECT count(*) FROM apply_call") == 1
+    assert await scalar(boss.db, "SELECT total FROM card WHERE id = 1") == 5
+    assert consumer.stats.duplicates == 3
+
+
+class MarkerLost(PostgresDoneStore):
+    """The process dies after the apply committed and before the marker was written."""
+
+    async def mark(self, message_id: str) -> None:
+        raise ConnectionError("killed between commit and marker")
+
+
+async def test_a_replay_after_commit_without_marker_changes_nothing(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    crashing = pipeline.consumer(
+        READINGS,
+        apply_reading(boss.db),
+        dedupe=MarkerLost(pipeline.store),
+        concurrency=2,
+        poll=FAST,
+    )
+    handle = await running(crashing)
+    await pipeline.publish(READINGS, Reading(card_id=2, amount=7), id="obs-2")
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 1 FROM apply_call"))
+    await stopped(handle)
+    # Neither marked nor acknowledged: once its lease expires it is delivered again.
+    assert await scalar(boss.db, "SELECT count(*) FROM shoal.ingest_done") == 0
+    await asyncio.sleep(2.1)
+    await boss.maintain()
+    consumer = pipeline.consumer(READINGS, apply_reading(boss.db), concurrency=2, poll=FAST)
+    handle = await running(consumer)
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 2 FROM apply_call"))
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    await stopped(handle)
+    # Applied twice, with the effect of once: the sink is idempotent by message id.
+    assert await scalar(boss.db, "SELECT total FROM card WHERE id = 2") == 7
+    assert await scalar(boss.db, "SELECT count(*) FROM shoal.ingest_done") == 1
+
+
+async def test_retryable_errors_follow_the_delay_ladder_without_limit(
+    fake_pipeline: Pipeline, fake_boss: Shoal, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    attempts: list[int] = []
+
+    async def failing(message: Message[Reading]) -> None:
+        attempts.append(message.attempt)
+        raise TransientError("database timed out")
+
+    consumer = fake_pipeline.consumer(READINGS, failing, concurrency=1, poll=FAST)
+    handle = await running(consumer)
+    await fake_pipeline.publish(READINGS, Reading(card_id=3, amount=1))
+    caplog.set_level(logging.WARNING, logger="shoal.ingest")
+    expected = [5, 15, 30, 60, 120, 300, 300, 300, 300, 300, 300]
+    for n, delay_s in enumerate(expected, start=1):
+        await wait_for(lambda n=n: len(attempts) == n, 10)
+        assert redelivery_delay(n) == timedelta(seconds=delay_s)
+        await wait_for(lambda: _state_is(fake_boss, "retry"), 5)
+        # Not a moment before the ladder's delay...
+        clock.advance(timedelta(seconds=delay_s - 1))
+        await asyncio.sleep(0.2)
+        assert len(attempts) == n
+        # ...and promptly after it.
+        clock.advance(timedelta(seconds=1))
+    await wait_for(lambda: len(attempts) == len(expected) + 1, 10)
+    await stopped(handle)
+    assert attempts == list(range(1, len(expected) + 2))
+    loud = [r for r in caplog.records if "redelivering" in r.getMessage()]
+    assert [r.levelno for r in loud[:9]] == [logging.WARNING] * 9
+    assert all(r.levelno == logging.ERROR for r in loud[9:]) and len(loud) >= 11
+
+
+async def _state_is(boss: Shoal, state: str) -> bool:
+    found = await scalar(
+        boss.db,
+        "SELECT state::text FROM shoal.job WHERE queue = %s",
+        (topic_queue(READINGS.name),),
+    )
+    return bool(found == state)
+
+
+async def test_business_errors_are_acknowledged_with_a_warning_and_kept(
+    pipeline: Pipeline, boss: Shoal, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def reject(message: Message[Reading]) -> None:
+        raise LookupError(f"card {message.body.card_id} not found")
+
+    caplog.set_level(logging.WARNING, logger="shoal.ingest")
+    consumer = pipeline.consumer(READINGS, reject, concurrency=2, poll=FAST)
+    handle = await running(consumer)
+    await pipeline.publish(READINGS, Reading(card_id=99, amount=1), id="obs-99")
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    await stopped(handle)
+    assert consumer.stats.business_errors == 1 and consumer.stats.redelivered == 0
+    warned = [r for r in caplog.records if "business error" in r.getMessage()]
+    assert warned and warned[0].levelno == logging.WARNING
+    (letter,) = await pipeline.store.dead_letters(READINGS.name)
+    assert (letter.message_id, letter.reason, letter.attempt) == ("obs-99", "business", 1)
+    assert "card 99 not found" in letter.error
+    # After a fix, a redrive applies it.
+    assert await pipeline.redrive(READINGS.name) == 1
+    consumer = pipeline.consumer(READINGS, apply_reading(boss.db), concurrency=2, poll=FAST)
+    handle = await running(consumer)
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 1 FROM applied"))
+    await stopped(handle)
+    assert await pipeline.redrive(READINGS.name) == 0
+
+
+async def test_an_attempt_cap_sends_a_message_to_the_dead_letter_table(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    async def failing(message: Message[Reading]) -> None:
+        raise TimeoutError("gateway")
+
+    consumer = pipeline.consumer(
+        READINGS, failing, concurrency=1, max_attempts=3, ladder=[timedelta(0)], poll=FAST
+    )
+    handle = await running(consumer)
+    await pipeline.publish(READINGS, Reading(card_id=4, amount=1), id="obs-4")
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    await stopped(handle)
+    (letter,) = await pipeline.store.dead_letters(READINGS.name)
+    assert (letter.reason, letter.attempt) == ("attempts", 3)
+    assert consumer.stats.redelivered == 2
+
+
+# -- batch sinks --------------------------------------------------------------------
+
+
+def records(n: int, *, bad: set[int] = frozenset()) -> list[dict[str, Any]]:  # type: ignore[assignment]
+    base = datetime(2026, 11, 30, tzinfo=UTC)
+    return [
+        {
+            "observation_id": f"o{i}",
+            "observed_at": (base + timedelta(seconds=i)).isoformat(),
+            "value": -1 if i in bad else i,
+        }
+        for i in range(n)
+    ]
+
+
+async def test_a_batch_sink_flushes_at_batch_size(pipeline: Pipeline, boss: Shoal) -> None:
+    sizes: list[int] = []
+
+    async def write(messages: list[Message[Any]]) -> None:
+        sizes.append(len(messages))
+        await write_collection(boss.db, messages)
+
+    await pipeline.publish_many(COLLECTION, records(450))
+    sink = pipeline.batch_consumer(COLLECTION, write, batch_size=200, poll=FAST)
+    handle = await running(sink)
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 450 FROM collection"), 15)
+    await wait_for(lambda: _zero(unfinished(boss, COLLECTION.name)))
+    await stopped(handle)
+    assert sizes[:2] == [200, 200] and sum(sizes) == 450
+
+
+async def test_a_batch_sink_flushes_a_partial_batch_after_max_wait(
+    fake_pipeline: Pipeline, fake_boss: Shoal, clock: FakeClock
+) -> None:
+    sizes: list[int] = []
+
+    async def write(messages: list[Message[Any]]) -> None:
+        sizes.append(len(messages))
+        await write_collection(fake_boss.db, messages)
+
+    sink = fake_pipeline.batch_consumer(COLLECTION, write, batch_size=200, poll=FAST)
+    handle = await running(sink)
+    await fake_pipeline.publish_many(COLLECTION, records(10))
+    await asyncio.sleep(0.5)
+    assert sizes == []  # 10 of 200, and the second has not passed
+    clock.advance(timedelta(milliseconds=999))
+    await asyncio.sleep(0.3)
+    assert sizes == []
+    clock.advance(timedelta(milliseconds=1))
+    await wait_for(lambda: sizes == [10], 5)
+    await stopped(handle)
+
+
+async def test_a_retryable_failure_requeues_the_whole_batch(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    calls: list[int] = []
+
+    async def write(messages: list[Message[Any]]) -> None:
+        calls.append(len(messages))
+        if len(calls) == 1:
+            raise TransientError("connection reset")
+        assert all(m.attempt == 2 for m in messages)
+        await write_collection(boss.db, messages)
+
+    await pipeline.publish_many(COLLECTION, records(50))
+    sink = pipeline.batch_consumer(
+        COLLECTION, write, batch_size=50, ladder=[timedelta(0)], poll=FAST
+    )
+    handle = await running(sink)
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 50 FROM collection"), 15)
+    await stopped(handle)
+    assert calls == [50, 50]
+
+
+async def test_a_data_error_writes_the_good_rows_and_dead_letters_the_poison(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    await pipeline.publish_many(COLLECTION, records(200, bad={17, 120, 121}))
+    sink = pipeline.batch_consumer(
+        COLLECTION, lambda ms: write_collection(boss.db, ms), batch_size=200, poll=FAST
+    )
+    handle = await running(sink)
+    await wait_for(lambda: _zero(unfinished(boss, COLLECTION.name)), 15)
+    await stopped(handle)
+    assert await scalar(boss.db, "SELECT count(*) FROM collection") == 197
+    letters = await pipeline.store.dead_letters(COLLECTION.name)
+    bodies = [json.loads(letter.envelope_json)["body"] for letter in letters]
+    assert sorted(b["observation_id"] for b in bodies) == ["o120", "o121", "o17"]
+    assert {letter.reason for letter in letters} == {"poison"}
+    assert all("CheckViolation" in letter.error for letter in letters)
+
+
+# -- ordering, backpressure, modes ------------------------------------------------------
+
+
+async def test_out_of_order_arrivals_leave_the_newest_state(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    base = datetime(2026, 11, 30, 8, tzinfo=UTC)
+    observations = [
+        Reading(
+            card_id=5,
+            amount=0,
+            status=f"s{i}",
+            observed_at=(base + timedelta(minutes=i)).isoformat(),
+        )
+        for i in range(40)
+    ]
+    random.Random(7).shuffle(observations)
+    await pipeline.publish_many(READINGS, observations)
+    consumer = pipeline.consumer(READINGS, apply_reading(boss.db), concurrency=10, poll=FAST)
+    handle = await running(consumer)
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)), 15)
+    await stopped(handle)
+    assert await scalar(boss.db, "SELECT status FROM card WHERE id = 5") == "s39"
+    # The sync path refuses the same older observation.
+    old = Reading(
+        card_id=5, amount=0, status="s3", observed_at=(base + timedelta(minutes=3)).isoformat()
+    )
+    await pipeline.apply_now(READINGS, pipeline.envelope(READINGS, old), apply_reading(boss.db))
+    assert await scalar(boss.db, "SELECT status FROM card WHERE id = 5") == "s39"
+
+
+async def test_producers_pause_past_pause_depth_and_resume_below_half(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    monitor = pipeline.monitor([(READINGS.name, "shoal")], pause_depth=100, alert_depth=80)
+    await pipeline.publish_many(READINGS, [Reading(card_id=1, amount=1) for _ in range(101)])
+    (reading,) = await monitor.check()
+    assert reading.paused and reading.alerted and reading.depth.total == 101
+    pipeline._admit.clear()
+    assert not await pipeline.admit(READINGS)
+
+    async def drain(n: int) -> None:
+        jobs = await boss.fetch(topic_queue(READINGS.name), n)
+        for job in jobs:
+            await boss.complete(job)
+
+    await drain(51)  # 50 left: not below half, still paused
+    assert (await monitor.check())[0].paused
+    await drain(1)  # 49: below half
+    (reading,) = await monitor.check()
+    assert not reading.paused and reading.depth.total == 49
+    pipeline._admit.clear()
+    assert await pipeline.admit(READINGS)
+
+
+async def test_the_mode_switch_picks_sync_or_async_within_its_cache(
+    fake_pipeline: Pipeline, fake_boss: Shoal, clock: FakeClock
+) -> None:
+    apply = apply_reading(fake_boss.db)
+    assert await fake_pipeline.mode() == "sync"  # the default
+    await fake_pipeline.submit(READINGS, Reading(card_id=6, amount=2), apply)
+    assert await scalar(fake_boss.db, "SELECT total FROM card WHERE id = 6") == 2
+    assert await unfinished(fake_boss, READINGS.name) == 0
+
+    other = Pipeline(fake_boss)  # another process flips the switch
+    await other.config.set("ingest.mode", "async")
+    await fake_pipeline.submit(READINGS, Reading(card_id=6, amount=3), apply)
+    assert await unfinished(fake_boss, READINGS.name) == 0  # still sync: cached for 5 s
+    clock.advance(timedelta(seconds=5))
+    await fake_pipeline.submit(READINGS, Reading(card_id=6, amount=3), apply)
+    assert await unfinished(fake_boss, READINGS.name) == 1  # published
+    assert await scalar(fake_boss.db, "SELECT total FROM card WHERE id = 6") == 5
+
+
+async def test_an_unknown_mode_is_refused_with_its_name(pipeline: Pipeline) -> None:
+    with pytest.raises(Exception, match=r"ingest\.mode: must be one of sync, async"):
+        await pipeline.config.set("ingest.mode", "asynch")
+
+
+def test_the_connection_budget_is_checked(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="shoal.ingest")
+    assert check_connection_budget(pool_size=40, consumers=30, writers=1, reserve=20) is False
+    assert any(r.levelno == logging.ERROR and "31" in r.getMessage() for r in caplog.records)
+    assert check_connection_budget(pool_size=60, consumers=30, writers=1) is True
+
+
+def test_the_ladder_is_the_references() -> None:
+    assert [d.total_seconds() for d in DELAY_LADDER] == [5, 15, 30, 60, 120, 300]
+    assert redelivery_delay(50) == timedelta(minutes=5)
