@@ -177,3 +177,16 @@ async def wait_for(predicate: object, timeout_s: float = 10.0, interval_s: float
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s}s")
         await asyncio.sleep(interval_s)
+
+
+from tests.nats_server import NatsServer  # noqa: E402 - appended with the NATS fixture below
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server 2.15 of this test's own (JetStream, ``sync_interval: always``), to kill."""
+    server = NatsServer(tmp_path / "nats").start()
+    try:
+        yield server
+    finally:
+        server.stop()

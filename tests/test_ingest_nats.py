@@ -1,0 +1,372 @@
+"""The NATS JetStream transport against a real nats-server 2.15 (one per test).
+
+Redelivery delays are JetStream's own timers, so the tests that check them
+wait real time, kept to a second or two. Each asserts a lower bound (not
+before the delay) and waits for the event itself, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import StorageType
+
+from shoal.db.embedded import free_port
+from shoal.errors import Conflict, TransientError
+from shoal.ingest.message import Envelope, new_envelope
+from shoal.ingest.nats import NatsTransport, UnsafeDurability, stream_name_for
+from shoal.ingest.transport import Delivery, PublishError, Subscription
+from tests.nats_server import NatsServer
+
+TOPIC = "card.ingest"
+GROUP = "writer"
+FAST_RECONNECT = timedelta(milliseconds=100)
+
+
+def transport_for(server: NatsServer, **options: object) -> NatsTransport:
+    options.setdefault("monitor_url", server.monitor_url)
+    options.setdefault("reconnect_wait", FAST_RECONNECT)
+    return NatsTransport(server.url, **options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def transport(nats_server: NatsServer) -> AsyncIterator[NatsTransport]:
+    t = transport_for(nats_server)
+    await t.start()
+    try:
+        yield t
+    finally:
+        await t.close()
+
+
+def envelopes(n: int, *, prefix: str = "m") -> list[Envelope]:
+    now = datetime.now(UTC)
+    return [
+        new_envelope({"i": i, "who": "ü"}, published_at=now, id=f"{prefix}-{i}") for i in range(n)
+    ]
+
+
+async def fetch_until(
+    sub: Subscription, count: int, *, timeout_s: float = 10.0, batch: int = 500
+) -> list[Delivery]:
+    """Fetch until ``count`` deliveries arrived (or fail after ``timeout_s``)."""
+    got: list[Delivery] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"only {len(got)} of {count} deliveries arrived"
+        got.extend(await sub.fetch(min(batch, count - len(got)), wait=timedelta(seconds=0.5)))
+    return got
+
+
+async def test_publish_then_fetch_preserves_id_time_and_body(transport: NatsTransport) -> None:
+    sent = envelopes(3)
+    await transport.publish(TOPIC, sent)
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
+    got = await fetch_until(sub, 3)
+    assert sorted((d.envelope.id, d.envelope.published_at, d.envelope.body) for d in got) == sorted(
+        (e.id, e.published_at, e.body) for e in sent
+    )
+    assert all(d.attempt == 1 for d in got)
+    for d in got:
+        await d.ack()
+    assert await sub.fetch(10, wait=timedelta(milliseconds=300)) == []
+    await sub.close()
+
+
+async def test_fetch_returns_empty_list_when_nothing_arrives(transport: NatsTransport) -> None:
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
+    assert await sub.fetch(5, wait=timedelta(milliseconds=200)) == []
+    assert await sub.fetch(1, wait=timedelta(0)) == []
+
+
+async def test_attempt_counts_each_redelivery(transport: NatsTransport) -> None:
+    await transport.publish(TOPIC, envelopes(1))
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
+    attempts = []
+    for _ in range(3):
+        (d,) = await fetch_until(sub, 1)
+        attempts.append(d.attempt)
+        await d.nak(timedelta(0))
+    assert attempts == [1, 2, 3]
+
+
+async def test_nak_with_delay_redelivers_not_before_the_delay(transport: NatsTransport) -> None:
+    await transport.publish(TOPIC, envelopes(1))
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
+    (first,) = await fetch_until(sub, 1)
+    nakked_at = time.monotonic()
+    await first.nak(timedelta(seconds=1))
+    (again,) = await fetch_until(sub, 1)
+    assert time.monotonic() - nakked_at >= 0.95
+    assert (again.envelope.id, again.attempt) == (first.envelope.id, 2)
+
+
+async def test_unacked_delivery_comes_back_after_ack_wait(transport: NatsTransport) -> None:
+    await transport.publish(TOPIC, envelopes(1))
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10, ack_wait=timedelta(seconds=1))
+    (first,) = await fetch_until(sub, 1)
+    fetched_at = time.monotonic()
+    (again,) = await fetch_until(sub, 1)
+    assert time.monotonic() - fetched_at >= 0.95
+    assert (again.envelope.id, again.attempt) == (first.envelope.id, 2)
+
+
+async def test_touch_extends_the_ack_wait(transport: NatsTransport) -> None:
+    await transport.publish(TOPIC, envelopes(1))
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10, ack_wait=timedelta(seconds=1))
+    (d,) = await fetch_until(sub, 1)
+    for _ in range(3):  # 1.8 s in all, past the 1 s ack wait
+        await asyncio.sleep(0.6)
+        await d.touch()
+    assert await sub.fetch(1, wait=timedelta(milliseconds=500)) == []
+    await d.ack()
+
+
+async def test_termed_message_is_never_delivered_again(transport: NatsTransport) -> None:
+    await transport.publish(TOPIC, envelopes(1))
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10, ack_wait=timedelta(seconds=1))
+    (d,) = await fetch_until(sub, 1)
+    await d.term()
+    # Longer than the ack wait: an unacked message would be back by now.
+    assert await sub.fetch(1, wait=timedelta(seconds=1.5)) == []
+    depth = await transport.depth(TOPIC, GROUP)
+    assert depth.total == 0
+
+
+async def test_each_group_gets_every_message(transport: NatsTransport) -> None:
+    sent = envelopes(5)
+    await transport.publish(TOPIC, sent)
+    for group in ("writer", "audit"):
+        sub = await transport.subscribe(TOPIC, group, max_in_flight=10)
+        got = await fetch_until(sub, 5)
+        assert sorted(d.envelope.id for d in got) == sorted(e.id for e in sent)
+        for d in got:
+            await d.ack()
+
+
+async def test_depth_reports_ready_and_in_flight(transport: NatsTransport) -> None:
+    assert (await transport.depth(TOPIC, GROUP)).total == 0
+    await transport.publish(TOPIC, envelopes(5))
+    before = await transport.depth(TOPIC, GROUP)  # no consumer yet: the whole stream is ready
+    assert (before.ready, before.in_flight, before.delayed) == (5, 0, 0)
+    assert before.oldest_age is not None
+
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
+    got = await fetch_until(sub, 2, batch=2)
+    depth = await transport.depth(TOPIC, GROUP)
+    assert (depth.ready, depth.in_flight, depth.delayed) == (3, 2, 0)
+    assert depth.oldest_age is not None and depth.oldest_age >= timedelta(0)
+
+    await got[0].ack()
+    await got[1].nak(timedelta(seconds=30))  # JetStream counts it as in flight until due
+    depth = await transport.depth(TOPIC, GROUP)
+    assert (depth.ready, depth.in_flight, depth.total) == (3, 1, 4)
+
+    rest = await fetch_until(sub, 3)
+    for d in rest:
+        await d.ack()
+    depth = await transport.depth(TOPIC, GROUP)
+    assert (depth.ready, depth.in_flight) == (0, 1)
+
+
+async def test_publish_fails_within_its_timeout_while_the_server_is_down_and_is_not_buffered(
+    nats_server: NatsServer, transport: NatsTransport
+) -> None:
+    await transport.publish(TOPIC, envelopes(1, prefix="before"))
+    nats_server.kill()
+
+    # Right after the kill (the client may not have noticed yet) and once it has.
+    for attempt in ("lost-1", "lost-2"):
+        started = time.monotonic()
+        with pytest.raises(PublishError):
+            await transport.publish(
+                TOPIC, envelopes(3, prefix=attempt), timeout=timedelta(seconds=1)
+            )
+        assert time.monotonic() - started < 1.5
+        await asyncio.sleep(0.3)
+
+    await asyncio.to_thread(nats_server.restart)
+    # The same transport reconnects by itself; a publish succeeds again.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            await transport.publish(TOPIC, envelopes(1, prefix="after"))
+            break
+        except PublishError:
+            assert time.monotonic() < deadline, "no reconnect within 10 s"
+            await asyncio.sleep(0.1)
+
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=100)
+    got = await fetch_until(sub, 2)
+    assert await sub.fetch(100, wait=timedelta(milliseconds=500)) == []
+    assert sorted(d.envelope.id for d in got) == ["after-0", "before-0"]
+
+
+async def test_every_acknowledged_publish_survives_sigkill_and_restart(
+    nats_server: NatsServer,
+) -> None:
+    """Process crash only: what nats-server wrote is in the OS page cache and survives
+    SIGKILL even without fsync. Machine crashes need ``sync_interval: always``, which
+    start() checks (see the durability tests); a test cannot pull the power."""
+    producer = transport_for(nats_server)
+    await producer.start()
+    confirmed: list[str] = []
+    past_2300 = asyncio.Event()
+
+    async def publish_batches(prefix: str, batches: int) -> None:
+        for b in range(batches):
+            batch = envelopes(100, prefix=f"{prefix}{b}")
+            await producer.publish(TOPIC, batch, timeout=timedelta(seconds=2))
+            confirmed.extend(e.id for e in batch)
+            if len(confirmed) >= 2_300:
+                past_2300.set()
+
+    await publish_batches("a", 20)  # 2,000 confirmed
+    assert len(confirmed) == 2_000
+    # Kill while more batches are in flight: the batch cut short raises; every
+    # batch that returned must be there after the restart.
+    racing = asyncio.create_task(publish_batches("b", 1_000))
+    await asyncio.wait_for(past_2300.wait(), timeout=10)
+    nats_server.kill()
+    with pytest.raises(PublishError):
+        await racing
+    await producer.close()
+
+    await asyncio.to_thread(nats_server.restart)
+    consumer = transport_for(nats_server)
+    await consumer.start()
+    try:
+        sub = await consumer.subscribe(TOPIC, GROUP, max_in_flight=5_000)
+        received: set[str] = set()
+        deadline = time.monotonic() + 15
+        while not set(confirmed) <= received:
+            assert time.monotonic() < deadline, f"{len(set(confirmed) - received)} lost"
+            for d in await sub.fetch(1_000, wait=timedelta(milliseconds=500)):
+                received.add(d.envelope.id)
+                await d.ack()
+        assert set(confirmed) <= received
+    finally:
+        await consumer.close()
+
+
+async def test_one_call_publishes_a_large_batch(transport: NatsTransport) -> None:
+    await transport.publish(TOPIC, envelopes(3_000))  # more than max_ack_pending at once
+    assert (await transport.depth(TOPIC, GROUP)).ready == 3_000
+
+
+async def test_start_rejects_a_server_without_sync_always(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "unsafe", sync_always=False).start()
+    try:
+        t = transport_for(server)
+        with pytest.raises(UnsafeDurability, match="sync_interval"):
+            await t.start()
+        await t.close()
+    finally:
+        server.stop()
+
+
+async def test_start_with_allow_unsafe_sync_goes_on_and_logs_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = NatsServer(tmp_path / "unsafe", sync_always=False).start()
+    t = transport_for(server, allow_unsafe_sync=True)
+    try:
+        with caplog.at_level(logging.ERROR, logger="shoal.ingest.nats"):
+            await t.start()
+        assert any("sync_interval" in r.getMessage() for r in caplog.records)
+        await t.publish(TOPIC, envelopes(1))
+    finally:
+        await t.close()
+        server.stop()
+
+
+async def test_start_accepts_sync_always(nats_server: NatsServer) -> None:
+    t = transport_for(nats_server)
+    await t.start()
+    await t.start()  # idempotent
+    await t.close()
+
+
+async def test_start_without_monitor_url_warns_that_durability_is_unverified(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = transport_for(nats_server, monitor_url=None)
+    with caplog.at_level(logging.WARNING, logger="shoal.ingest.nats"):
+        await t.start()
+    await t.close()
+    assert any("durability not verified" in r.getMessage() for r in caplog.records)
+
+
+async def test_existing_stream_with_memory_storage_is_refused(nats_server: NatsServer) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        await nc.jetstream().add_stream(
+            name=stream_name_for("SHOAL", TOPIC),
+            subjects=[f"shoal.{TOPIC}"],
+            storage=StorageType.MEMORY,
+        )
+    finally:
+        await nc.close()
+    t = transport_for(nats_server, topics=[TOPIC])
+    with pytest.raises(Conflict, match="memory storage"):
+        await t.start()
+    await t.close()
+
+
+async def test_topics_mapping_to_the_same_stream_name_are_refused(
+    transport: NatsTransport,
+) -> None:
+    await transport.publish("a.b", envelopes(1))
+    with pytest.raises(Conflict, match="same stream name"):
+        await transport.publish("a_b", envelopes(1))
+
+
+async def test_redelivered_duplicate_id_within_window_is_stored_once(
+    transport: NatsTransport,
+) -> None:
+    batch = envelopes(3, prefix=uuid.uuid4().hex)
+    await transport.publish(TOPIC, batch)
+    await transport.publish(TOPIC, batch)  # a retry after a lost PubAck
+    assert (await transport.depth(TOPIC, GROUP)).ready == 3
+
+
+async def test_subscribing_again_with_new_limits_keeps_the_groups_position(
+    transport: NatsTransport,
+) -> None:
+    await transport.publish(TOPIC, envelopes(4))
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
+    for d in await fetch_until(sub, 2, batch=2):
+        await d.ack()
+    await sub.close()
+    # A redeploy with another concurrency: the group goes on where it was.
+    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=1, ack_wait=timedelta(seconds=30))
+    (d,) = await fetch_until(sub, 1, batch=5)
+    assert d.envelope.id == "m-2"
+    # max_in_flight=1: nothing more is handed out until that one is acked.
+    assert await sub.fetch(5, wait=timedelta(milliseconds=300)) == []
+    await d.ack()
+    (last,) = await fetch_until(sub, 1, batch=5)
+    assert last.envelope.id == "m-3"
+
+
+async def test_start_fails_within_connect_timeout_when_no_server_answers() -> None:
+    t = NatsTransport(
+        f"nats://127.0.0.1:{free_port()}",
+        monitor_url=None,
+        connect_timeout=timedelta(seconds=1),
+        reconnect_wait=FAST_RECONNECT,
+    )
+    started = time.monotonic()
+    with pytest.raises(TransientError, match="cannot connect"):
+        await t.start()
+    assert time.monotonic() - started < 2
+    with pytest.raises(PublishError):
+        await t.publish(TOPIC, envelopes(1))
