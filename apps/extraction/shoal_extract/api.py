@@ -1,0 +1,210 @@
+"""The workbench over HTTP: ``/v1/extraction/...`` routes and the page at ``/extraction``.
+
+Mounted onto the FastAPI app that :func:`shoal.api.create_api` returns, so
+one server answers shoal's ``/v1`` task routes, its dashboard at ``/`` and
+the workbench; shoal's error handlers give every refusal the same JSON shape
+(``{"error", "message", "field"}``), and its request limits apply.
+
+==========================================  ===========================================
+route                                        answers
+==========================================  ===========================================
+``POST /v1/extraction/documents?filename=``  the raw file as the body: 201 stored, 200
+                                             already stored (same bytes), 422 refused
+``GET  /v1/extraction/documents``            ``{"documents": [...], "next_cursor"}``
+``GET  /v1/extraction/templates``            ``{"templates": [...]}`` (newest versions)
+``POST /v1/extraction/templates``            201 new version, 200 unchanged, 422
+``POST /v1/extraction/tasks``                ``{document_ids, template, extractor}``: 202
+``GET  /v1/extraction/tasks``                ``{"tasks": [...]}``, newest first
+``GET  /v1/extraction/tasks/{id}/results``   ``{"fields", "results", "next_cursor"}``
+``GET  /v1/extraction/tasks/{id}/export``    ``?format=csv|jsonl``, streamed
+==========================================  ===========================================
+
+Progress, cancel and retry-failed are shoal's own routes (``/v1/tasks/{id}``).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import cache
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
+from fastapi.responses import HTMLResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from shoal import InvalidInput
+from shoal_extract.export import MEDIA_TYPES, export_lines
+from shoal_extract.templates import parse_template
+from shoal_extract.workbench import MAX_TASK_DOCUMENTS, Upload, Workbench
+
+PAGE = "workbench.html"
+PAGE_PATH = "/extraction"
+MAX_PAGE_LIMIT = 1000
+# The same page rules as shoal's dashboard: everything inline or same-origin.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+    ),
+    "Cache-Control": "no-cache",
+}
+
+
+class StartTask(BaseModel):
+    """``POST /v1/extraction/tasks``: extract ``template`` from each document."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    document_ids: list[int] = Field(min_length=1, max_length=MAX_TASK_DOCUMENTS)
+    template: str = Field(min_length=1, max_length=63)
+    extractor: Literal["rules", "llm"] = "rules"
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+
+
+class Refused(HTTPException):
+    """A 401/403 in shoal's error shape (its handler reads ``field``)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status, message, headers)
+        self.field = "authorization"
+
+
+def require_bearer(token: str | None) -> Callable[..., Awaitable[None]]:
+    """The workbench's routes ask for the same bearer token as shoal's ``/v1``."""
+
+    async def check(authorization: Annotated[str | None, Header()] = None) -> None:
+        if token is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise Refused(
+                401,
+                "authorization: this API needs an 'Authorization: Bearer <token>' header",
+                {"WWW-Authenticate": 'Bearer realm="shoal"'},
+            )
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
+            raise Refused(403, "authorization: the bearer token is not valid for this API")
+
+    return check
+
+
+@cache
+def page() -> str:
+    return resources.files("shoal_extract").joinpath("static", PAGE).read_text("utf-8")
+
+
+def mount_workbench(api: FastAPI, workbench: Workbench, *, token: str | None) -> FastAPI:
+    """Add the workbench's routes and page to ``api`` (from ``create_api``); returns it."""
+    router = APIRouter(
+        prefix="/v1/extraction", dependencies=[Depends(require_bearer(token))], tags=["extraction"]
+    )
+
+    @router.post("/documents", status_code=201)
+    async def upload_document(
+        request: Request,
+        response: Response,
+        filename: Annotated[str | None, Query(max_length=1000)] = None,
+    ) -> dict[str, Any]:
+        """Store one file sent as the raw body; the same bytes again answer 200."""
+        content = await request.body()
+        (row,) = await workbench.upload([Upload(filename or "", content)])
+        if not row.created:
+            response.status_code = 200
+        return {"document": row.as_dict(), "created": row.created}
+
+    @router.get("/documents")
+    async def list_documents(
+        cursor: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_LIMIT)] = 100,
+    ) -> dict[str, Any]:
+        rows = await workbench.documents(cursor=cursor, limit=limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {
+            "documents": [r.as_dict() for r in rows],
+            "next_cursor": rows[-1].id if more and rows else None,
+        }
+
+    @router.get("/templates")
+    async def list_templates() -> dict[str, Any]:
+        return {"templates": [t.as_dict() for t in await workbench.store.latest_templates()]}
+
+    @router.post("/templates", status_code=201)
+    async def save_template(request: Request, response: Response) -> dict[str, Any]:
+        try:
+            raw = await request.json()
+        except ValueError:
+            raise InvalidInput("body", "not valid JSON: send a template object") from None
+        stored, created = await workbench.store.save_template(parse_template(raw, field=""))
+        if not created:
+            response.status_code = 200
+        return {"template": stored.as_dict(), "created": created}
+
+    @router.post("/tasks", status_code=202)
+    async def start_task(body: StartTask, response: Response) -> dict[str, Any]:
+        """Start one extraction task: its items and jobs are created in one transaction."""
+        created = await workbench.start(
+            body.document_ids,
+            body.template,
+            extractor=body.extractor,
+            idempotency_key=body.idempotency_key,
+        )
+        if not created.created:
+            response.status_code = 200
+        return {"task_id": created.task_id, "created": created.created}
+
+    @router.get("/tasks")
+    async def list_tasks(
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    ) -> dict[str, Any]:
+        return {"tasks": [t.as_dict() for t in await workbench.tasks(limit=limit)]}
+
+    @router.get("/tasks/{task_id}/results")
+    async def results(
+        task_id: str,
+        cursor: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_LIMIT)] = 100,
+        status: Annotated[
+            Literal["pending", "running", "completed", "error", "cancelled"] | None, Query()
+        ] = None,
+    ) -> dict[str, Any]:
+        page_ = await workbench.results(task_id, cursor=cursor, limit=limit, status=status)
+        usage = await workbench.usage(task_id)
+        return {
+            "fields": list(page_.fields),
+            "results": [line.as_dict() for line in page_.lines],
+            "next_cursor": page_.next_cursor,
+            "usage": usage.as_dict(),
+        }
+
+    @router.get("/tasks/{task_id}/export")
+    async def export(
+        task_id: str, format: Annotated[Literal["csv", "jsonl"], Query()] = "csv"
+    ) -> StreamingResponse:
+        page_ = await workbench.all_results(task_id)
+
+        async def lines() -> AsyncIterator[str]:
+            for line in export_lines(page_, format):
+                yield line
+
+        return StreamingResponse(
+            lines(),
+            media_type=MEDIA_TYPES[format],
+            headers={
+                "Content-Disposition": f'attachment; filename="extraction-{task_id}.{format}"'
+            },
+        )
+
+    api.include_router(router)
+
+    @api.get(PAGE_PATH, response_class=HTMLResponse, include_in_schema=False)
+    async def workbench_page() -> HTMLResponse:
+        return HTMLResponse(page(), headers=PAGE_HEADERS)
+
+    return api
+
+
+__all__ = ["PAGE_PATH", "StartTask", "mount_workbench", "require_bearer"]

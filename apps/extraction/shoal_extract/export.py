@@ -1,0 +1,81 @@
+"""A task's results as CSV (one column per field) or JSON Lines (one object per document).
+
+CSV is for a spreadsheet: ``file, status, <each field>, field_errors, error,
+tokens, cost_usd``; a field not found is an empty cell and says why in
+``field_errors``. JSON Lines keeps types (numbers stay numbers, not-found is
+``null``) and is the format to feed another program.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from shoal_extract.workbench import ResultLine, ResultsPage
+
+ExportFormat = Literal["csv", "jsonl"]
+FORMATS: tuple[ExportFormat, ...] = ("csv", "jsonl")
+MEDIA_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
+
+
+def csv_header(fields: tuple[str, ...]) -> list[str]:
+    return [
+        "document_id",
+        "file",
+        "sha256",
+        "status",
+        "attempts",
+        *fields,
+        "field_errors",
+        "error",
+        "tokens",
+        "cost_usd",
+    ]
+
+
+def _csv_row(line: ResultLine, fields: tuple[str, ...]) -> list[object]:
+    values = ["" if line.fields.get(f) is None else line.fields[f] for f in fields]
+    errors = "; ".join(f"{name}: {why}" for name, why in line.field_errors.items())
+    return [
+        "" if line.document_id is None else line.document_id,
+        line.file,
+        line.sha256,
+        line.status,
+        line.attempts,
+        *values,
+        errors,
+        line.error or "",
+        line.usage.tokens,
+        f"{line.usage.cost_usd:.6f}",
+    ]
+
+
+def _csv_line(row: list[object]) -> str:
+    out = io.StringIO()
+    csv.writer(out).writerow(row)
+    return out.getvalue()
+
+
+def export_lines(page: ResultsPage, fmt: ExportFormat) -> Iterator[str]:
+    """The export, line by line."""
+    if fmt == "csv":
+        yield _csv_line(list(csv_header(page.fields)))
+        for line in page.lines:
+            yield _csv_line(_csv_row(line, page.fields))
+    else:
+        for line in page.lines:
+            yield json.dumps(line.as_dict(), ensure_ascii=False) + "\n"
+
+
+def write_export(page: ResultsPage, fmt: ExportFormat, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as out:
+        out.writelines(export_lines(page, fmt))
+    return path
+
+
+__all__ = ["FORMATS", "MEDIA_TYPES", "ExportFormat", "export_lines", "write_export"]

@@ -1,0 +1,104 @@
+"""The one interface every extractor implements, and what it returns.
+
+An extractor turns a parsed document and a template into one value per
+field, ``None`` where it found nothing. It raises
+:class:`~shoal.PermanentError` when retrying cannot help (the model refused
+the request, its answer stayed invalid after a repair) and any other
+exception when it might (rate limits, timeouts, a server error): the batch
+layer retries those with backoff.
+
+Calls that cost money are reported through ``CallContext.record`` as they
+happen, failed ones included, so the usage of an item is known even when a
+later attempt is the one that succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shoal_extract.parsing import ParsedText
+from shoal_extract.templates import Template
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens and cost of one or more model calls."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            calls=self.calls + other.calls,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            cost_usd=round(self.cost_usd + other.cost_usd, 6),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": self.cost_usd,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One model call, as it is written to the usage table."""
+
+    outcome: str  # answered | invalid | rejected | unavailable | timeout
+    model: str
+    usage: Usage
+    response_id: str | None = None
+
+
+Recorder = Callable[[CallRecord], Awaitable[None]]
+
+
+async def _no_recording(record: CallRecord) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """Who an extraction is for: sent along to the model endpoint, and where usage goes."""
+
+    task_id: str = ""
+    item_id: int = 0
+    attempt: int = 1
+    document_id: int = 0
+    record: Recorder = _no_recording
+
+
+@dataclass(frozen=True, slots=True)
+class Extraction:
+    """The values of one document's fields (``None``: not found) and what it cost."""
+
+    values: dict[str, Any]
+    notes: dict[str, str] = field(default_factory=dict)  # field -> why it has no value
+    usage: Usage = Usage()
+    model: str | None = None
+    response_id: str | None = None
+
+
+class Extractor(Protocol):
+    """Extracts a template's fields from a parsed document."""
+
+    name: str
+
+    async def extract(
+        self, document: ParsedText, template: Template, *, context: CallContext
+    ) -> Extraction: ...
+
+
+__all__ = ["CallContext", "CallRecord", "Extraction", "Extractor", "Recorder", "Usage"]

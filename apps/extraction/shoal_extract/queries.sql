@@ -1,0 +1,98 @@
+-- The extraction workbench's statements. {schema} is its own schema.
+
+-- name: insert_documents
+-- Many files in one statement; a file whose bytes are already stored is not
+-- written again. Rows this statement inserted are invisible to its own reads
+-- of the table, so each row comes from `inserted` or from the table.
+WITH incoming AS (
+    SELECT *
+    FROM unnest(%(sha256)s::text[], %(filename)s::text[], %(format)s::text[], %(content)s::bytea[])
+        WITH ORDINALITY AS t (sha256, filename, format, content, ord)
+), inserted AS (
+    INSERT INTO {schema}.document (sha256, filename, format, size_bytes, content, created_at)
+    SELECT sha256, filename, format, length(content), content, COALESCE(%(now)s, now())
+    FROM incoming
+    ORDER BY ord
+    ON CONFLICT (sha256) DO NOTHING
+    RETURNING id, sha256, filename, format, size_bytes, created_at
+)
+SELECT COALESCE(i.id, d.id), t.sha256, COALESCE(i.filename, d.filename),
+       COALESCE(i.format, d.format), COALESCE(i.size_bytes, d.size_bytes),
+       COALESCE(i.created_at, d.created_at), i.id IS NOT NULL
+FROM incoming t
+LEFT JOIN inserted i ON i.sha256 = t.sha256
+LEFT JOIN {schema}.document d ON d.sha256 = t.sha256
+ORDER BY t.ord
+
+-- name: documents_by_sha
+-- Rows another transaction committed after our import statement began.
+SELECT id, sha256, filename, format, size_bytes, created_at, false
+FROM {schema}.document
+WHERE sha256 = ANY(%(sha256)s::text[])
+
+-- name: list_documents
+-- A page of documents by id, newest last; never the bytes.
+SELECT id, sha256, filename, format, size_bytes, created_at, false
+FROM {schema}.document
+WHERE id > %(after_id)s
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: documents_by_id
+-- The documents among the given ids (those that exist).
+SELECT id, sha256, filename, format, size_bytes, created_at, false
+FROM {schema}.document
+WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: document_content
+-- One document with its bytes, for the worker that parses it.
+SELECT id, sha256, filename, format, size_bytes, created_at, false, content
+FROM {schema}.document
+WHERE id = %(id)s
+
+-- name: lock_template_name
+-- Serialises saves of one template name, so two never pick the same version.
+SELECT pg_advisory_xact_lock(hashtextextended('shoal_extract.template:' || %(name)s, 0))
+
+-- name: latest_template
+-- The newest version of one template.
+SELECT id, name, version, description, fields
+FROM {schema}.template
+WHERE name = %(name)s
+ORDER BY version DESC
+LIMIT 1
+
+-- name: insert_template
+-- A new version of a template.
+INSERT INTO {schema}.template (name, version, description, fields, created_at)
+VALUES (%(name)s, %(version)s, %(description)s, %(fields)s::jsonb, COALESCE(%(now)s, now()))
+RETURNING id, name, version, description, fields
+
+-- name: latest_templates
+-- The newest version of every template, by name.
+SELECT DISTINCT ON (name) id, name, version, description, fields
+FROM {schema}.template
+ORDER BY name, version DESC
+
+-- name: template_by_id
+-- One template version.
+SELECT id, name, version, description, fields
+FROM {schema}.template
+WHERE id = %(id)s
+
+-- name: record_call
+-- One model call and what it cost.
+INSERT INTO {schema}.model_call
+    (task_id, item_id, attempt, document_id, model, outcome, prompt_tokens,
+     completion_tokens, cost_usd, response_id, at)
+VALUES (%(task_id)s, %(item_id)s, %(attempt)s, %(document_id)s, %(model)s, %(outcome)s,
+        %(prompt_tokens)s, %(completion_tokens)s, %(cost_usd)s, %(response_id)s,
+        COALESCE(%(now)s, now()))
+
+-- name: usage_by_item
+-- Calls, tokens and cost of each item of a task, every attempt counted.
+SELECT item_id, count(*), COALESCE(sum(prompt_tokens), 0), COALESCE(sum(completion_tokens), 0),
+       COALESCE(sum(cost_usd), 0)
+FROM {schema}.model_call
+WHERE task_id = %(task_id)s
+GROUP BY item_id

@@ -1,0 +1,67 @@
+"""Serving shoal's API with the workbench mounted, in the caller's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Iterator
+
+import uvicorn
+from fastapi import FastAPI
+
+from shoal.api import create_api
+from shoal.batch.service import Batches
+from shoal.queue.client import Shoal
+from shoal_extract.api import mount_workbench
+from shoal_extract.workbench import Workbench
+
+START_TIMEOUT_S = 10.0
+
+
+def build_api(boss: Shoal, batches: Batches, workbench: Workbench, *, token: str | None) -> FastAPI:
+    """shoal's API (``/v1``, dashboard at ``/``) with the workbench's routes and page."""
+    return mount_workbench(create_api(boss, batches, token=token), workbench, token=token)
+
+
+class _QuietServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the caller owns SIGINT/SIGTERM (it stops workers and the server together)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``port``, or on a free port when that one is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.bind((host, 0))
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def serving(api: FastAPI, *, host: str = "127.0.0.1", port: int = 8000) -> AsyncIterator[str]:
+    """Serve ``api`` while the block runs; yields its base URL (``http://host:port``)."""
+    sock = bind(host, port)
+    server = _QuietServer(
+        uvicorn.Config(api, lifespan="off", log_level="warning", server_header=False)
+    )
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="shoal-extract-api")
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT_S
+        while not server.started:
+            if task.done() or loop.time() > deadline:
+                raise RuntimeError(f"the API did not start on {host}:{sock.getsockname()[1]}")
+            await asyncio.sleep(0.02)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await task
+        sock.close()
+
+
+__all__ = ["bind", "build_api", "serving"]

@@ -1,0 +1,330 @@
+"""The workbench's operations: import documents, start an extraction, read its results.
+
+>>> bench = Workbench(batches, store)                                      # doctest: +SKIP
+>>> docs = await bench.import_folder(Path("corpus"))                       # doctest: +SKIP
+>>> created = await bench.start([d.id for d in docs.documents], "clinical_trial")  # doctest: +SKIP
+
+Everything here goes through shoal's public batch API (``Batches``): a task
+is one shoal task of kind ``extraction.document`` with one item per document,
+created in one transaction. Bad input raises :class:`~shoal.InvalidInput`
+naming the field, before anything is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shoal import InvalidInput
+from shoal.batch.service import Batches, Created, TaskView
+from shoal_extract.evaluate import KeyEntry, Report, ResultRow, score
+from shoal_extract.extractors.base import Usage
+from shoal_extract.parsing import EXTENSIONS
+from shoal_extract.store import DocumentRow, ExtractStore, NewDocument, template_payload
+from shoal_extract.templates import StoredTemplate
+from shoal_extract.worker import DEFAULT_EXTRACTOR, EXTRACTORS, KIND
+
+# A paper is rarely over a few MB; a 50 MB "paper" is a scanned book or a mistake.
+MAX_DOCUMENT_BYTES = 50 * 1024 * 1024
+MAX_FILENAME = 255
+MAX_TASK_DOCUMENTS = 10_000
+MAX_REF = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    filename: str
+    content: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ImportReport:
+    documents: tuple[DocumentRow, ...]
+    skipped: tuple[str, ...] = ()  # files in the folder of a kind the workbench does not read
+
+    @property
+    def new(self) -> int:
+        return sum(d.created for d in self.documents)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultLine:
+    """One document's outcome in a task: the item, its document, its values, its usage."""
+
+    item_id: int
+    document_id: int | None
+    file: str
+    sha256: str
+    status: str
+    attempts: int
+    fields: dict[str, Any]
+    field_errors: dict[str, str]
+    error: str | None
+    usage: Usage
+    extractor: str | None = None
+    response_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "item_id": self.item_id,
+            "document_id": self.document_id,
+            "file": self.file,
+            "sha256": self.sha256,
+            "status": self.status,
+            "attempts": self.attempts,
+            "fields": self.fields,
+            "field_errors": self.field_errors,
+            "error": self.error,
+            "usage": self.usage.as_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ResultsPage:
+    lines: tuple[ResultLine, ...]
+    next_cursor: int | None
+    fields: tuple[str, ...] = field(default=())
+
+
+def check_upload(upload: Upload, *, where: str = "filename") -> NewDocument:
+    """The document an upload becomes; InvalidInput names what is wrong with it."""
+    name = upload.filename
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidInput(where, "a file name is required (it says the format: .pdf, .txt, .md)")
+    name = Path(name.replace("\\", "/")).name.strip()
+    if not name or len(name) > MAX_FILENAME or any(ord(c) < 32 for c in name):
+        raise InvalidInput(
+            where, f"must be 1-{MAX_FILENAME} printable characters, got {upload.filename!r:.80}"
+        )
+    suffix = Path(name).suffix.lower()
+    if suffix not in EXTENSIONS:
+        raise InvalidInput(
+            where,
+            f"{name!r:.80} is not a supported file type; send PDF, plain text or Markdown "
+            f"({', '.join(sorted(EXTENSIONS))})",
+        )
+    if not upload.content:
+        raise InvalidInput("body" if where == "filename" else where, f"{name!r:.80} is empty")
+    if len(upload.content) > MAX_DOCUMENT_BYTES:
+        raise InvalidInput(
+            "body" if where == "filename" else where,
+            f"{name!r:.80} has {len(upload.content)} bytes, over the cap of {MAX_DOCUMENT_BYTES}",
+        )
+    return NewDocument(
+        sha256=hashlib.sha256(upload.content).hexdigest(),
+        filename=name,
+        format=EXTENSIONS[suffix],
+        content=upload.content,
+    )
+
+
+class Workbench:
+    """Documents, templates and extraction tasks over one shoal :class:`Batches`."""
+
+    def __init__(self, batches: Batches, store: ExtractStore) -> None:
+        self.batches = batches
+        self.store = store
+
+    # -- documents ---------------------------------------------------------------------
+
+    async def upload(self, uploads: Sequence[Upload]) -> list[DocumentRow]:
+        """Store uploaded files, all or none: one invalid file and nothing is written."""
+        where = "filename" if len(uploads) == 1 else "files[{}]"
+        docs = [check_upload(u, where=where.format(i)) for i, u in enumerate(uploads)]
+        return await self.store.insert_documents(docs)
+
+    async def import_folder(self, folder: Path) -> ImportReport:
+        """Every PDF, text and Markdown file under ``folder`` (recursively), deduplicated."""
+        uploads, skipped = await asyncio.to_thread(_read_folder, folder)
+        if not uploads:
+            raise InvalidInput("folder", f"{str(folder)!r} holds no PDF, text or Markdown file")
+        docs = [check_upload(u, where=u.filename) for u in uploads]
+        rows = await self.store.insert_documents(docs)
+        return ImportReport(tuple(rows), tuple(skipped))
+
+    async def documents(self, *, cursor: int = 0, limit: int = 100) -> list[DocumentRow]:
+        return await self.store.list_documents(after_id=cursor, limit=limit)
+
+    async def all_documents(self) -> list[DocumentRow]:
+        rows: list[DocumentRow] = []
+        while True:
+            page = await self.store.list_documents(after_id=rows[-1].id if rows else 0, limit=1000)
+            rows.extend(page)
+            if len(page) < 1000:
+                return rows
+
+    # -- tasks -------------------------------------------------------------------------
+
+    async def template(self, name: object) -> StoredTemplate:
+        if not isinstance(name, str) or not name:
+            raise InvalidInput("template", f"must be a template name, got {name!r:.80}")
+        stored = await self.store.template_by_name(name)
+        if stored is None:
+            known = ", ".join(t.template.name for t in await self.store.latest_templates())
+            raise InvalidInput("template", f"unknown template {name!r:.80}; known: {known}")
+        return stored
+
+    async def start(
+        self,
+        document_ids: Sequence[int],
+        template: str,
+        *,
+        extractor: str = DEFAULT_EXTRACTOR,
+        idempotency_key: str | None = None,
+    ) -> Created:
+        """One extraction task over ``document_ids``: task, items and jobs in one transaction."""
+        if extractor not in EXTRACTORS:
+            raise InvalidInput(
+                "extractor", f"must be one of {', '.join(EXTRACTORS)}, got {extractor!r:.40}"
+            )
+        ids = _document_ids(document_ids)
+        stored = await self.template(template)
+        found = await self.store.documents_by_id(ids)
+        for i, doc_id in enumerate(ids):
+            if doc_id not in found:
+                raise InvalidInput(f"document_ids[{i}]", f"no document {doc_id}")
+        items = [
+            {
+                "ref": f"{doc_id}:{found[doc_id].filename}"[:MAX_REF],
+                "data": {"document_id": doc_id},
+            }
+            for doc_id in ids
+        ]
+        params = {**template_payload(stored), "extractor": extractor}
+        return await self.batches.create(
+            KIND, items, params=params, idempotency_key=idempotency_key
+        )
+
+    async def tasks(self, *, limit: int = 50) -> list[TaskView]:
+        """The newest extraction tasks (shoal tasks of this kind), newest first."""
+        views = await self.batches.tasks(limit=500)
+        return [v for v in views if v.kind == KIND][:limit]
+
+    async def task(self, task_id: str) -> TaskView:
+        view = await self.batches.get(task_id)
+        if view.kind != KIND:
+            raise InvalidInput("task_id", f"task {task_id} is not an extraction task")
+        return view
+
+    async def results(
+        self,
+        task_id: str,
+        *,
+        cursor: int | None = None,
+        limit: int = 100,
+        status: str | None = None,
+    ) -> ResultsPage:
+        view = await self.task(task_id)
+        page = await self.batches.items(view.task_id, status=status, cursor=cursor, limit=limit)
+        return ResultsPage(
+            tuple(await self._lines(view, page.items)),
+            page.next_cursor,
+            await self._field_names(view),
+        )
+
+    async def all_results(self, task_id: str) -> ResultsPage:
+        view = await self.task(task_id)
+        rows = await self.batches.export_rows(view.task_id)
+        return ResultsPage(
+            tuple(await self._lines(view, rows)), None, await self._field_names(view)
+        )
+
+    async def usage(self, task_id: str) -> Usage:
+        total = Usage()
+        for usage in (await self.store.usage_by_item(task_id)).values():
+            total = total + usage
+        return total
+
+    async def evaluate(self, task_id: str, key: dict[str, KeyEntry]) -> Report:
+        """Per-field accuracy of a task's results against a key file."""
+        page = await self.all_results(task_id)
+        rows = [ResultRow(r.sha256, r.file, r.status, r.fields) for r in page.lines]
+        return score(rows, key, page.fields)
+
+    async def _field_names(self, view: TaskView) -> tuple[str, ...]:
+        params = view.params if isinstance(view.params, dict) else {}
+        template_id = params.get("template_id")
+        stored = (
+            await self.store.template_by_id(template_id) if isinstance(template_id, int) else None
+        )
+        return stored.template.field_names if stored else ()
+
+    async def _lines(self, view: TaskView, items: Sequence[Any]) -> list[ResultLine]:
+        doc_ids = [
+            i.data["document_id"]
+            for i in items
+            if isinstance(i.data, dict) and isinstance(i.data.get("document_id"), int)
+        ]
+        docs = await self.store.documents_by_id(doc_ids) if doc_ids else {}
+        usage = await self.store.usage_by_item(view.task_id)
+        lines = []
+        for item in items:
+            data = item.data if isinstance(item.data, dict) else {}
+            doc = docs.get(data.get("document_id", -1))
+            result = item.result if isinstance(item.result, dict) else {}
+            lines.append(
+                ResultLine(
+                    item_id=item.id,
+                    document_id=doc.id if doc else None,
+                    file=doc.filename if doc else item.ref,
+                    sha256=doc.sha256 if doc else "",
+                    status=item.status.value,
+                    attempts=item.attempts,
+                    fields=dict(result.get("fields") or {}),
+                    field_errors=dict(result.get("field_errors") or {}),
+                    error=item.error,
+                    usage=usage.get(item.id, Usage()),
+                    extractor=result.get("extractor"),
+                    response_id=result.get("response_id"),
+                )
+            )
+        return lines
+
+
+def _read_folder(folder: Path) -> tuple[list[Upload], list[str]]:
+    """The readable files under ``folder`` and the names of the others."""
+    if not folder.is_dir():
+        raise InvalidInput("folder", f"{str(folder)!r} is not a folder")
+    uploads: list[Upload] = []
+    skipped: list[str] = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if path.suffix.lower() in EXTENSIONS and path.stat().st_size > 0:
+            uploads.append(Upload(path.name, path.read_bytes()))
+        else:
+            skipped.append(str(path.relative_to(folder)))
+    return uploads, skipped
+
+
+def _document_ids(raw: object) -> list[int]:
+    if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
+        raise InvalidInput("document_ids", "must be a list of document ids")
+    if not raw:
+        raise InvalidInput("document_ids", "is empty: pick at least one document")
+    if len(raw) > MAX_TASK_DOCUMENTS:
+        raise InvalidInput(
+            "document_ids", f"has {len(raw)} entries, over the cap of {MAX_TASK_DOCUMENTS}"
+        )
+    seen: set[int] = set()
+    ids = []
+    for i, value in enumerate(raw):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+            raise InvalidInput(f"document_ids[{i}]", f"must be a document id, got {value!r:.40}")
+        if value in seen:
+            raise InvalidInput(f"document_ids[{i}]", f"duplicate document id {value}")
+        seen.add(value)
+        ids.append(value)
+    return ids
+
+
+__all__ = [
+    "ImportReport",
+    "ResultLine",
+    "ResultsPage",
+    "Upload",
+    "Workbench",
+    "check_upload",
+]

@@ -1,0 +1,179 @@
+"""The batch kind that extracts one document, declared on a shoal :class:`~shoal.App`.
+
+>>> extraction = ExtractionApp(WorkerSettings())                # doctest: +SKIP
+>>> await extraction.app.run(boss, stop=stop)                   # doctest: +SKIP
+
+Each item of an extraction task is one document (``data = {"document_id"}``);
+the task's ``params`` name the template version and the extractor. The
+handler loads the document's bytes, parses them, runs the extractor and
+returns the values; shoal's batch layer does the rest (phantom guard,
+retries, fencing, the aggregator). A file that cannot be parsed is a
+permanent error carrying the parser's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from shoal import App, Clock, PermanentError, Shoal, SystemClock
+from shoal.batch.item import Item
+from shoal_extract.extractors.base import CallContext, CallRecord, Extraction, Extractor
+from shoal_extract.extractors.llm import LlmExtractor, LlmSettings
+from shoal_extract.extractors.rules import RulesExtractor
+from shoal_extract.parsing import ParseError, parse_document
+from shoal_extract.schema import DEFAULT_SCHEMA, ensure_schema
+from shoal_extract.store import CallFor, ExtractStore
+from shoal_extract.templates import SHIPPED_TEMPLATES, StoredTemplate
+
+KIND = "extraction.document"
+EXTRACTORS = ("rules", "llm")
+DEFAULT_EXTRACTOR = "rules"
+DEFAULT_CONCURRENCY = 8
+# Enough retries to ride out a rate-limit burst: with backoff from 2 s the
+# last retry comes about a minute after the first failure.
+DEFAULT_RETRY_LIMIT = 5
+DEFAULT_RETRY_DELAY = timedelta(seconds=2)
+DEFAULT_ZOMBIE_TIMEOUT = timedelta(minutes=2)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    concurrency: int = DEFAULT_CONCURRENCY
+    retry_limit: int = DEFAULT_RETRY_LIMIT
+    retry_delay: timedelta = DEFAULT_RETRY_DELAY
+    zombie_timeout: timedelta = DEFAULT_ZOMBIE_TIMEOUT
+    llm: LlmSettings | None = None
+    schema: str = DEFAULT_SCHEMA
+
+
+class ExtractionApp:
+    """The workbench's :class:`~shoal.App`: one batch kind, ``extraction.document``.
+
+    ``app.run(boss, ...)`` (or ``shoal-extract worker``) runs it; the start
+    hook creates the workbench's tables and the shipped templates first.
+    """
+
+    def __init__(self, settings: WorkerSettings, *, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.app = App()
+        # Set by attach() (the worker's start hook, or the caller); read by the handler.
+        self.store: ExtractStore | None = None
+        self._templates: dict[int, StoredTemplate] = {}
+        self._extractors: dict[str, Extractor] = {"rules": RulesExtractor()}
+        self._llm: LlmExtractor | None = None
+        if settings.llm is not None:
+            self._llm = LlmExtractor(settings.llm)
+            self._extractors["llm"] = self._llm
+        self.app.on_start(self._on_start)
+        self.app.batch(
+            KIND,
+            concurrency=settings.concurrency,
+            retry_limit=settings.retry_limit,
+            retry_delay=settings.retry_delay,
+            zombie_timeout=settings.zombie_timeout,
+            permanent=(ParseError,),
+        )(self.extract_item)
+
+    async def attach(self, boss: Shoal) -> ExtractStore:
+        """Create (or upgrade) the workbench's tables, store the shipped templates; the store."""
+        if self.store is None or self.store.db is not boss.db:
+            await ensure_schema(boss.db, self.settings.schema)
+            store = ExtractStore(boss.db, schema=self.settings.schema, clock=self.clock)
+            for template in SHIPPED_TEMPLATES:
+                await store.save_template(template)
+            self.store = store
+        return self.store
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            await self._llm.close()
+
+    async def _on_start(self, boss: Shoal) -> None:
+        await self.attach(boss)
+
+    def extractor(self, name: object) -> Extractor:
+        if name == "llm" and "llm" not in self._extractors:
+            raise PermanentError(
+                "the llm extractor is not configured on this worker: set SHOAL_LLM_BASE_URL "
+                "and SHOAL_LLM_MODEL (docs/extraction.md)"
+            )
+        if not isinstance(name, str) or name not in self._extractors:
+            raise PermanentError(f"unknown extractor {name!r}; known: {', '.join(EXTRACTORS)}")
+        return self._extractors[name]
+
+    async def _template(self, store: ExtractStore, template_id: int) -> StoredTemplate:
+        # Versions never change once stored, so caching them is safe.
+        if template_id not in self._templates:
+            stored = await store.template_by_id(template_id)
+            if stored is None:
+                raise PermanentError(f"template version {template_id} does not exist")
+            self._templates[template_id] = stored
+        return self._templates[template_id]
+
+    async def extract_item(self, item: Item) -> dict[str, Any]:
+        """Parse one document and extract the task's template from it."""
+        store = self.store
+        assert store is not None, "attach() runs before any item (the worker's start hook)"
+        data = item.data if isinstance(item.data, dict) else {}
+        params = item.params if isinstance(item.params, dict) else {}
+        document_id = data.get("document_id")
+        template_id = params.get("template_id")
+        if not isinstance(document_id, int) or not isinstance(template_id, int):
+            raise PermanentError(f"item {item.id}: needs data.document_id and params.template_id")
+        stored = await self._template(store, template_id)
+        extractor = self.extractor(params.get("extractor", DEFAULT_EXTRACTOR))
+        document = await store.document_content(document_id)
+        if document is None:
+            raise PermanentError(f"document {document_id} does not exist")
+        parsed = await asyncio.to_thread(parse_document, document.content, document.row.format)
+        call = CallFor(str(item.task_id), int(item.id), item.attempt, document_id)
+
+        async def record(entry: CallRecord) -> None:
+            await store.record_call(call, entry)
+
+        context = CallContext(
+            task_id=call.task_id,
+            item_id=call.item_id,
+            attempt=call.attempt,
+            document_id=document_id,
+            record=record,
+        )
+        extraction = await extractor.extract(parsed, stored.template, context=context)
+        return result_of(extraction, stored, extractor.name, pages=parsed.pages)
+
+
+def result_of(
+    extraction: Extraction, stored: StoredTemplate, extractor: str, *, pages: int
+) -> dict[str, Any]:
+    """The item's result: values, per-field errors, and what produced them."""
+    field_errors = {}
+    for spec in stored.template.fields:
+        note = extraction.notes.get(spec.name)
+        if extraction.values.get(spec.name) is None:
+            note = note or "not found"
+            field_errors[spec.name] = f"{note} (required)" if spec.required else note
+    return {
+        "template": stored.template.name,
+        "template_version": stored.version,
+        "extractor": extractor,
+        "fields": {name: extraction.values.get(name) for name in stored.template.field_names},
+        "field_errors": field_errors,
+        "pages": pages,
+        "model": extraction.model,
+        "response_id": extraction.response_id,
+        "usage": extraction.usage.as_dict(),
+    }
+
+
+__all__ = [
+    "DEFAULT_EXTRACTOR",
+    "EXTRACTORS",
+    "KIND",
+    "ExtractionApp",
+    "WorkerSettings",
+    "result_of",
+]
