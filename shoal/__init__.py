@@ -15,6 +15,9 @@ from shoal.errors import (
     Snooze,
     TransientError,
 )
+from shoal.ingest.message import Message, Topic
+from shoal.ingest.pipeline import Pipeline
+from shoal.ingest.transport import PublishError
 from shoal.queue.client import Shoal
 from shoal.queue.job import Job
 from shoal.queue.options import JobOptions
@@ -38,12 +41,16 @@ __all__ = [
     "JobOptions",
     "JobRecord",
     "JobState",
+    "Message",
     "NotFound",
     "PermanentError",
+    "Pipeline",
+    "PublishError",
     "Shoal",
     "ShoalError",
     "Snooze",
     "SystemClock",
+    "Topic",
     "TransientError",
     "Worker",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import logging
 import os
 import signal
@@ -34,7 +35,8 @@ from shoal.app import App
 from shoal.db.embedded import EmbeddedPostgres, default_data_dir
 from shoal.db.migrate import migrate
 from shoal.db.pool import Database
-from shoal.errors import ShoalError
+from shoal.errors import InvalidInput, ShoalError
+from shoal.ingest.store import IngestStore, TopicState
 from shoal.queue.client import Shoal
 from shoal.queue.states import JobState
 
@@ -161,6 +163,7 @@ async def cmd_status(args: argparse.Namespace, url: str) -> int:
     try:
         rows = await boss.stats()
         paused = set(await boss.paused_queues())
+        topics = await IngestStore(boss.db).topic_states()
     finally:
         await boss.close()
     states = list(JobState)
@@ -186,7 +189,27 @@ async def cmd_status(args: argparse.Namespace, url: str) -> int:
             "[yellow]paused[/yellow]" if queue in paused else "",
         )
     Console(width=max(120, Console().width)).print(table)
+    if topics:
+        print_topics(topics)
     return 0
+
+
+def print_topics(topics: list[TopicState]) -> None:
+    table = Table(title="ingest topics (as the backlog monitor last saw them)")
+    for column in ("topic", "depth", "ready", "in flight", "delayed", "oldest", "wait", "paused"):
+        table.add_column(column, justify="left" if column == "topic" else "right")
+    for t in topics:
+        table.add_row(
+            t.topic,
+            str(t.depth),
+            str(t.ready),
+            str(t.in_flight),
+            str(t.delayed),
+            "-" if t.oldest_age_s is None else f"{t.oldest_age_s:.1f}s",
+            "-" if t.wait_s is None else f"{t.wait_s:.1f}s",
+            "[yellow]paused[/yellow]" if t.paused else "",
+        )
+    Console(width=max(120, Console().width)).print(table)
 
 
 async def cmd_queue(args: argparse.Namespace, url: str) -> int:
@@ -201,6 +224,64 @@ async def cmd_queue(args: argparse.Namespace, url: str) -> int:
         else:
             moved = await boss.redrive(args.name)
             console.print(f"redrove {len(moved)} job(s) from {args.name!r}")
+    finally:
+        await boss.close()
+    return 0
+
+
+async def cmd_topic(args: argparse.Namespace, url: str) -> int:
+    from shoal.ingest.pipeline import Pipeline
+    from shoal.ingest.runner import transport_from_env
+
+    boss = await _connect(args, url, listen=False)
+    pipeline = Pipeline(boss, transport_from_env(boss))
+    try:
+        if args.action == "redrive":
+            await pipeline.start()
+            moved = await pipeline.redrive(args.topic, limit=args.limit)
+            console.print(f"published {moved} dead letter(s) of {args.topic!r} again")
+        else:
+            letters = await pipeline.store.dead_letters(args.topic, limit=args.limit)
+            table = Table(title=f"dead letters of {args.topic!r} waiting for a redrive")
+            for column in ("id", "message", "reason", "attempt", "dead at", "error"):
+                table.add_column(column)
+            for letter in letters:
+                table.add_row(
+                    str(letter.id),
+                    letter.message_id,
+                    letter.reason,
+                    str(letter.attempt),
+                    letter.dead_at.isoformat(timespec="seconds"),
+                    letter.error[:120],
+                )
+            Console(width=max(120, Console().width)).print(table)
+    finally:
+        await pipeline.close()
+        await boss.close()
+    return 0
+
+
+async def cmd_config(args: argparse.Namespace, url: str) -> int:
+    from shoal.ingest.config import RuntimeConfig
+    from shoal.ingest.store import IngestStore
+
+    boss = await _connect(args, url, listen=False)
+    config = RuntimeConfig(IngestStore(boss.db))
+    try:
+        if args.action == "set":
+            if args.value is None:
+                raise InvalidInput("value", "config set needs a KEY and a VALUE")
+            try:
+                value = json.loads(args.value)
+            except ValueError:
+                value = args.value  # a bare word: the string itself
+            await config.set(args.key, value)
+            console.print(f"{args.key} = {json.dumps(value)} (every process within 5 s)")
+        elif args.action == "get":
+            console.print(json.dumps(await config.get(args.key)))
+        else:
+            for key, value, at in await config.store.config_all():
+                console.print(f"{key} = {json.dumps(value)}  [dim](set {at.isoformat()})[/dim]")
     finally:
         await boss.close()
     return 0
@@ -225,6 +306,8 @@ COMMANDS = {
     "api": cmd_api,
     "status": cmd_status,
     "queue": cmd_queue,
+    "topic": cmd_topic,
+    "config": cmd_config,
     "demo": cmd_demo,
 }
 
@@ -254,6 +337,14 @@ def parser() -> argparse.ArgumentParser:
     queue = sub.add_parser("queue", help="control a queue")
     queue.add_argument("action", choices=["pause", "resume", "redrive"])
     queue.add_argument("name")
+    topic = sub.add_parser("topic", help="an ingest topic's dead letters")
+    topic.add_argument("action", choices=["dead", "redrive"])
+    topic.add_argument("topic")
+    topic.add_argument("--limit", type=int, default=10_000)
+    config = sub.add_parser("config", help="run-time switches, e.g. ingest.mode sync|async")
+    config.add_argument("action", choices=["get", "set", "list"])
+    config.add_argument("key", nargs="?", default="ingest.mode")
+    config.add_argument("value", nargs="?")
     demo = sub.add_parser("demo", help="run the end-to-end demo")
     demo.add_argument("--items", type=int, default=300, help="items in the demo task")
     demo.add_argument("--port", type=int, default=8000, help="port of the dashboard")

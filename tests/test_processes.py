@@ -37,13 +37,22 @@ START_TIMEOUT_S = 30
 class WorkerProcesses:
     """Worker subprocesses of one test; any still running at teardown are SIGKILLed."""
 
-    def __init__(self, url: str, log_dir: Path) -> None:
+    def __init__(
+        self,
+        url: str,
+        log_dir: Path,
+        *,
+        app: str = "tests.procapp:app",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.url = url
         self.log_dir = log_dir
+        self.app = app
+        self.env = env or {}
         self.procs: list[tuple[subprocess.Popen[bytes], Path, IO[bytes]]] = []
 
     def start(self, *, schedule: bool = False) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
+        env = dict(os.environ) | self.env
         env.pop("PROCAPP_SCHEDULE", None)
         if schedule:
             env["PROCAPP_SCHEDULE"] = "1"
@@ -58,7 +67,9 @@ class WorkerProcesses:
                 self.url,
                 "worker",
                 "--app",
-                "tests.procapp:app",
+                self.app,
+                "--pool-size",
+                "50",
                 "--grace",
                 str(GRACE_S),
             ],

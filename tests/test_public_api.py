@@ -4,5 +4,5 @@ import shoal
 def test_all_is_sorted_and_matches_exports() -> None:
     assert list(shoal.__all__) == sorted(shoal.__all__)
     exported = {name for name in dir(shoal) if not name.startswith("_")}
-    modules = {"api", "app", "batch", "cli", "clock", "db", "demo", "errors", "queue"}
+    modules = {"api", "app", "batch", "cli", "clock", "db", "demo", "errors", "ingest", "queue"}
     assert set(shoal.__all__) == exported - modules

@@ -13,7 +13,14 @@ name                                           type     labels
 ``shoal_batch_completion_detection_seconds``   summary  ``kind``, ``quantile``
 ``shoal_queue_jobs``                           gauge    ``queue``, ``state``
 ``shoal_queue_oldest_waiting_seconds``         gauge    ``queue``
+``shoal_ingest_topic_depth``                   gauge    ``topic``, ``part`` (ready, in_flight,
+                                                        delayed, total)
+``shoal_ingest_topic_wait_seconds``            gauge    ``topic`` (now - published_at)
+``shoal_ingest_topic_oldest_seconds``          gauge    ``topic``
+``shoal_ingest_topic_paused``                  gauge    ``topic`` (1 while producers hold off)
 =============================================  =======  ===================================
+
+The ingest series are the backlog monitor's last reading of each topic.
 
 Completion detection is the time from a task's last item finishing to the
 aggregator closing the task. Its quantiles cover the most recent
@@ -33,6 +40,7 @@ from shoal.batch.aggregator import ZOMBIES_REAPED
 from shoal.batch.runner import PHANTOM_SKIPS
 from shoal.batch.service import Batches
 from shoal.batch.states import ItemStatus
+from shoal.ingest.store import IngestStore
 from shoal.queue.client import Shoal
 from shoal.queue.states import JobState
 
@@ -95,6 +103,7 @@ async def render(boss: Shoal, batches: Batches) -> str:
     counters = await store.counters()
     latencies = await store.completion_latencies(limit=LATENCY_WINDOW)
     queue_rows = await boss.stats()
+    topics = await IngestStore(boss.db).topic_states()
     out = Exposition()
 
     counts: dict[tuple[str, str], int] = {}
@@ -158,6 +167,39 @@ async def render(boss: Shoal, batches: Batches) -> str:
         "gauge",
         "Age of the oldest job waiting to run, per queue.",
         (("", {"queue": q}, age) for q, age in sorted(oldest.items())),
+    )
+    out.family(
+        "shoal_ingest_topic_depth",
+        "gauge",
+        "Unacknowledged messages per ingest topic, by part (the backlog monitor's last reading).",
+        (
+            ("", {"topic": t.topic, "part": part}, n)
+            for t in topics
+            for part, n in (
+                ("ready", t.ready),
+                ("in_flight", t.in_flight),
+                ("delayed", t.delayed),
+                ("total", t.depth),
+            )
+        ),
+    )
+    out.family(
+        "shoal_ingest_topic_wait_seconds",
+        "gauge",
+        "Now minus published_at of recently applied messages, per topic.",
+        (("", {"topic": t.topic}, t.wait_s) for t in topics if t.wait_s is not None),
+    )
+    out.family(
+        "shoal_ingest_topic_oldest_seconds",
+        "gauge",
+        "Age of the oldest unacknowledged message, per topic.",
+        (("", {"topic": t.topic}, t.oldest_age_s) for t in topics if t.oldest_age_s is not None),
+    )
+    out.family(
+        "shoal_ingest_topic_paused",
+        "gauge",
+        "1 while the topic's pause flag tells producers to take no new work.",
+        (("", {"topic": t.topic}, 1.0 if t.paused else 0.0) for t in topics),
     )
     return out.text()
 

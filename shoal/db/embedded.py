@@ -272,6 +272,7 @@ class EmbeddedPostgres:
             raise RuntimeError(f"initdb failed for {self.data_dir}: {result.stderr.strip()}")
 
     def _pg_ctl(self, *args: str) -> None:
+        self._ensure_reachable()
         result = subprocess.run(
             [str(_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), *args],
             capture_output=True,
@@ -312,6 +313,21 @@ class EmbeddedPostgres:
         # folder mode like 0705 then denies it (group bits win over other bits).
         return {"user": user, "group": user, "extra_groups": []}
 
+    def _ensure_reachable(self) -> None:
+        """The server user must be able to reach its data directory, its lock
+        file's folder, and the wheel's binaries and libraries. Checked before
+        every pg_ctl call: a folder on the way can lose its bits meanwhile
+        (pytest resets /tmp/pytest-of-<user> to 0700 whenever a session starts).
+        """
+        if self._user() is None:
+            return
+        traverse = stat.S_IXOTH | stat.S_IROTH
+        for path in [*self.data_dir.parents, *_bin_dir().parents]:
+            with contextlib.suppress(OSError):
+                mode = path.stat().st_mode
+                if mode & traverse != traverse:
+                    path.chmod(mode | traverse)
+
     def _prepare_ownership(self) -> None:
         user = self._user()
         if user is None:
@@ -319,14 +335,7 @@ class EmbeddedPostgres:
         entry = pwd.getpwnam(user)
         os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
         os.chmod(self.data_dir, 0o700)
-        # The server user must be able to reach its data directory, its lock
-        # file's folder, and the wheel's binaries and libraries.
-        traverse = stat.S_IXOTH | stat.S_IROTH
-        for path in [*self.data_dir.parents, *_bin_dir().parents]:
-            with contextlib.suppress(OSError):
-                mode = path.stat().st_mode
-                if mode & traverse != traverse:
-                    path.chmod(mode | traverse)
+        self._ensure_reachable()
         for folder in (_bin_dir(), _bin_dir().parent / "lib", _bin_dir().parent / "share"):
             for root, dirs, files in os.walk(folder):
                 for name in dirs + files:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from psycopg import sql
+
 from shoal.errors import InvalidInput
 from shoal.ingest.consumer import Apply, WriteBatch
 from shoal.ingest.message import Topic
@@ -71,6 +73,26 @@ def transport_from_env(boss: Shoal) -> Transport:
     raise InvalidInput("SHOAL_INGEST_TRANSPORT", f"must be postgres or nats, got {kind!r}")
 
 
+async def check_commit_durability(boss: Shoal, transport: Transport) -> bool:
+    """With a transport outside the database, an acknowledged message must never
+    outlive its apply: with ``synchronous_commit`` off, a commit that returned
+    can vanish in a database crash after the transport took the ack. ERROR then.
+    """
+    if isinstance(transport, PostgresTransport):
+        return True  # the ack commits with (or after) the apply, in the same database
+    rows = await boss.db.fetch(
+        sql.Composed([sql.SQL("SELECT current_setting('synchronous_commit')")]), {}
+    )
+    if rows and rows[0][0] == "off":
+        log.error(
+            "synchronous_commit is off: with the %s transport, messages whose applies were "
+            "acknowledged can be lost when the database crashes; turn it on",
+            transport.name,
+        )
+        return False
+    return True
+
+
 async def run_ingest(
     boss: Shoal,
     consumers: list[ConsumerSpec],
@@ -84,6 +106,7 @@ async def run_ingest(
     transport = (settings.transport or transport_from_env)(boss)
     pipeline = Pipeline(boss, transport, mode_key=settings.mode_key)
     await pipeline.start()
+    await check_commit_durability(boss, transport)
     check_connection_budget(
         pool_size=boss.db.max_size,
         consumers=sum(c.options.get("concurrency", 30) for c in consumers),
