@@ -104,10 +104,20 @@ class _Base(Generic[T]):
         self._last_wait_record = -WAIT_RECORD_EVERY.total_seconds()
         self._background: set[asyncio.Task[None]] = set()
 
-    async def _subscribe(self) -> Subscription:
-        return await self.transport.subscribe(
-            self.topic.name, self.group, max_in_flight=self.max_in_flight, ack_wait=self.ack_wait
-        )
+    async def _subscribe(self, stop: asyncio.Event) -> Subscription | None:
+        """Subscribe, retrying while the transport is unreachable; None once ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                return await self.transport.subscribe(
+                    self.topic.name,
+                    self.group,
+                    max_in_flight=self.max_in_flight,
+                    ack_wait=self.ack_wait,
+                )
+            except Exception as exc:
+                log.warning("topic %s: cannot subscribe yet: %s", self.topic.name, exc)
+                await _sleep_or_stop(stop, 1.0)
+        return None
 
     def _message(self, delivery: Delivery) -> Message[T]:
         envelope = delivery.envelope
@@ -244,7 +254,9 @@ class Consumer(_Base[T]):
 
     async def run(self, stop: asyncio.Event, *, grace: timedelta = timedelta(seconds=30)) -> None:
         """Consume until ``stop`` is set; then let running applies finish within ``grace``."""
-        sub = await self._subscribe()
+        sub = await self._subscribe(stop)
+        if sub is None:
+            return
         running: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
@@ -367,7 +379,9 @@ class BatchConsumer(_Base[T]):
         self.max_wait = max_wait
 
     async def run(self, stop: asyncio.Event, *, grace: timedelta = timedelta(seconds=30)) -> None:
-        sub = await self._subscribe()
+        sub = await self._subscribe(stop)
+        if sub is None:
+            return
         buffer: list[Delivery] = []
         first_at = 0.0
         writing: set[asyncio.Task[None]] = set()
