@@ -21,7 +21,7 @@ import pytest
 from shoal import FakeClock, Shoal
 from shoal.errors import TransientError
 from shoal.ingest.consumer import BatchConsumer, Consumer
-from shoal.ingest.dedupe import PostgresDoneStore
+from shoal.ingest.dedupe import PostgresDoneStore, RedisDoneStore
 from shoal.ingest.message import Message
 from shoal.ingest.pipeline import Pipeline, check_connection_budget
 from shoal.ingest.postgres import PostgresTransport, topic_queue
@@ -452,3 +452,54 @@ def test_the_connection_budget_is_checked(caplog: pytest.LogCaptureFixture) -> N
 def test_the_ladder_is_the_references() -> None:
     assert [d.total_seconds() for d in DELAY_LADDER] == [5, 15, 30, 60, 120, 300]
     assert redelivery_delay(50) == timedelta(minutes=5)
+
+
+# -- the Redis marker store ---------------------------------------------------------
+
+
+@pytest.fixture
+async def redis_client() -> AsyncIterator[Any]:
+    """A real Redis: $SHOAL_TEST_REDIS_URL (.ci/run sets it and starts Redis)."""
+    import os
+
+    import redis.asyncio as redis
+
+    url = os.environ.get("SHOAL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    client = redis.Redis.from_url(url)
+    try:
+        await client.ping()
+    except Exception as exc:
+        await client.aclose()
+        if os.environ.get("CI"):
+            raise AssertionError(f"Redis at {url} is required in CI: {exc}") from exc
+        pytest.skip(f"NO REDIS at {url} ({exc}): the Redis marker store is NOT tested here")
+    yield client
+    await client.aclose()
+
+
+async def test_the_redis_marker_store_skips_replays_and_tolerates_a_lost_marker(
+    pipeline: Pipeline, boss: Shoal, redis_client: Any
+) -> None:
+    import uuid
+
+    prefix = f"shoal-test:{uuid.uuid4()}:"
+    store = RedisDoneStore(redis_client, ttl=timedelta(hours=48), prefix=prefix)
+    consumer = pipeline.consumer(
+        READINGS, apply_reading(boss.db), dedupe=store, concurrency=4, poll=FAST
+    )
+    handle = await running(consumer)
+    await pipeline.publish(READINGS, Reading(card_id=8, amount=4), id="r-1")
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    assert 0 < await redis_client.ttl(prefix + "r-1") <= 48 * 3600
+    await pipeline.publish(READINGS, Reading(card_id=8, amount=4), id="r-1")
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    assert consumer.stats.duplicates == 1
+    # The marker lost (committed, then the process died before SET): the
+    # replay is applied again, and the idempotent sink keeps the effect once.
+    await redis_client.delete(prefix + "r-1")
+    await pipeline.publish(READINGS, Reading(card_id=8, amount=4), id="r-1")
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 2 FROM apply_call"))
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    await stopped(handle)
+    assert await scalar(boss.db, "SELECT total FROM card WHERE id = 8") == 4
+    await redis_client.delete(prefix + "r-1")
