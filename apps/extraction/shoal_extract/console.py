@@ -59,11 +59,18 @@ def task_table(view: TaskView, usage: Usage, phantom_skips: int, elapsed_s: floa
     table.add_row("documents", str(view.progress.total))
     table.add_row("items completed", str(view.progress.completed))
     table.add_row("items in error", str(view.progress.error))
+    table.add_row("phantom deliveries skipped (all tasks)", str(phantom_skips))
     if usage.calls:
         table.add_row("model calls (every attempt)", str(usage.calls))
         table.add_row("tokens (prompt + completion)", f"{usage.tokens:,}")
         table.add_row("cost", f"${usage.cost_usd:.4f}")
-    table.add_row("phantom deliveries skipped (all tasks)", str(phantom_skips))
+        if view.progress.completed and phantom_skips:
+            # Each skipped delivery would have been one more extraction of an item
+            # that already had its result: about one item's worth of tokens.
+            per_item = usage.tokens / view.progress.completed
+            table.add_row(
+                "tokens the phantom guard saved (estimate)", f"~{phantom_skips * per_item:,.0f}"
+            )
     table.add_row("time", f"{elapsed_s:.1f} s")
     return table
 

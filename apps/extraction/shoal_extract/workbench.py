@@ -60,7 +60,8 @@ class ResultLine:
     file: str
     sha256: str
     status: str
-    attempts: int
+    attempts: int  # runs since the item was created or last retried
+    failed_runs: int  # every failed run, retries of failed items included
     fields: dict[str, Any]
     field_errors: dict[str, str]
     error: str | None
@@ -76,6 +77,7 @@ class ResultLine:
             "sha256": self.sha256,
             "status": self.status,
             "attempts": self.attempts,
+            "failed_runs": self.failed_runs,
             "fields": self.fields,
             "field_errors": self.field_errors,
             "error": self.error,
@@ -274,6 +276,7 @@ class Workbench:
                     sha256=doc.sha256 if doc else "",
                     status=item.status.value,
                     attempts=item.attempts,
+                    failed_runs=len(item.errors),
                     fields=dict(result.get("fields") or {}),
                     field_errors=dict(result.get("field_errors") or {}),
                     error=item.error,

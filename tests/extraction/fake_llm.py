@@ -1,0 +1,199 @@
+"""A fake OpenAI-compatible chat-completions endpoint, served on 127.0.0.1 in a thread.
+
+It answers from the corpus key: it finds which paper the prompt carries (by
+its true title), reads the field names from the JSON Schema in the system
+prompt, and answers the true values. A script makes it misbehave the way real
+endpoints do:
+
+- ``burst``: request numbers (1-based, in arrival order) answered 429 or 503;
+- ``slow``: files whose first call sleeps past the client's timeout (the
+  late answer is recorded as ``late``: the client had already given up);
+- ``malformed_once``: files whose first answer is not JSON (a repair fixes it);
+- ``malformed_always``: files whose answers are never valid;
+- ``reject``: files answered 400 (a permanent refusal);
+- ``delay_s``: every answer waits this long (keeps items in flight).
+
+Every request is recorded with the item it was for (the ``X-Shoal-Item``
+header: ``task/item/attempt``) and what the fake did, so a test can check
+that no item was answered after its result was recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+SCHEMA_MARK = "The answer must match this JSON Schema:"
+
+
+@dataclass
+class Script:
+    burst: dict[int, int] = field(default_factory=dict)  # request number -> status
+    slow: set[str] = field(default_factory=set)
+    slow_s: float = 1.5
+    malformed_once: set[str] = field(default_factory=set)
+    malformed_always: set[str] = field(default_factory=set)
+    reject: set[str] = field(default_factory=set)
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Call:
+    seq: int
+    item: int | None
+    attempt: int | None
+    file: str | None
+    outcome: str  # answered | malformed | late | rejected | rate_limited | unavailable
+    response_id: str | None
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+class FakeModel:
+    """The endpoint's state; ``calls`` is appended by the server thread, read by tests."""
+
+    def __init__(self, key: dict[str, Any], script: Script) -> None:
+        self.script = script
+        self.papers = {
+            _norm(d["fields"]["title"]): (d["file"], d["fields"])
+            for d in key["documents"]
+            if d["fields"]
+        }
+        self.calls: list[Call] = []
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._seen: set[str] = set()  # files whose first call happened
+
+    def _next(self) -> int:
+        with self._lock:
+            self._seq += 1
+            return self._seq
+
+    def _record(self, call: Call) -> None:
+        with self._lock:
+            self.calls.append(call)
+
+    def answers_for(self, item: int) -> list[Call]:
+        with self._lock:
+            return [c for c in self.calls if c.item == item and c.outcome == "answered"]
+
+    def snapshot(self) -> list[Call]:
+        with self._lock:
+            return list(self.calls)
+
+    def _first_call(self, file: str) -> bool:
+        with self._lock:
+            first = file not in self._seen
+            self._seen.add(file)
+            return first
+
+    def app(self) -> FastAPI:
+        api = FastAPI()
+
+        @api.post("/v1/chat/completions")
+        async def complete(request: Request) -> Response:
+            seq = self._next()
+            body = await request.json()
+            item, attempt = _item(request.headers.get("x-shoal-item", ""))
+            messages = body["messages"]
+            text = _norm(" ".join(m["content"] for m in messages if m["role"] == "user"))
+            file, truth = next(
+                ((f, t) for title, (f, t) in self.papers.items() if title in text), (None, None)
+            )
+
+            def record(outcome: str, response_id: str | None = None) -> None:
+                self._record(Call(seq, item, attempt, file, outcome, response_id))
+
+            status = self.script.burst.get(seq)
+            if status is not None:
+                record("rate_limited" if status == 429 else "unavailable")
+                return JSONResponse({"error": {"message": "slow down"}}, status_code=status)
+            if file in self.script.reject:
+                record("rejected")
+                return JSONResponse({"error": {"message": "model not allowed"}}, status_code=400)
+            if self.script.delay_s:
+                await asyncio.sleep(self.script.delay_s)
+            repairing = len(messages) > 2
+            if file in self.script.slow and not repairing and self._first_call(file):
+                await asyncio.sleep(self.script.slow_s)
+                record("late")  # the client timed out before this
+                return JSONResponse(_completion("late", "{}", messages))
+            schema = json.loads(messages[0]["content"].split(SCHEMA_MARK, 1)[1])
+            keys = list(schema["properties"])
+            malformed = file in self.script.malformed_always or (
+                file in self.script.malformed_once and not repairing
+            )
+            if malformed or truth is None:
+                content = "Sure! Here are the fields: {title: " + (file or "?") + "}"
+                record("malformed")
+            else:
+                content = json.dumps({k: truth.get(k) for k in keys})
+                record("answered", f"fake-{seq}")
+            return JSONResponse(_completion(f"fake-{seq}", content, messages))
+
+        return api
+
+
+def _item(header: str) -> tuple[int | None, int | None]:
+    match = re.fullmatch(r"[^/]*/(\d+)/(\d+)", header)
+    return (int(match[1]), int(match[2])) if match else (None, None)
+
+
+def _completion(response_id: str, content: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    prompt = sum(len(m["content"]) for m in messages) // 4
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "model": "fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": len(content) // 4},
+    }
+
+
+class _ThreadServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # not the main thread: leave signals to pytest
+
+
+@contextlib.contextmanager
+def serve_fake(model: FakeModel) -> Iterator[str]:
+    """Serve ``model`` on a free port in a thread of its own; yields the base URL (``.../v1``)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = _ThreadServer(
+        uvicorn.Config(model.app(), lifespan="off", log_level="warning", ws="none", http="h11")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            threading.Event().wait(0.01)
+        assert server.started, "the fake endpoint did not start"
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -1,0 +1,138 @@
+"""The workbench page in headless Chromium: upload, pick, start, watch, browse, retry, export.
+
+A real uvicorn server (with a token, so the page's token prompt is exercised)
+serves shoal's API with the workbench mounted; the extraction workers run in
+this test's event loop. Playwright drives Debian's ``chromium``; the test
+skips, saying why, only when that browser is missing or cannot start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shoal import Shoal
+from shoal_extract.serve import build_api, serving
+from tests.test_dashboard import browser  # noqa: F401 - the fixture, shared
+
+from .conftest import Bench, open_bench
+
+TOKEN = "workbench-token"
+UI_TIMEOUT_MS = 20_000
+
+
+@pytest.fixture
+async def workbench(boss: Shoal) -> AsyncIterator[tuple[str, Bench]]:
+    bench = await open_bench(boss)
+    api = build_api(boss, bench.bench.batches, bench.bench, token=TOKEN)
+    stop = asyncio.Event()
+    workers = asyncio.create_task(
+        bench.extraction.app.run(boss, stop=stop, grace=timedelta(seconds=0.5))
+    )
+    try:
+        async with serving(api, port=0) as base:
+            yield base, bench
+    finally:
+        stop.set()
+        await workers
+        await bench.extraction.close()
+
+
+async def test_upload_pick_start_watch_browse_retry_and_export(
+    browser: Any,  # noqa: F811 - the fixture imported above
+    workbench: tuple[str, Bench],
+    corpus_dir: Path,
+    tmp_path: Path,
+    key: dict[str, Any],
+) -> None:
+    from playwright.async_api import expect
+
+    base, _ = workbench
+    truth = {d["file"]: d["fields"] for d in key["documents"]}
+    context = await browser.new_context(accept_downloads=True)
+    page = await context.new_page()
+    try:
+        await page.goto(base + "/extraction")
+        await expect(page.locator("#auth")).to_be_visible(timeout=UI_TIMEOUT_MS)
+        await page.fill("#token", TOKEN)
+        await page.click("#auth button[type=submit]")
+        await expect(page.locator("#auth")).to_be_hidden(timeout=UI_TIMEOUT_MS)
+        await expect(page.locator("#template")).to_have_value(
+            "clinical_trial", timeout=UI_TIMEOUT_MS
+        )
+
+        # Upload: two papers, a broken PDF, and a file type the workbench refuses.
+        refused = tmp_path / "notes.docx"
+        refused.write_bytes(b"PK\x03\x04 not a paper")
+        files = [
+            corpus_dir / "paper-01.pdf",
+            corpus_dir / "paper-06.txt",
+            corpus_dir / "broken-truncated.pdf",
+            refused,
+        ]
+        await page.set_input_files("#upload-input", [str(f) for f in files])
+        await page.click("#upload-btn")
+        message = page.locator("#upload-msg")
+        await expect(message).to_contain_text("notes.docx: refused", timeout=UI_TIMEOUT_MS)
+        await expect(message).to_contain_text("not a supported file type")
+        await expect(message).to_contain_text("paper-01.pdf: stored as document")
+        rows = page.locator("#docs tbody tr")
+        await expect(rows).to_have_count(3, timeout=UI_TIMEOUT_MS)
+
+        # Pick them all, start the default template with the rules extractor.
+        await page.check("#pick-all")
+        await expect(page.locator("#picked")).to_have_text("3 document(s) picked")
+        await page.click("#start")
+        await expect(page.locator("#start-msg")).to_contain_text("started with 3 document(s)")
+        card = page.locator("section.task").first
+        bar = card.get_by_role("progressbar")
+        await expect(bar).to_have_attribute("aria-valuenow", "100", timeout=UI_TIMEOUT_MS)
+        await expect(card.locator(".badge")).to_have_text(
+            "completed with errors", timeout=UI_TIMEOUT_MS
+        )
+        await expect(card.locator('[data-count="completed"]')).to_have_text("2 completed")
+        await expect(card.locator('[data-count="error"]')).to_have_text("1 error")
+
+        # Results: per-field values, not-found fields, and the parser's error.
+        await card.locator("button.results").click()
+        table = page.locator("#results table")
+        paper = table.locator("tr", has_text="paper-01.pdf")
+        await expect(paper.locator('td[data-field="title"]')).to_have_text(
+            truth["paper-01.pdf"]["title"], timeout=UI_TIMEOUT_MS
+        )
+        await expect(paper.locator('td[data-field="year"]')).to_have_text(
+            str(truth["paper-01.pdf"]["year"])
+        )
+        broken = table.locator('tr[data-status="error"]')
+        await expect(broken).to_contain_text("broken-truncated.pdf")
+        await expect(broken.locator("td.item-error")).to_contain_text("ParseError: pypdf")
+
+        # Retry failed: the broken file runs again and fails again.
+        await expect(broken).to_contain_text("(failed runs: 1)")
+        await card.locator("button.retry").click()
+        await expect(table.locator('tr[data-status="error"]')).to_contain_text(
+            "(failed runs: 2)", timeout=UI_TIMEOUT_MS
+        )
+        await expect(card.locator(".badge")).to_have_text(
+            "completed with errors", timeout=UI_TIMEOUT_MS
+        )
+
+        # Export CSV: one row per document, one column per field.
+        async with page.expect_download() as download_info:
+            await card.locator("button.export-csv").click()
+        download = await download_info.value
+        text = await asyncio.to_thread(Path(await download.path()).read_text)
+        exported = list(csv.DictReader(io.StringIO(text)))
+        assert sorted(r["file"] for r in exported) == sorted(f.name for f in files[:3])
+        by_file = {r["file"]: r for r in exported}
+        assert by_file["paper-01.pdf"]["doi"] == (truth["paper-01.pdf"]["doi"] or "")
+        assert by_file["broken-truncated.pdf"]["status"] == "error"
+    finally:
+        await context.close()
