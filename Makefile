@@ -12,13 +12,15 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
+# The main job: the extraction workbench on the sample corpus (docs/extraction.md).
 demo: $(STAMP)
-	$(VENV)/bin/shoal demo
+	$(VENV)/bin/shoal-extract demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy shoal
+	$(VENV)/bin/mypy apps/extraction/shoal_extract
 	$(VENV)/bin/mypy tests
 
 test: lint
