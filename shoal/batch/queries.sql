@@ -20,69 +20,66 @@ RETURNING id::text
 SELECT id::text, request_hash FROM {schema}.task WHERE idempotency_key = %(idempotency_key)s
 
 -- name: insert_items
--- The task's items in one statement; ids come back in input order.
-WITH input AS (
-    SELECT u.ref, u.data, u.ord
-    FROM unnest(%(refs)b::text[], %(data)b::text[]) WITH ORDINALITY AS u(ref, data, ord)
-), inserted AS (
+-- The task's items and one job per item, in one statement; returns how many.
+-- Items are numbered in input order. Each job carries only its item's id, with
+-- the singleton key item-<id>:0 (see dispatch_items in aggregator.py). The job
+-- columns are the queue's insert_jobs ones, for jobs that all share one set of
+-- options: written here, the ids of 100,000 items never travel to the client
+-- and back as 100,000 payloads. A NULL data entry (or none at all) is JSON null.
+WITH items AS (
     INSERT INTO {schema}.item (task_id, ref, data, updated_at)
-    SELECT %(task_id)s::uuid, ref, data::jsonb, coalesce(%(now)s::timestamptz, now())
-    FROM input ORDER BY ord
-    RETURNING id, ref
+    SELECT %(task_id)s::uuid, u.ref, coalesce(u.data::jsonb, 'null'),
+           coalesce(%(now)s::timestamptz, now())
+    FROM unnest(%(refs)b::text[], %(data)b::text[]) WITH ORDINALITY AS u(ref, data, ord)
+    ORDER BY u.ord
+    RETURNING id
+), jobs AS (
+    INSERT INTO {schema}.job (
+        queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
+        expire_in, singleton_key, dead_letter, start_after, created_at)
+    SELECT %(queue)s, jsonb_build_object('item', items.id), %(priority)s, %(retry_limit)s,
+           %(retry_delay_s)s * interval '1 second', %(retry_backoff)s,
+           %(retry_delay_max_s)s * interval '1 second', %(expire_in_s)s * interval '1 second',
+           'item-' || items.id || ':0', %(dead_letter)s,
+           coalesce(%(start_at)s::timestamptz,
+                    coalesce(%(now)s::timestamptz, now())
+                    + coalesce(%(start_in_s)s::float8, 0) * interval '1 second'),
+           coalesce(%(now)s::timestamptz, now())
+    FROM items
+    RETURNING 1
 )
-SELECT inserted.id FROM input JOIN inserted USING (ref) ORDER BY input.ord
+SELECT count(*) FROM jobs
 
 -- name: guard_items
--- The phantom-retry guard, for many items at once: pending -> running, or
--- nothing for an item already running, finished or cancelled (a duplicate or
--- late delivery). Returns each passed item's new fencing token and what its
--- handler needs; an id missing from the result was a phantom.
-UPDATE {schema}.item i
-SET status = 'running',
-    attempt = i.attempt + 1,
-    started_at = coalesce(%(now)s::timestamptz, now()),
-    updated_at = coalesce(%(now)s::timestamptz, now())
-FROM {schema}.task t
-WHERE i.id = ANY(%(ids)s::bigint[]) AND i.status = 'pending' AND t.id = i.task_id
-RETURNING i.id, i.attempt, i.attempt - i.attempt_base, i.ref, i.data, i.task_id::text, t.kind,
-          t.params, t.max_attempts
+-- The phantom-retry guard for many items (see guard_items() in 0002_batch.sql):
+-- each passed item's new fencing token and what its handler needs; an id
+-- missing from the result was a phantom. Payloads come back as text, parsed
+-- only when a handler reads them.
+SELECT id, attempt, run, ref, data::text, task_id::text, kind, params::text, max_attempts
+FROM {schema}.guard_items(%(ids)s::bigint[], %(now)s::timestamptz)
+
+-- name: claim_items
+-- A worker's claim of item jobs with the guard of their items, in one round
+-- trip (see claim_items() in 0002_batch.sql). A claimed job's row has the
+-- columns of claim_jobs in shoal/queue/queries.sql, in its order, then its
+-- item id; a guarded item's row has NULL job columns, then the columns of
+-- guard_items above.
+SELECT (c.job).id, (c.job).queue, (c.job).data::text, (c.job).priority, (c.job).attempt,
+       (c.job).retry_limit, extract(epoch FROM (c.job).retry_delay)::float8,
+       (c.job).retry_backoff, extract(epoch FROM (c.job).retry_delay_max)::float8,
+       extract(epoch FROM (c.job).expire_in)::float8, (c.job).singleton_key,
+       (c.job).dead_letter, (c.job).created_at, (c.job).started_at, (c.job).lease_expires_at,
+       c.item_id, c.fence, c.run, c.ref, c.data::text, c.task_id::text, c.kind, c.params::text,
+       c.max_attempts
+FROM {schema}.claim_items(%(queue)s, %(limit)s, %(now)s::timestamptz) AS c
 
 -- name: complete_items
--- running -> completed for many items, each fenced by the attempt its worker
--- was handed. Returns the ids recorded (now, or already by this same run: a
--- batch retried after a lost acknowledgement), and (id NULL) each of their
--- tasks left with nothing pending or running, so the worker wakes the
--- aggregator. The CTEs see the items as they were before this statement, so
--- the ones being completed here are left out of NOT EXISTS by id.
-WITH u AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[])
-        AS u(id, attempt, result)
-), done AS (
-    UPDATE {schema}.item i
-    SET status = 'completed',
-        result = u.result,
-        error = NULL,
-        finished_at = coalesce(%(now)s::timestamptz, now()),
-        updated_at = coalesce(%(now)s::timestamptz, now())
-    FROM u
-    WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
-      AND i.attempt = u.attempt
-    RETURNING i.id, i.task_id
-), already AS (
-    SELECT i.id, i.task_id
-    FROM {schema}.item i JOIN u ON u.id = i.id
-    WHERE i.status = 'completed' AND i.attempt = u.attempt
-), recorded AS (
-    SELECT id, task_id FROM done UNION ALL SELECT id, task_id FROM already
-)
-SELECT id, NULL FROM recorded
-UNION ALL
-SELECT NULL, t.task_id::text
-FROM (SELECT DISTINCT task_id FROM recorded) t
-WHERE NOT EXISTS (
-    SELECT 1 FROM {schema}.item i
-    WHERE i.task_id = t.task_id AND i.status IN ('pending', 'running')
-      AND i.id <> ALL(%(ids)s::bigint[]))
+-- Records finished runs and completes their jobs in one statement (see
+-- complete_items() in 0002_batch.sql).
+SELECT what, id, task_id::text
+FROM {schema}.complete_items(
+    %(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[], %(job_ids)s::bigint[],
+    %(job_attempts)s::int[], %(now)s::timestamptz)
 
 -- name: fail_item
 -- running -> error (permanent, or no attempts left) | pending (transient, to be
@@ -111,11 +108,16 @@ RETURNING i.id
 -- cancelled), else error. The update repeats the state and heartbeat horizon
 -- after taking the row lock, so an item that finished or heartbeated a moment
 -- earlier is never touched. Judged by updated_at, never started_at.
+-- Only processing tasks can hold running items (a task closes once none is
+-- pending or running), and only those created a zombie timeout ago can hold
+-- stale ones (no item's updated_at is older than its task): their running
+-- items are found through item_task_status, and a young task costs one probe.
 WITH stale AS (
     SELECT i.id
-    FROM {schema}.item i
-    JOIN {schema}.task t ON t.id = i.task_id
-    WHERE i.status = 'running'
+    FROM {schema}.task t
+    JOIN {schema}.item i ON i.task_id = t.id AND i.status = 'running'
+    WHERE t.status = 'processing'
+      AND t.created_at < coalesce(%(now)s::timestamptz, now()) - t.zombie_timeout
       AND i.updated_at < coalesce(%(now)s::timestamptz, now()) - t.zombie_timeout
     ORDER BY i.updated_at
     LIMIT %(limit)s
@@ -142,11 +144,14 @@ RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
 -- Pending items untouched for a zombie timeout may have lost their job (its
 -- last attempt expired, say). Touch them and hand them back for a re-dispatch;
 -- the job's singleton key makes that a no-op where a job is still waiting.
+-- Tasks younger than a zombie timeout are skipped by their creation time, as in
+-- reap_zombies: a big new task's pending items are not walked every second.
 WITH old AS (
     SELECT i.id
-    FROM {schema}.item i
-    JOIN {schema}.task t ON t.id = i.task_id
-    WHERE i.status = 'pending' AND t.status = 'processing'
+    FROM {schema}.task t
+    JOIN {schema}.item i ON i.task_id = t.id AND i.status = 'pending'
+    WHERE t.status = 'processing'
+      AND t.created_at < coalesce(%(now)s::timestamptz, now()) - t.zombie_timeout
       AND i.updated_at < coalesce(%(now)s::timestamptz, now()) - t.zombie_timeout
     ORDER BY i.updated_at
     LIMIT %(limit)s

@@ -3,14 +3,13 @@
 The guard is a conditional ``pending -> running`` update: a job delivered for
 an item that is already running, finished or cancelled (a duplicate or late
 delivery) does nothing and costs no handler call (counted as a phantom skip).
-It runs for a whole claimed batch in one statement (``prepare``). The worker
-writes only its own item row, never the task row. Each outcome is written
-fenced by the attempt the guard handed out:
+It runs for a whole claimed batch in the statement that claims its jobs
+(``claim``). The worker writes only its own item row, never the task row. Each
+outcome is written fenced by the attempt the guard handed out:
 
 - the handler returns: ``completed`` with its result, written by ``finalize``
-  for a whole batch of finished items in one statement, just before their jobs
-  are completed; a task left with nothing pending or running wakes the
-  aggregator;
+  for a whole batch of finished items in the statement that completes their
+  jobs; a task left with nothing pending or running wakes the aggregator;
 - a permanent error, or a transient one on the last attempt: ``error`` with
   the message (the job then completes: the item's outcome is recorded);
 - a transient error with attempts left: back to ``pending``, and the error is
@@ -30,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from shoal.batch.item import Item
@@ -80,7 +79,7 @@ class ItemRunner:
         # runs as they start and end, read by the heartbeat loop.
         self._held: dict[ItemId, int] = {}
         # Guard results of claimed jobs not yet run, by job id (None: phantom).
-        # Written by prepare(), taken by the job's run.
+        # Written by claim(), taken by the job's run.
         self._prepared: dict[JobId, GuardedItem | None] = {}
         self.phantom_skips = 0
         # The guard and the completion of concurrent items share round trips.
@@ -88,19 +87,18 @@ class ItemRunner:
             self._guard_many, name=f"shoal-guard:{kind.name}"
         )
 
-    async def prepare(self, claimed: Sequence[ClaimedJob]) -> None:
-        """Guard every item of a claimed batch in one statement, before any runs.
+    async def claim(self, queue: str, limit: int, *, now: datetime | None) -> list[ClaimedJob]:
+        """Claim item jobs and guard their items in one statement (the worker's ``claim``).
 
         Items that pass count as running (and get heartbeats) from here on;
         ``release_unstarted`` hands back those whose job never ran.
         """
-        ids = [ItemId(int(job.data["item"])) for job in claimed]
-        passed = await self.store.guard_items(ids, now=self.clock.sql_now())
-        for job, item_id in zip(claimed, ids, strict=True):
-            guarded = passed.get(item_id)
+        claimed = await self.store.claim_items(queue, limit, now=now)
+        for job, guarded in claimed:
             self._prepared[job.id] = guarded
             if guarded is not None:
-                self._held[item_id] = guarded.attempt
+                self._held[guarded.id] = guarded.attempt
+        return [job for job, _ in claimed]
 
     async def release_unstarted(self) -> int:
         """Put items guarded for jobs that never ran (shutdown) back to pending."""
@@ -129,33 +127,38 @@ class ItemRunner:
         passed = await self.store.guard_items(ids, now=self.clock.sql_now())
         return [passed.get(item_id) for item_id in ids]
 
-    async def finalize(self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]) -> None:
-        """Record finished items' results, for a whole batch, before their jobs complete.
+    async def finalize(
+        self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]
+    ) -> set[JobId]:
+        """Record finished items' results and complete their jobs, for a whole batch.
 
-        One fenced statement; a task it leaves with nothing pending or running
-        wakes the aggregator.
+        One fenced statement, so a result and its job commit together; a task
+        it leaves with nothing pending or running wakes the aggregator.
+        Returns the jobs completed.
         """
         done = [
             outcome.output
             for _, outcome in batch
             if isinstance(outcome, Completed) and isinstance(outcome.output, ItemDone)
         ]
-        if not done:
-            return
         pending = await self.store.send_complete_items(
-            conn, [(d.item_id, d.fence, d.result) for d in done], now=self.clock.sql_now()
+            conn,
+            [(d.item_id, d.fence, d.result) for d in done],
+            [(claim.id, claim.attempt) for claim, _ in batch],
+            now=self.clock.sql_now(),
         )
-        won, finished = await pending.result()
+        recorded = await pending.result()
         for d in done:
             self._held.pop(d.item_id, None)
-            if d.item_id not in won:
+            if d.item_id not in recorded.items:
                 log.warning(
                     "item %s: a run lost its fence (reaped or cancelled meanwhile); "
                     "its result was not recorded",
                     d.item_id,
                 )
-        if finished and self.wake is not None:
+        if recorded.finished_tasks and self.wake is not None:
             await self.store.db.run(self.wake)
+        return recorded.jobs
 
     async def _wake_if_finished(self, conn: AsyncConn, task_ids: set[TaskId]) -> None:
         if self.wake is not None and await self.store.finished_tasks(conn, list(task_ids)):
@@ -166,15 +169,14 @@ class ItemRunner:
         return self.kind.zombie_timeout / 4
 
     async def __call__(self, job: Job) -> Any:
-        item_id = ItemId(int(job.data["item"]))
         if job.id in self._prepared:
             guarded = self._prepared.pop(job.id)
-        else:
-            guarded = await self._guard.submit(item_id)
+        else:  # a job this runner did not claim (a worker without claim=self.claim)
+            guarded = await self._guard.submit(ItemId(int(job.data["item"])))
         if guarded is None:
             self.phantom_skips += 1
             await self.store.count_event(PHANTOM_SKIPS)
-            log.info("item %s: phantom delivery skipped (job %s)", item_id, job.id)
+            log.info("item %s: phantom delivery skipped (job %s)", job.data["item"], job.id)
             return {"skipped": "phantom"}
         item = Item(guarded, job, self._heartbeat)
         if guarded.run > guarded.max_attempts:

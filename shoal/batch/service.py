@@ -21,11 +21,12 @@ from shoal.batch.aggregator import Aggregator, dispatch_items
 from shoal.batch.kinds import BatchKind
 from shoal.batch.runner import PHANTOM_SKIPS, ItemRunner
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
-from shoal.batch.store import BatchStore, Dispatch, ItemRow, NewTask, TaskRow
+from shoal.batch.store import BatchStore, ItemRow, NewTask, TaskRow
 from shoal.db.pool import AsyncConn
 from shoal.errors import Conflict, InvalidInput, NotFound, TransientError
 from shoal.queue.client import Shoal
 from shoal.queue.options import encode_payload
+from shoal.queue.store import JobSettings
 from shoal.queue.worker import DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_GRACE, Worker
 
 DEFAULT_MAX_ITEMS = 100_000
@@ -125,12 +126,22 @@ class ItemsPage:
 
 
 @dataclass(frozen=True, slots=True)
-class ItemSpec:
-    ref: str
-    data: str  # JSON text
+class ParsedItems:
+    """A task's items, validated: refs in input order and each item's data as JSON text.
+
+    ``data`` holds None for an item without data (JSON null), and is empty
+    when no item has any: the common ``["doc-1", "doc-2", ...]`` costs no
+    per-item encoding.
+    """
+
+    refs: list[str]
+    data: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.refs)
 
 
-def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> list[ItemSpec]:
+def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> ParsedItems:
     """``[ref | {"ref", "data"}]`` validated; InvalidInput names the bad entry."""
     if not isinstance(items, Sequence) or isinstance(items, str | bytes):
         raise InvalidInput("items", "must be a list of refs or {ref, data} objects")
@@ -138,15 +149,22 @@ def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> lis
         raise InvalidInput("items", "is empty: a task needs at least one item")
     if len(items) > max_items:
         raise InvalidInput("items", f"has {len(items)} entries, over the cap of {max_items}")
-    specs: list[ItemSpec] = []
+    refs: list[str] = []
+    data: list[str | None] = []
     seen: set[str] = set()
+    any_data = False
     for i, entry in enumerate(items):
-        data: object = None
-        if isinstance(entry, Mapping):
+        text: str | None = None
+        if isinstance(entry, str):
+            ref: object = entry
+        elif isinstance(entry, Mapping):
             unknown = set(entry) - {"ref", "data"}
             if unknown:
                 raise InvalidInput(f"items[{i}]", f"unknown field(s) {sorted(unknown)}")
-            ref, data = entry.get("ref"), entry.get("data")
+            ref, value = entry.get("ref"), entry.get("data")
+            if value is not None:
+                text = encode_payload(value, max_bytes=max_payload_bytes, field=f"items[{i}].data")
+                any_data = True
         else:
             ref = entry
         if not isinstance(ref, str) or not ref or len(ref) > MAX_REF_LENGTH or "\x00" in ref:
@@ -158,21 +176,26 @@ def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> lis
         if ref in seen:
             raise InvalidInput(f"items[{i}].ref", f"duplicate ref {ref!r}")
         seen.add(ref)
-        specs.append(
-            ItemSpec(
-                ref, encode_payload(data, max_bytes=max_payload_bytes, field=f"items[{i}].data")
-            )
-        )
-    return specs
+        refs.append(ref)
+        data.append(text)
+    return ParsedItems(refs, data if any_data else [])
 
 
-def request_hash(
-    kind: str, items: Sequence[ItemSpec], params: str, deadline_s: float | None
-) -> str:
+def request_hash(kind: str, items: ParsedItems, params: str, deadline_s: float | None) -> str:
+    """A digest of everything a create request asks for (its idempotency fingerprint)."""
     digest = hashlib.sha256()
     digest.update(json.dumps([kind, params, deadline_s]).encode())
-    for item in items:
-        digest.update(b"\x00" + item.ref.encode() + b"\x01" + item.data.encode())
+    # One join and one encode for the whole list: per-item updates were a
+    # measurable share of creating 100,000 items. Item data is JSON text, "null"
+    # for none.
+    data = items.data or [None] * len(items.refs)
+    text = "".join(
+        [
+            f"\x00{ref}\x01{'null' if d is None else d}"
+            for ref, d in zip(items.refs, data, strict=True)
+        ]
+    )
+    digest.update(text.encode())
     return digest.hexdigest()
 
 
@@ -225,7 +248,7 @@ class Batches:
             runner,
             concurrency=spec.concurrency,
             poll_interval=poll_interval,
-            prepare=runner.prepare,
+            claim=runner.claim,
             finalize=runner.finalize,
             # The item row holds the result; the job needs no copy.
             store_output=False,
@@ -285,6 +308,8 @@ class Batches:
             job_options=spec.job_options,
             on_complete_queue=spec.hook_queue,
         )
+        # Options of the item jobs, as dispatch_items sends them.
+        item_jobs = JobSettings.of(spec.queue, self.boss.defaults.merged(spec.job_options))
         now = self.clock.sql_now()
 
         async def create(conn: AsyncConn) -> Created:
@@ -305,17 +330,10 @@ class Batches:
                         f"(task {existing[0]})"
                     )
                 return Created(existing[0], created=False)
-            item_ids = await self.store.insert_items(
-                conn, task_id, [p.ref for p in parsed], [p.data for p in parsed], now=now
+            await self.store.insert_items(
+                conn, task_id, parsed.refs, parsed.data, jobs=item_jobs, now=now
             )
-            await dispatch_items(
-                self.boss,
-                conn,
-                [
-                    Dispatch(i, 0, ItemStatus.PENDING, spec.queue, spec.job_options)
-                    for i in item_ids
-                ],
-            )
+            await self.boss.store.notify(conn, [spec.queue])
             return Created(task_id, created=True)
 
         try:

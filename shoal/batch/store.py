@@ -11,6 +11,8 @@ from typing import Any
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
 from shoal.db.pool import AsyncConn, Database, Pending, translated
 from shoal.db.queries import load_queries
+from shoal.queue.states import JobId
+from shoal.queue.store import ClaimedJob, JobSettings, claimed_job
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,17 +32,44 @@ class NewTask:
 
 @dataclass(frozen=True, slots=True)
 class GuardedItem:
-    """An item that passed the phantom guard: now running under fence ``attempt``."""
+    """An item that passed the phantom guard: now running under fence ``attempt``.
+
+    Its data and its task's params stay JSON text until someone reads them.
+    """
 
     id: ItemId
     attempt: int  # the fencing token (monotonic)
     run: int  # runs since the item was (re)opened; bounded by max_attempts
     ref: str
-    data: Any
+    data_json: str
     task_id: TaskId
     kind: str
-    params: Any
+    params_json: str
     max_attempts: int
+
+    @property
+    def data(self) -> Any:
+        return json.loads(self.data_json)
+
+    @property
+    def params(self) -> Any:
+        return json.loads(self.params_json)
+
+
+def _guarded(row: Sequence[Any]) -> GuardedItem:
+    """A guard_items row (or the guard columns of a claim_items row)."""
+    return GuardedItem(
+        ItemId(row[0]), row[1], row[2], row[3], row[4], TaskId(row[5]), row[6], row[7], row[8]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedItems:
+    """What one ``complete_items`` statement recorded."""
+
+    items: set[ItemId]  # items whose result is recorded (now, or by this run before)
+    jobs: set[JobId]  # jobs completed now
+    finished_tasks: list[TaskId]  # tasks left with nothing pending or running
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,16 +196,20 @@ class BatchStore:
         conn: AsyncConn,
         task_id: TaskId,
         refs: Sequence[str],
-        data: Sequence[str],
+        data: Sequence[str | None],
         *,
+        jobs: JobSettings,
         now: datetime | None,
-    ) -> list[ItemId]:
-        rows = await self._rows(
-            "insert_items",
-            {"task_id": task_id, "refs": list(refs), "data": list(data), "now": now},
-            conn,
-        )
-        return [ItemId(r[0]) for r in rows]
+    ) -> int:
+        """Insert the task's items, in input order, and one job per item; returns how many.
+
+        ``data`` holds each item's JSON text, None for null; it may be empty
+        when every item's data is null.
+        """
+        params: dict[str, Any] = jobs.params()
+        params.update(task_id=task_id, refs=refs, data=data, now=now)
+        rows = await self._rows("insert_items", params, conn)
+        return int(rows[0][0])
 
     # -- the worker's edges --------------------------------------------------
 
@@ -185,38 +218,61 @@ class BatchStore:
     ) -> dict[ItemId, GuardedItem]:
         """pending -> running for each id; the ones that passed (absent = phantom)."""
         rows = await self._rows("guard_items", {"ids": list(ids), "now": now})
-        return {
-            ItemId(r[0]): GuardedItem(
-                ItemId(r[0]), r[1], r[2], r[3], r[4], TaskId(r[5]), r[6], r[7], r[8]
-            )
-            for r in rows
-        }
+        return {ItemId(r[0]): _guarded(r) for r in rows}
+
+    async def claim_items(
+        self, queue: str, limit: int, *, now: datetime | None
+    ) -> list[tuple[ClaimedJob, GuardedItem | None]]:
+        """Claim up to ``limit`` item jobs of ``queue`` and guard their items, in one statement.
+
+        Each claimed job comes with its item as the guard left it running, or
+        None for a phantom (already running, finished or cancelled).
+        Committed without waiting for its WAL flush, like a plain claim.
+        """
+        rows = await self._rows("claim_items", {"queue": queue, "limit": limit, "now": now})
+        claimed: list[tuple[ClaimedJob, ItemId]] = []
+        passed: dict[ItemId, GuardedItem] = {}
+        for r in rows:
+            if r[0] is not None:
+                claimed.append((claimed_job(r), ItemId(r[15])))
+            else:
+                passed[ItemId(r[15])] = _guarded(r[15:])
+        return [(job, passed.get(item_id)) for job, item_id in claimed]
 
     async def send_complete_items(
         self,
         conn: AsyncConn,
         done: Sequence[tuple[ItemId, int, Any]],
+        jobs: Sequence[tuple[JobId, int]] = (),
         *,
         now: datetime | None,
-    ) -> Pending[tuple[set[ItemId], list[TaskId]]]:
-        """Send running -> completed for (id, fence, result).
+    ) -> Pending[CompletedItems]:
+        """Send running -> completed for (id, fence, result), and complete (job id, attempt).
 
-        Reads the ids that won their fence, and the tasks now left with
-        nothing pending or running.
+        One statement: the items' results and their jobs commit together.
         """
         cur = await conn.execute(
             self.sql["complete_items"],
             {
                 "ids": [d[0] for d in done],
                 "attempts": [d[1] for d in done],
-                "results": [json.dumps(d[2]) for d in done],
+                "results": [None if d[2] is None else json.dumps(d[2]) for d in done],
+                "job_ids": [j[0] for j in jobs],
+                "job_attempts": [j[1] for j in jobs],
                 "now": now,
             },
         )
 
-        def convert(rows: list[tuple[Any, ...]]) -> tuple[set[ItemId], list[TaskId]]:
-            won = {ItemId(r[0]) for r in rows if r[0] is not None}
-            return won, [TaskId(r[1]) for r in rows if r[1] is not None]
+        def convert(rows: list[tuple[Any, ...]]) -> CompletedItems:
+            items, job_ids, tasks = set(), set(), []
+            for what, id_, task_id in rows:
+                if what == "item":
+                    items.add(ItemId(id_))
+                elif what == "job":
+                    job_ids.add(JobId(id_))
+                else:
+                    tasks.append(TaskId(task_id))
+            return CompletedItems(items, job_ids, tasks)
 
         return Pending(cur, convert)
 
@@ -226,8 +282,7 @@ class BatchStore:
         """running -> completed for (id, fence, result); the ids that won their fence."""
 
         async def run(c: AsyncConn) -> set[ItemId]:
-            won, _ = await (await self.send_complete_items(c, done, now=now)).result()
-            return won
+            return (await (await self.send_complete_items(c, done, now=now)).result()).items
 
         return await self.db.run(run, transaction=False)
 

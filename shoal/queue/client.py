@@ -42,8 +42,8 @@ from shoal.queue.store import (
 from shoal.queue.worker import (
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
+    Claim,
     Finalize,
-    Prepare,
     Worker,
 )
 
@@ -248,16 +248,17 @@ class Shoal:
         concurrency: int = DEFAULT_CONCURRENCY,
         batch_size: int | None = None,
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
-        prepare: Prepare | None = None,
+        claim: Claim | None = None,
         finalize: Finalize | None = None,
         store_output: bool = True,
     ) -> Worker:
         """Start running ``handler`` on ``queue`` in this process; returns the running worker.
 
         At most ``concurrency`` handlers run at once. Stop it with
-        ``await worker.stop()`` (or :meth:`close`). ``prepare``, if given, is
-        awaited with each claimed batch before its jobs run; ``finalize`` with
-        each batch of outcomes, just before they are recorded.
+        ``await worker.stop()`` (or :meth:`close`). ``claim``, if given, claims
+        jobs in place of the store's claim (a layer above sets its rows up in
+        the same statement); ``finalize`` records each batch of completed jobs
+        in place of the worker's own write (see ``shoal.queue.worker``).
         With ``store_output=False`` handlers' return values are not kept on
         the job rows.
         """
@@ -278,7 +279,7 @@ class Shoal:
             clock=self.clock,
             jitter=self.jitter,
             notifier=self.notifier,
-            prepare=prepare,
+            claim=claim,
             finalize=finalize,
             store_output=store_output,
         )

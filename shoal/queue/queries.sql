@@ -48,18 +48,10 @@ SELECT id, queue, data::text, priority, attempt, retry_limit,
 FROM {schema}.claim_jobs(%(queue)s, %(limit)s, %(now)s::timestamptz)
 
 -- name: complete_jobs
--- active -> completed, each fenced by the attempt its worker was handed.
-UPDATE {schema}.job j
-SET state = 'completed',
-    finished_at = coalesce(%(now)s::timestamptz, now()),
-    lease_expires_at = NULL,
-    output = u.output
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outputs)s::jsonb[]) AS u(id, attempt, output)
--- id = ANY gives the planner the primary key to reach each job; without it a
--- generic plan could scan every active job once per outcome (quadratic).
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
-  AND j.attempt = u.attempt
-RETURNING j.id
+-- active -> completed, each fenced by the attempt its worker was handed (see
+-- complete_jobs() in 0001_queue.sql).
+SELECT id FROM {schema}.complete_jobs(
+    %(ids)s::bigint[], %(attempts)s::int[], %(outputs)s::jsonb[], %(now)s::timestamptz)
 
 -- name: fail_jobs
 -- active -> retry | failed, each fenced by its attempt, appending the attempt's

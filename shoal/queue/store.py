@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database, Pending
 from shoal.db.queries import load_queries
+from shoal.queue.options import JobOptions
 from shoal.queue.retry import RetryPolicy
 from shoal.queue.states import JobId, JobState
 
@@ -44,9 +45,30 @@ class JobSettings:
     start_at: datetime | None
     start_in: timedelta | None
 
+    @classmethod
+    def of(cls, queue: str, options: JobOptions) -> JobSettings:
+        """The settings of jobs sent to ``queue`` with ``options`` (already validated)."""
+        start_after = options.start_after
+        return cls(
+            queue=queue,
+            priority=options.priority,
+            retry_limit=options.retry_limit,
+            retry_delay=options.retry_delay,
+            retry_backoff=options.retry_backoff,
+            retry_delay_max=options.retry_delay_max,
+            expire_in=options.expire_in,
+            dead_letter=options.dead_letter,
+            start_at=start_after if isinstance(start_after, datetime) else None,
+            start_in=start_after if isinstance(start_after, timedelta) else None,
+        )
+
     @property
     def runs_now(self) -> bool:
         return self.start_at is None and not self.start_in
+
+    def params(self) -> dict[str, Any]:
+        """The values of OPTION_COLUMNS by name, for a statement that sends jobs alike."""
+        return dict(zip(OPTION_COLUMNS, self.row(), strict=True))
 
     def row(self) -> tuple[Any, ...]:
         """The values of OPTION_COLUMNS."""
@@ -198,6 +220,24 @@ def _policy(limit: int, delay_s: float, backoff: bool, max_s: float) -> RetryPol
     return RetryPolicy(limit, timedelta(seconds=delay_s), backoff, timedelta(seconds=max_s))
 
 
+def claimed_job(row: Sequence[Any]) -> ClaimedJob:
+    """A claimed job from the first 15 columns of a claim_jobs row (see queries.sql)."""
+    return ClaimedJob(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        _policy(row[5], row[6], row[7], row[8]),
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+        row[13],
+        row[14],
+    )
+
+
 def _record(row: Sequence[Any]) -> JobRecord:
     """A get_job/list_jobs row (see queries.sql for the column order)."""
     return JobRecord(
@@ -261,16 +301,24 @@ class JobStore:
         )
         params["now"] = now
         wake = sorted({s.queue for s in sets if s.runs_now})
-        insert_q, notify_q = self.sql["insert_jobs"], self.sql["notify_queues"]
+        insert_q = self.sql["insert_jobs"]
 
         async def run(c: AsyncConn) -> list[JobId | None]:
             cur = await c.execute(insert_q, params)
             ids = [None if r[0] is None else JobId(r[0]) for r in await cur.fetchall()]
             if wake and any(ids):
-                await c.execute(notify_q, {"channel": self.channel, "queues": wake})
+                await self.notify(c, wake)
             return ids
 
         return await self.db.on(conn, run)
+
+    async def notify(self, conn: AsyncConn, queues: Sequence[str]) -> None:
+        """Wake idle workers of ``queues`` in every process when ``conn`` commits.
+
+        For a layer that writes jobs with its own statement (the batch layer
+        sends a task's item jobs in the statement that creates its items).
+        """
+        await conn.execute(self.sql["notify_queues"], {"channel": self.channel, "queues": queues})
 
     # -- the worker's edges ----------------------------------------------
 
@@ -291,10 +339,7 @@ class JobStore:
             return await cur.fetchall()
 
         rows = await self.db.run(run, transaction=False)
-        return [
-            ClaimedJob(r[0], r[1], r[2], r[3], r[4], _policy(r[5], r[6], r[7], r[8]), *r[9:])
-            for r in rows
-        ]
+        return [claimed_job(r) for r in rows]
 
     async def send_complete(
         self, conn: AsyncConn, done: Sequence[tuple[JobId, int, Any]], *, now: datetime | None

@@ -25,10 +25,10 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
@@ -67,16 +67,30 @@ WATCHDOG_MAX_SLEEP_S = 0.25
 ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 
 
-# Called by the fetcher with each claimed batch before any of it runs: lets a
-# layer above do per-job set-up for many jobs in one round trip.
-Prepare = Callable[[Sequence[ClaimedJob]], Awaitable[None]]
+class Claim(Protocol):
+    """Called by the fetcher in place of :meth:`JobStore.claim`.
+
+    Lets a layer above claim jobs and do its per-job set-up for all of them in
+    the same statement (the batch layer: the phantom guard of their items).
+    """
+
+    def __call__(
+        self, queue: str, limit: int, *, now: datetime | None
+    ) -> Awaitable[Sequence[ClaimedJob]]: ...
+
+
 # Called by the completer with each batch of completed jobs, on its
-# connection, just before it records them: a layer above writes its own rows
-# for them (the batch layer: item results). A batch whose recording fails is
+# connection, in place of its own completion: a layer above writes its own
+# rows for them (the batch layer: item results) and completes the jobs, fenced
+# by attempt (JobStore.send_complete, or a statement of its own that calls
+# complete_jobs(), so both commit at once). Returns the ids of the jobs it
+# completed; the others had lost their fence. A batch whose recording fails is
 # retried, so its writes must be idempotent (fenced); a crash between its
 # writes and the job writes only means the jobs run again, to find their work
 # done.
-Finalize = Callable[[AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[None]]
+Finalize = Callable[
+    [AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[Collection[JobId]]
+]
 
 
 class ExpiredError(TimeoutError):
@@ -108,7 +122,7 @@ class Worker:
         clock: Clock,
         jitter: Jitter,
         notifier: Notifier | None,
-        prepare: Prepare | None = None,
+        claim: Claim | None = None,
         finalize: Finalize | None = None,
         store_output: bool = True,
     ) -> None:
@@ -123,7 +137,7 @@ class Worker:
         self.clock = clock
         self.jitter = jitter
         self.notifier = notifier
-        self.prepare = prepare
+        self.claim = claim or store.claim
         self.finalize = finalize
         self.store_output = store_output
 
@@ -257,7 +271,7 @@ class Worker:
                 continue
             started = self.clock.monotonic()
             try:
-                claimed = await self.store.claim(
+                claimed = await self.claim(
                     self.queue, min(room, self.batch_size), now=self.clock.sql_now()
                 )
                 errors = 0
@@ -275,20 +289,10 @@ class Worker:
                 last_at, last_finished = now, self._finished
             if claimed:
                 self._claimed += len(claimed)
-                if self.prepare is not None:
-                    await self._prepare(claimed)
                 self._buffer.extend(claimed)
                 self._has_jobs.set()
             if len(claimed) < min(room, self.batch_size):
                 await self._idle_wait()
-
-    async def _prepare(self, claimed: list[ClaimedJob]) -> None:
-        """Let the handler's owner do its per-job set-up for the whole claim at once."""
-        assert self.prepare is not None
-        try:
-            await self.prepare(claimed)
-        except Exception:  # loop boundary: the handler falls back to per-job set-up
-            log.exception("preparing %d claimed jobs of %s failed", len(claimed), self.queue)
 
     async def _idle_wait(self) -> None:
         """Wait for a NOTIFY about this queue, or the poll interval."""
@@ -458,15 +462,16 @@ class Worker:
         async def record(conn: AsyncConn) -> None:
             if completed:
                 if self.finalize is not None:
-                    await self.finalize(conn, completed)
-                done = [
-                    (c.id, c.attempt, o.output if self.store_output else None)
-                    for c, o in completed
-                    if isinstance(o, Completed)
-                ]
-                won = await (await self.store.send_complete(conn, done, now=now_sql)).result()
+                    won: Collection[JobId] = await self.finalize(conn, completed)
+                else:
+                    done = [
+                        (c.id, c.attempt, o.output if self.store_output else None)
+                        for c, o in completed
+                        if isinstance(o, Completed)
+                    ]
+                    won = await (await self.store.send_complete(conn, done, now=now_sql)).result()
                 self._completed += len(won)
-                self._lost += len(done) - len(won)
+                self._lost += len(completed) - len(won)
                 recorded({c.id for c, _ in completed})
             if failures:
                 states = await (

@@ -132,3 +132,29 @@ AS $$
     WHERE j.id = next.id
     RETURNING j.*;
 $$;
+
+-- Completes active jobs, each fenced by the attempt its worker was handed;
+-- returns the ids completed. Like claim_jobs, the planner switches fix the
+-- plan: one primary-key probe per job. Left free, the planner combined the key
+-- with a bitmap scan of job_lease, which reads every entry it ever had (no
+-- vacuum removes dead ones) and slowed each completion as a queue grew.
+-- A shorter p_outputs (or an empty one) leaves the rest NULL.
+CREATE FUNCTION {schema}.complete_jobs(
+    p_ids bigint[], p_attempts integer[], p_outputs jsonb[], p_now timestamptz)
+RETURNS TABLE (id bigint)
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+    UPDATE {schema}.job j
+    SET state = 'completed',
+        finished_at = coalesce(p_now, now()),
+        lease_expires_at = NULL,
+        output = u.output
+    FROM unnest(p_ids, p_attempts, p_outputs) AS u(id, attempt, output)
+    WHERE j.id = u.id AND j.state = 'active' AND j.attempt = u.attempt
+    RETURNING j.id;
+$$;

@@ -48,7 +48,11 @@ CREATE INDEX task_created ON {schema}.task (created_at DESC, id);
 
 CREATE TABLE {schema}.item (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    task_id     uuid NOT NULL REFERENCES {schema}.task (id) ON DELETE CASCADE,
+    -- The task's id. Not a foreign key: items are written only by the statement
+    -- that creates them, in the transaction that inserts their task, and tasks
+    -- are never deleted; the key's per-row check (a lookup and a lock of the
+    -- task row for each item) was a fifth of creating a 100,000-item task.
+    task_id     uuid NOT NULL,
     ref         text COLLATE "C" NOT NULL,
     data        jsonb NOT NULL DEFAULT 'null',
     status      {schema}.item_status NOT NULL DEFAULT 'pending',
@@ -72,8 +76,10 @@ CREATE TABLE {schema}.item (
         (status IN ('completed', 'error', 'cancelled')) = (finished_at IS NOT NULL))
 );
 -- Progress is one GROUP BY status over this index; paging by status walks it by id.
+-- The aggregator finds a processing task's running and pending items through it
+-- too. (No index of running items: every run added an entry to one, and with
+-- no vacuum their dead entries slowed each statement the planner let read it.)
 CREATE INDEX item_task_status ON {schema}.item (task_id, status, id);
-CREATE INDEX item_running ON {schema}.item (updated_at) WHERE status = 'running';
 
 -- Rare events counted cluster-wide (phantom skips, zombies reaped), written in
 -- the transaction of the event, read by /metrics.
@@ -81,3 +87,119 @@ CREATE TABLE {schema}.counter (
     name  text PRIMARY KEY,
     value bigint NOT NULL DEFAULT 0
 );
+
+-- The hot path's statements are functions for their planner switches, as
+-- claim_jobs is (0001_queue.sql): whatever the statistics say (and with no
+-- autovacuum there may be none), each item is reached by one primary-key
+-- probe. Left free, the planner chose sequential scans of the whole item table
+-- while it had no statistics, and bitmap scans of partial indexes full of dead
+-- entries later on.
+
+-- The phantom-retry guard, for many items at once: pending -> running with a
+-- new fencing token, or nothing for an item already running, finished or
+-- cancelled (a duplicate or late delivery). Returns each passed item with what
+-- its handler needs; an id missing from the result was a phantom.
+CREATE FUNCTION {schema}.guard_items(p_ids bigint[], p_now timestamptz)
+RETURNS TABLE (
+    id bigint, attempt integer, run integer, ref text, data jsonb, task_id uuid, kind text,
+    params jsonb, max_attempts integer)
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+    UPDATE {schema}.item i
+    SET status = 'running',
+        attempt = i.attempt + 1,
+        started_at = coalesce(p_now, now()),
+        updated_at = coalesce(p_now, now())
+    FROM {schema}.task t
+    WHERE i.id = ANY(p_ids) AND i.status = 'pending' AND t.id = i.task_id
+    RETURNING i.id, i.attempt, i.attempt - i.attempt_base, i.ref, i.data, i.task_id, t.kind,
+              t.params, t.max_attempts;
+$$;
+
+-- A worker's claim of item jobs: claim_jobs, then the guard of their items, in
+-- one statement (one round trip, one commit; like the claim, it need not wait
+-- for its WAL flush: lost to a server crash, both the claim and the guard are
+-- undone, and the jobs run again). One row per claimed job (job, item_id), then
+-- one per item that passed the guard (job NULL, item_id and the guard's
+-- columns); an item with no row of the second kind was a phantom.
+CREATE FUNCTION {schema}.claim_items(p_queue text, p_limit integer, p_now timestamptz)
+RETURNS TABLE (
+    job {schema}.job, item_id bigint, fence integer, run integer, ref text, data jsonb,
+    task_id uuid, kind text, params jsonb, max_attempts integer)
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+    WITH claimed AS (
+        SELECT c AS job, (c.data->>'item')::bigint AS item_id
+        FROM {schema}.claim_jobs(p_queue, p_limit, p_now) AS c
+    )
+    SELECT job, item_id, NULL::integer, NULL::integer, NULL::text, NULL::jsonb, NULL::uuid,
+           NULL::text, NULL::jsonb, NULL::integer
+    FROM claimed
+    UNION ALL
+    SELECT NULL::{schema}.job, g.id, g.attempt, g.run, g.ref, g.data, g.task_id, g.kind, g.params,
+           g.max_attempts
+    FROM {schema}.guard_items(ARRAY(SELECT item_id FROM claimed), p_now) AS g;
+$$;
+
+-- Records finished runs and completes their jobs in one statement (one
+-- commit for both): running -> completed for each (item, fence, result), and
+-- complete_jobs() for each (job, attempt). Rows: ('item', id) for each item
+-- whose result is recorded (now, or already by this same run: a batch retried
+-- after a lost acknowledgement), ('job', id) for each job completed, and
+-- ('task', NULL, task id) for each task left with nothing pending or running,
+-- so the worker wakes the aggregator. The CTEs see the items as they were
+-- before this statement, so the ones completed here are left out of NOT EXISTS
+-- by id. A NULL result is JSON null.
+CREATE FUNCTION {schema}.complete_items(
+    p_ids bigint[], p_fences integer[], p_results jsonb[], p_job_ids bigint[],
+    p_job_attempts integer[], p_now timestamptz)
+RETURNS TABLE (what text, id bigint, task_id uuid)
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+    WITH jobs AS (
+        SELECT j.id FROM {schema}.complete_jobs(p_job_ids, p_job_attempts, NULL, p_now) AS j
+    ), u AS (
+        SELECT * FROM unnest(p_ids, p_fences, p_results) AS u(id, attempt, result)
+    ), done AS (
+        UPDATE {schema}.item i
+        SET status = 'completed',
+            result = coalesce(u.result, 'null'),
+            error = NULL,
+            finished_at = coalesce(p_now, now()),
+            updated_at = coalesce(p_now, now())
+        FROM u
+        WHERE i.id = u.id AND i.status = 'running' AND i.attempt = u.attempt
+        RETURNING i.id, i.task_id
+    ), already AS (
+        SELECT i.id, i.task_id
+        FROM u JOIN {schema}.item i ON i.id = u.id
+        WHERE i.status = 'completed' AND i.attempt = u.attempt
+    ), recorded AS (
+        SELECT d.id, d.task_id FROM done d UNION ALL SELECT a.id, a.task_id FROM already a
+    )
+    SELECT 'item', r.id, NULL::uuid FROM recorded r
+    UNION ALL
+    SELECT 'job', j.id, NULL FROM jobs j
+    UNION ALL
+    SELECT 'task', NULL, t.task_id
+    FROM (SELECT DISTINCT r.task_id FROM recorded r) t
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.item i
+        WHERE i.task_id = t.task_id AND i.status IN ('pending', 'running')
+          AND i.id <> ALL(p_ids));
+$$;
