@@ -1,0 +1,88 @@
+"""The poller's client of the carrier gateway."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+
+from shoal_polling.domain import Kind
+
+QUERY_PATH: dict[Kind, str] = {
+    "traffic": "traffic",
+    "card_status": "network-status",
+    "real_name": "real-name",
+}
+DEFAULT_TIMEOUT = timedelta(seconds=10)
+
+
+class GatewayError(Exception):
+    """The gateway did not answer with an observation (error status, timeout, refused)."""
+
+    def __init__(self, reason: str, *, status: int | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayAnswer:
+    observation_id: str
+    observed_at: datetime
+    used_kb: int | None
+    status: str | None
+    raw: str
+
+
+class GatewayClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: timedelta = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=timeout.total_seconds(),
+            transport=transport,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=200),
+        )
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def query(self, account: str, card: str, kind: Kind) -> GatewayAnswer:
+        try:
+            response = await self.http.get(
+                f"/v1/accounts/{account}/cards/{card}/{QUERY_PATH[kind]}"
+            )
+        except httpx.HTTPError as exc:
+            raise GatewayError(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise GatewayError(
+                f"gateway {response.status_code}: {response.text[:200]}",
+                status=response.status_code,
+            )
+        doc: dict[str, Any] = response.json()
+        return GatewayAnswer(
+            observation_id=str(doc["observation_id"]),
+            observed_at=datetime.fromisoformat(doc["observed_at"]),
+            used_kb=None if doc.get("used_kb") is None else int(doc["used_kb"]),
+            status=doc.get("status"),
+            raw=response.text,
+        )
+
+    async def served(self) -> list[dict[str, Any]]:
+        """Every answer the gateway served, in order."""
+        out: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            response = await self.http.get("/v1/served", params={"offset": offset})
+            response.raise_for_status()
+            page = response.json()
+            out.extend(page["served"])
+            if page["next"] >= page["total"] or not page["served"]:
+                return out
+            offset = page["next"]

@@ -1,0 +1,116 @@
+"""The simulated gateway: deterministic under a seed, rate-limited per account, failing and
+slow as its flags say, read-only by default; and its own process, ``shoal-polling gateway``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shoal_polling.gateway import Gateway, GatewaySettings, build_gateway_app
+from shoal_polling.gateway_client import GatewayClient, GatewayError
+from tests.conftest import wait_for
+from tests.polling.processes import GatewayProcess
+
+FAST = GatewaySettings(seed=7, latency_ms=0.0, rate_limit=0.0)
+
+
+def client(settings: GatewaySettings) -> tuple[Gateway, GatewayClient]:
+    gateway = Gateway(settings)
+    transport = httpx.ASGITransport(app=build_gateway_app(gateway))
+    return gateway, GatewayClient("http://gateway", transport=transport)
+
+
+async def answers(settings: GatewaySettings, order: list[str]) -> dict[str, list[Any]]:
+    """Each card's answers (minus the time of answer) for queries in ``order``."""
+    _, gw = client(settings)
+    out: dict[str, list[Any]] = {}
+    try:
+        for card in order:
+            for kind in ("traffic", "card_status", "real_name"):
+                try:
+                    a = await gw.query("acct000", card, kind)  # type: ignore[arg-type]
+                    out.setdefault(card, []).append((a.observation_id, a.used_kb, a.status))
+                except GatewayError as exc:
+                    out.setdefault(card, []).append(("error", exc.status))
+    finally:
+        await gw.close()
+    return out
+
+
+async def test_a_seed_gives_each_card_the_same_answers_in_any_interleaving() -> None:
+    settings = GatewaySettings(seed=7, latency_ms=0.0, rate_limit=0.0, error_rate=0.2)
+    first = await answers(settings, ["a", "b", "c"] * 5)
+    second = await answers(settings, ["c"] * 5 + ["b"] * 5 + ["a"] * 5)
+    assert first == second
+    assert any(x[0] == "error" for xs in first.values() for x in xs)  # the error rate bites
+    other = await answers(GatewaySettings(seed=8, latency_ms=0.0, rate_limit=0.0), ["a"] * 5)
+    assert other["a"] != first["a"]
+
+
+async def test_traffic_readings_only_grow_and_ids_are_unique() -> None:
+    _, gw = client(FAST)
+    try:
+        readings = [await gw.query("acct000", "card1", "traffic") for _ in range(20)]
+    finally:
+        await gw.close()
+    used = [r.used_kb for r in readings]
+    assert used == sorted(used)
+    assert len({r.observation_id for r in readings}) == 20
+    assert readings[0].observed_at < readings[-1].observed_at
+
+
+async def test_an_account_past_its_rate_limit_gets_429_others_do_not() -> None:
+    _, gw = client(GatewaySettings(seed=1, latency_ms=0.0, rate_limit=1.0, burst=5))
+    try:
+        for _ in range(5):
+            await gw.query("acct000", "c", "traffic")
+        with pytest.raises(GatewayError) as limited:
+            await gw.query("acct000", "c", "traffic")
+        assert limited.value.status == 429
+        await gw.query("acct001", "c", "traffic")
+    finally:
+        await gw.close()
+
+
+async def test_the_read_only_switch_refuses_writes_and_the_served_log_lists_answers() -> None:
+    gateway, gw = client(FAST)
+    try:
+        refused = await gw.http.post("/v1/accounts/acct000/cards/c/suspend")
+        assert refused.status_code == 403
+        await gw.query("acct000", "c", "traffic")
+        await gw.query("acct000", "d", "real_name")
+        served = await gw.served()
+    finally:
+        await gw.close()
+    assert [s["observation_id"] for s in served] == [s["observation_id"] for s in gateway.served]
+    assert len(served) == 2
+    _, writable = client(GatewaySettings(read_only=False, latency_ms=0.0))
+    try:
+        assert (await writable.http.post("/v1/accounts/a/cards/c/suspend")).status_code == 200
+    finally:
+        await writable.close()
+
+
+async def test_the_gateway_runs_as_its_own_process(tmp_path: Path) -> None:
+    process = GatewayProcess(tmp_path, "--seed", "3").start()
+    gw = GatewayClient(process.url)
+    try:
+        await wait_up(gw)
+        answer = await gw.query("acct000", "c1", "card_status")
+        assert answer.observation_id == "s3-c1-card_status-1"
+    finally:
+        await gw.close()
+        process.stop()
+
+
+async def wait_up(gw: GatewayClient) -> None:
+    async def up() -> bool:
+        try:
+            return (await gw.http.get("/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    await wait_for(up, 15)
