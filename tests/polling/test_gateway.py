@@ -56,7 +56,7 @@ async def test_traffic_readings_only_grow_and_ids_are_unique() -> None:
         readings = [await gw.query("acct000", "card1", "traffic") for _ in range(20)]
     finally:
         await gw.close()
-    used = [r.used_kb for r in readings]
+    used = [r.used_kb or 0 for r in readings]
     assert used == sorted(used)
     assert len({r.observation_id for r in readings}) == 20
     assert readings[0].observed_at < readings[-1].observed_at
