@@ -228,6 +228,7 @@ class Consumer(_Base[T]):
         dedupe: DoneStore | None = None,
         group: str = DEFAULT_GROUP,
         concurrency: int = DEFAULT_CONCURRENCY,
+        max_in_flight: int | None = None,
         retryable: tuple[type[BaseException], ...] = (),
         max_attempts: int | None = None,
         ladder: Sequence[timedelta] = DELAY_LADDER,
@@ -235,13 +236,15 @@ class Consumer(_Base[T]):
         poll: timedelta = FETCH_WAIT,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        if max_in_flight is not None and max_in_flight < concurrency:
+            raise InvalidInput("max_in_flight", f"must be >= concurrency ({concurrency})")
         super().__init__(
             transport,
             topic,
             store=store,
             group=group,
             poll=poll,
-            max_in_flight=_positive("concurrency", concurrency),
+            max_in_flight=max_in_flight or 2 * _positive("concurrency", concurrency),
             retryable=retryable,
             max_attempts=max_attempts,
             ladder=ladder,
@@ -253,35 +256,60 @@ class Consumer(_Base[T]):
         self.concurrency = concurrency
 
     async def run(self, stop: asyncio.Event, *, grace: timedelta = timedelta(seconds=30)) -> None:
-        """Consume until ``stop`` is set; then let running applies finish within ``grace``."""
+        """Consume until ``stop`` is set; then let running applies finish within ``grace``.
+
+        ``concurrency`` slots take deliveries from a local buffer, which the
+        fetch loop refills in batches once it is down to half of
+        ``max_in_flight`` (2 x concurrency by default): one claim per batch,
+        never one per finished apply.
+        """
         sub = await self._subscribe(stop)
         if sub is None:
             return
-        running: set[asyncio.Task[None]] = set()
+        ready: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        room = asyncio.Event()
+        held = 0  # buffered or being applied
+
+        async def slot() -> None:
+            nonlocal held
+            while (delivery := await ready.get()) is not None:
+                try:
+                    await self._handle(delivery)
+                finally:
+                    held -= 1
+                    if held <= self.max_in_flight // 2:
+                        room.set()
+
+        slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
         try:
             while not stop.is_set():
-                free = self.concurrency - len(running)
-                if free <= 0:
-                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                if held > self.max_in_flight // 2:
+                    room.clear()
+                    await _wait_either(room, stop)
                     continue
                 try:
-                    deliveries = await sub.fetch(free, wait=self.poll)
+                    deliveries = await sub.fetch(self.max_in_flight - held, wait=self.poll)
                 except Exception as exc:
                     log.warning("topic %s: fetch failed: %s", self.topic.name, exc)
                     await _sleep_or_stop(stop, 1.0)
                     continue
-                if not deliveries:
-                    continue
                 for delivery in await self._unseen(deliveries):
-                    task = asyncio.create_task(self._handle(delivery))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
+                    held += 1
+                    ready.put_nowait(delivery)
         finally:
-            if running:
-                _, late = await asyncio.wait(running, timeout=grace.total_seconds())
-                for task in late:  # their deliveries come back after the ack wait
-                    task.cancel()
-                await asyncio.gather(*late, return_exceptions=True)
+            # Deliveries not yet started go back at once rather than after their ack wait.
+            while not ready.empty():
+                unstarted = ready.get_nowait()
+                if unstarted is not None:
+                    held -= 1
+                    with contextlib.suppress(Exception):
+                        await unstarted.nak(timedelta(0))
+            for _ in slots:
+                ready.put_nowait(None)
+            _, late = await asyncio.wait(slots, timeout=grace.total_seconds())
+            for task in late:  # their deliveries come back after the ack wait
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
             await self._drain_background()
             await sub.close()
 
@@ -451,8 +479,8 @@ class BatchConsumer(_Base[T]):
             await self.write(messages)
         except Exception as exc:
             if is_retryable(exc, self.retryable):
-                for delivery in batch:
-                    await self._settle_failure(delivery, exc)
+                # Together: the transport sends many settlements in one round trip.
+                await asyncio.gather(*(self._settle_failure(d, exc) for d in batch))
                 return
             if len(batch) == 1:
                 await self._poison(batch[0], exc)
@@ -462,13 +490,12 @@ class BatchConsumer(_Base[T]):
             await self._write_split(batch[:half], messages[:half])
             await self._write_split(batch[half:], messages[half:])
             return
-        for delivery in batch:
-            try:
-                await delivery.ack()
-            except Exception as exc:
-                log.warning("topic %s: written but not acknowledged: %s", self.topic.name, exc)
-                return
-            self._note_applied(delivery)
+        acks = await asyncio.gather(*(d.ack() for d in batch), return_exceptions=True)
+        for delivery, ack in zip(batch, acks, strict=True):
+            if isinstance(ack, BaseException):
+                log.warning("topic %s: written but not acknowledged: %s", self.topic.name, ack)
+            else:
+                self._note_applied(delivery)
 
     async def _poison(self, delivery: Delivery, error: BaseException) -> None:
         log.warning(
@@ -482,6 +509,15 @@ class BatchConsumer(_Base[T]):
             await delivery.term()
         except Exception as exc:
             log.warning("topic %s: could not dead-letter: %s", self.topic.name, exc)
+
+
+async def _wait_either(first: asyncio.Event, second: asyncio.Event) -> None:
+    waits = [asyncio.create_task(first.wait()), asyncio.create_task(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -78,8 +78,9 @@ class PgDelivery:
 
 
 class PgSubscription:
-    def __init__(self, boss: Shoal, queue: str) -> None:
+    def __init__(self, boss: Shoal, store: IngestStore, queue: str) -> None:
         self.boss = boss
+        self.store = store
         self.queue = queue
         # Acks of many deliveries go out as one statement.
         self.acks: Coalescer[tuple[JobId, int], None] = Coalescer(
@@ -88,8 +89,7 @@ class PgSubscription:
         self._wake = boss.notifier.subscribe(queue) if boss.notifier is not None else None
 
     async def _ack_many(self, done: Sequence[tuple[JobId, int]]) -> list[None]:
-        rows = [(job_id, attempt, None) for job_id, attempt in done]
-        await self.boss.store.complete(rows, now=self.boss.clock.sql_now())
+        await self.store.ack(done)
         return [None] * len(done)
 
     async def end(
@@ -173,7 +173,7 @@ class PostgresTransport:
     async def subscribe(
         self, topic: str, group: str, *, max_in_flight: int, ack_wait: timedelta = DEFAULT_ACK_WAIT
     ) -> PgSubscription:
-        return PgSubscription(self.boss, topic_queue(topic))
+        return PgSubscription(self.boss, self.store, topic_queue(topic))
 
     async def depth(self, topic: str, group: str) -> Depth:
         return await self.store.queue_depth(topic_queue(topic), now=self.boss.clock.sql_now())

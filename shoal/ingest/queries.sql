@@ -103,3 +103,12 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.up
 
 -- name: config_all
 SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
+
+-- name: ack_messages
+-- The postgres transport's ack: an acknowledged message is deleted, fenced by
+-- the attempt it was delivered under (a redelivered copy is not the caller's
+-- to ack). No finished row is kept: the done-marker records what was applied,
+-- and a delete writes no new row version and no index entries.
+DELETE FROM {schema}.job AS j
+USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS a(id, attempt)
+WHERE j.id = a.id AND j.attempt = a.attempt AND j.state = 'active'

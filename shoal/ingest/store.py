@@ -58,6 +58,14 @@ class IngestStore:
     ) -> list[Any]:
         return await self.db.fetch(self.sql[name], params, conn)
 
+    # -- the postgres transport ------------------------------------------------
+
+    async def ack(self, done: Sequence[tuple[int, int]]) -> None:
+        """Delete acknowledged messages, each fenced by (job id, attempt)."""
+        await self._rows(
+            "ack_messages", {"ids": [d[0] for d in done], "attempts": [d[1] for d in done]}
+        )
+
     # -- de-duplication markers ---------------------------------------------
 
     async def seen(self, ids: Sequence[str], *, now: datetime | None) -> set[str]:
