@@ -503,3 +503,18 @@ async def test_the_redis_marker_store_skips_replays_and_tolerates_a_lost_marker(
     await stopped(handle)
     assert await scalar(boss.db, "SELECT total FROM card WHERE id = 8") == 4
     await redis_client.delete(prefix + "r-1")
+
+
+async def test_the_monitor_leader_prunes_expired_done_markers(
+    fake_pipeline: Pipeline, clock: FakeClock
+) -> None:
+    store = fake_pipeline.dedupe
+    for i in range(5):
+        await store.mark(f"m{i}")
+    clock.advance(timedelta(hours=47))
+    await store.mark("fresh")
+    monitor = fake_pipeline.monitor([])
+    assert await monitor.prune() == 0
+    clock.advance(timedelta(hours=1, seconds=1))
+    assert await monitor.prune() == 5
+    assert await store.seen(["m0", "fresh"]) == {"fresh"}

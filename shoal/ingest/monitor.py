@@ -35,6 +35,8 @@ DEFAULT_INTERVAL = timedelta(minutes=1)
 DEFAULT_ALERT_DEPTH = 200_000
 DEFAULT_PAUSE_DEPTH = 500_000
 DEFAULT_ALERT_WAIT = timedelta(minutes=10)
+# Expired done-markers are deleted in statements of this many.
+PRUNE_BATCH = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,17 @@ class BacklogMonitor:
             readings.append(Reading(topic, depth, wait, backlog.paused, alerted))
         return readings
 
+    async def prune(self) -> int:
+        """Delete expired done-markers (the leader's second job); how many."""
+        removed = 0
+        while (
+            batch := await self.store.prune_done(limit=PRUNE_BATCH, now=self.clock.sql_now())
+        ) > 0:
+            removed += batch
+            if batch < PRUNE_BATCH:
+                break
+        return removed
+
     async def run(self, stop: asyncio.Event) -> None:
         """Try to lead; while leading, check every ``interval``. Ends when ``stop`` is set."""
         while not stop.is_set():
@@ -113,6 +126,7 @@ class BacklogMonitor:
                 self.is_leader = bool(row and row[0])
                 while self.is_leader and not stop.is_set():
                     await self.check()
+                    await self.prune()
                     await _wait(stop, self.interval)
                     await conn.execute("SELECT 1")  # still connected, so still the leader
             except Exception as exc:
