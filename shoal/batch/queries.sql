@@ -75,11 +75,19 @@ FROM {schema}.claim_items(%(queue)s, %(limit)s, %(now)s::timestamptz) AS c
 
 -- name: complete_items
 -- Records finished runs and completes their jobs in one statement (see
--- complete_items() in 0002_batch.sql).
+-- complete_items() in 0002_batch.sql). Arrays come as text literals.
 SELECT what, id, task_id::text
 FROM {schema}.complete_items(
     %(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[], %(job_ids)s::bigint[],
     %(job_attempts)s::int[], %(now)s::timestamptz)
+
+-- name: completed_items
+-- Which of these items are completed under the given fence: a write retried
+-- after its acknowledgement was lost finds its results recorded.
+SELECT i.id
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt)
+JOIN {schema}.item i ON i.id = u.id
+WHERE i.id = ANY(%(ids)s::bigint[]) AND i.status = 'completed' AND i.attempt = u.attempt
 
 -- name: fail_item
 -- running -> error (permanent, or no attempts left) | pending (transient, to be

@@ -141,13 +141,12 @@ class ItemRunner:
             for _, outcome in batch
             if isinstance(outcome, Completed) and isinstance(outcome.output, ItemDone)
         ]
-        pending = await self.store.send_complete_items(
+        recorded = await self.store.record_items(
             conn,
             [(d.item_id, d.fence, d.result) for d in done],
             [(claim.id, claim.attempt) for claim, _ in batch],
             now=self.clock.sql_now(),
         )
-        recorded = await pending.result()
         for d in done:
             self._held.pop(d.item_id, None)
             if d.item_id not in recorded.items:

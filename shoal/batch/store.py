@@ -9,10 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
-from shoal.db.pool import AsyncConn, Database, Pending, translated
+from shoal.db.pool import AsyncConn, Database, translated
 from shoal.db.queries import load_queries
 from shoal.queue.states import JobId
-from shoal.queue.store import ClaimedJob, JobSettings, claimed_job
+from shoal.queue.store import ClaimedJob, JobSettings, claimed_job, int_array
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ class CompletedItems:
     """What one ``complete_items`` statement recorded."""
 
     items: set[ItemId]  # items whose result is recorded (now, or by this run before)
-    jobs: set[JobId]  # jobs completed now
+    jobs: set[JobId]  # jobs completed now (not those completed before)
     finished_tasks: list[TaskId]  # tasks left with nothing pending or running
 
 
@@ -239,42 +239,56 @@ class BatchStore:
                 passed[ItemId(r[15])] = _guarded(r[15:])
         return [(job, passed.get(item_id)) for job, item_id in claimed]
 
-    async def send_complete_items(
+    async def record_items(
         self,
         conn: AsyncConn,
         done: Sequence[tuple[ItemId, int, Any]],
         jobs: Sequence[tuple[JobId, int]] = (),
         *,
         now: datetime | None,
-    ) -> Pending[CompletedItems]:
-        """Send running -> completed for (id, fence, result), and complete (job id, attempt).
+    ) -> CompletedItems:
+        """running -> completed for (id, fence, result), and complete (job id, attempt).
 
         One statement: the items' results and their jobs commit together.
+        ``items`` of the result also holds items this same run had recorded
+        before (a write retried after a lost acknowledgement), found by a
+        second statement only when some item lost its fence.
         """
-        cur = await conn.execute(
-            self.sql["complete_items"],
+        rows = await self._rows(
+            "complete_items",
             {
-                "ids": [d[0] for d in done],
-                "attempts": [d[1] for d in done],
-                "results": [None if d[2] is None else json.dumps(d[2]) for d in done],
-                "job_ids": [j[0] for j in jobs],
-                "job_attempts": [j[1] for j in jobs],
+                "ids": int_array(d[0] for d in done),
+                "attempts": int_array(d[1] for d in done),
+                # Mostly None (no-op handlers, or results kept elsewhere):
+                # an empty array leaves every result NULL, i.e. JSON null.
+                "results": (
+                    [None if d[2] is None else json.dumps(d[2]) for d in done]
+                    if any(d[2] is not None for d in done)
+                    else []
+                ),
+                "job_ids": int_array(j[0] for j in jobs),
+                "job_attempts": int_array(j[1] for j in jobs),
                 "now": now,
             },
+            conn,
         )
-
-        def convert(rows: list[tuple[Any, ...]]) -> CompletedItems:
-            items, job_ids, tasks = set(), set(), []
-            for what, id_, task_id in rows:
-                if what == "item":
-                    items.add(ItemId(id_))
-                elif what == "job":
-                    job_ids.add(JobId(id_))
-                else:
-                    tasks.append(TaskId(task_id))
-            return CompletedItems(items, job_ids, tasks)
-
-        return Pending(cur, convert)
+        items, job_ids, tasks = set(), set(), []
+        for what, id_, task_id in rows:
+            if what == "item":
+                items.add(ItemId(id_))
+            elif what == "job":
+                job_ids.add(JobId(id_))
+            else:
+                tasks.append(TaskId(task_id))
+        if len(items) < len(done):
+            lost = [d for d in done if d[0] not in items]
+            before = await self._rows(
+                "completed_items",
+                {"ids": [d[0] for d in lost], "attempts": [d[1] for d in lost]},
+                conn,
+            )
+            items.update(ItemId(r[0]) for r in before)
+        return CompletedItems(items, job_ids, tasks)
 
     async def complete_items(
         self, done: Sequence[tuple[ItemId, int, Any]], *, now: datetime | None
@@ -282,7 +296,7 @@ class BatchStore:
         """running -> completed for (id, fence, result); the ids that won their fence."""
 
         async def run(c: AsyncConn) -> set[ItemId]:
-            return (await (await self.send_complete_items(c, done, now=now)).result()).items
+            return (await self.record_items(c, done, now=now)).items
 
         return await self.db.run(run, transaction=False)
 

