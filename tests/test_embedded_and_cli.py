@@ -10,6 +10,7 @@ from pathlib import Path
 import psycopg
 
 from shoal.db import EmbeddedPostgres
+from shoal.db.migrate import load_migrations
 
 ROOT = Path(__file__).parent.parent
 
