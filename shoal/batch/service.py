@@ -75,19 +75,18 @@ class Progress:
 
     @classmethod
     def of(cls, total: int, counts: Mapping[ItemStatus, int]) -> Progress:
-        return cls(
-            total=total,
-            pending=counts.get(ItemStatus.PENDING, 0),
-            running=counts.get(ItemStatus.RUNNING, 0),
-            completed=counts.get(ItemStatus.COMPLETED, 0),
-            error=counts.get(ItemStatus.ERROR, 0),
-            cancelled=counts.get(ItemStatus.CANCELLED, 0),
-        )
+        """From counts by status; without a count of completed items, they are the rest."""
+        pending = counts.get(ItemStatus.PENDING, 0)
+        running = counts.get(ItemStatus.RUNNING, 0)
+        error = counts.get(ItemStatus.ERROR, 0)
+        cancelled = counts.get(ItemStatus.CANCELLED, 0)
+        completed = counts.get(ItemStatus.COMPLETED, total - pending - running - error - cancelled)
+        return cls(total, pending, running, completed, error, cancelled)
 
 
 @dataclass(frozen=True, slots=True)
 class TaskView:
-    """A task with its live progress (one GROUP BY status)."""
+    """A task with its live progress (one GROUP BY status of its unfinished items)."""
 
     task_id: TaskId
     kind: str

@@ -427,6 +427,7 @@ class BatchStore:
         return [_task(r) for r in rows]
 
     async def progress(self, task_id: TaskId) -> dict[ItemStatus, int]:
+        """The task's items by status, but for completed ones: they are the rest of its total."""
         rows = await self._rows("progress", {"task_id": task_id})
         return {ItemStatus(r[0]): r[1] for r in rows}
 
