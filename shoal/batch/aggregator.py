@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from shoal.batch.states import ItemStatus
@@ -51,13 +52,16 @@ ZOMBIES_REAPED = "zombies_reaped"
 BATCH_LIMIT = 1000
 
 
-async def dispatch_items(boss: Shoal, conn: AsyncConn, items: Sequence[Dispatch]) -> int:
-    """Send one job per item, in ``conn``'s transaction; returns how many were sent.
+async def dispatch_items(
+    boss: Shoal, conn: AsyncConn, items: Sequence[Dispatch], delay: timedelta = timedelta(0)
+) -> int:
+    """Send one job per item, in ``conn``'s transaction, due after ``delay``.
 
-    Each job carries only the item's id. Its singleton key names the item and
-    attempt: a duplicate dispatch of the same run is dropped, while a
-    re-dispatch after a reap is not blocked by the dead worker's job, still
-    active until its lease expires (the phantom guard then skips that one).
+    Returns how many were sent. Each job carries only the item's id. Its
+    singleton key names the item and attempt: a duplicate dispatch of the same
+    run is dropped, while a re-dispatch after a reap is not blocked by a job
+    of the dead worker's run that still waits (the phantom guard skips that
+    one).
     """
     groups: dict[tuple[str, str], list[Dispatch]] = {}  # by queue and options
     for item in items:
@@ -71,6 +75,7 @@ async def dispatch_items(boss: Shoal, conn: AsyncConn, items: Sequence[Dispatch]
             singleton_keys=[f"item-{d.id}:{d.attempt}" for d in group],
             conn=conn,
             **group[0].job_options,
+            **({"start_after": delay} if delay else {}),
         )
         sent += sum(1 for job_id in ids if job_id is not None)
     return sent

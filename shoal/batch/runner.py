@@ -28,19 +28,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
 from shoal.batch.states import ItemId, ItemStatus, TaskId
-from shoal.batch.store import BatchStore, GuardedItem
+from shoal.batch.store import BatchStore, Dispatch, GuardedItem
 from shoal.clock import Clock
 from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.queue.job import Completed, Job, Outcome, error_entry, event_entry
+from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
 
@@ -49,10 +49,10 @@ log = logging.getLogger("shoal.batch")
 PHANTOM_SKIPS = "phantom_skips"
 # Attempts to record an outcome before giving up on it (the sweep recovers).
 FINAL_WRITE_TRIES = 5
+NO_DELAY = timedelta(0)
 
 
-@dataclass(frozen=True, slots=True)
-class ItemDone:
+class ItemDone(NamedTuple):
     """A finished run's result, carried to ``finalize`` as the job's outcome."""
 
     item_id: ItemId
@@ -61,19 +61,34 @@ class ItemDone:
     result: Any
 
 
+# Marks a job missing from ItemRunner._prepared.
+_UNCLAIMED: Any = object()
+
 # Enqueues an aggregator pass in the given transaction.
 Wake = Callable[[AsyncConn], Awaitable[None]]
+# Sends pending items a new job each, due after a delay, in the given
+# transaction (dispatch_items); returns how many were sent.
+Send = Callable[[AsyncConn, Sequence[Dispatch], timedelta], Awaitable[int]]
 
 
 class ItemRunner:
-    """The queue handler of one kind's item jobs (with ``prepare`` and ``finalize``)."""
+    """The queue handler of one kind's item jobs (with ``claim`` and ``finalize``)."""
 
     def __init__(
-        self, store: BatchStore, kind: BatchKind, *, clock: Clock, wake: Wake | None = None
+        self,
+        store: BatchStore,
+        kind: BatchKind,
+        *,
+        clock: Clock,
+        send: Send,
+        jitter: Jitter = SYSTEM_JITTER,
+        wake: Wake | None = None,
     ) -> None:
         self.store = store
         self.kind = kind
         self.clock = clock
+        self.send = send
+        self.jitter = jitter
         self.wake = wake
         # Items running in this process, by id, with their fence. Written by
         # runs as they start and end, read by the heartbeat loop.
@@ -101,27 +116,42 @@ class ItemRunner:
         return [job for job, _ in claimed]
 
     async def release_unstarted(self) -> int:
-        """Put items guarded for jobs that never ran (shutdown) back to pending."""
+        """Put items guarded for jobs that never ran (shutdown) back to pending.
+
+        Each gets a new job in the same transaction: the one it was claimed
+        with was a one-shot delivery.
+        """
         released = 0
         for guarded in list(self._prepared.values()):
             if guarded is None:
                 continue
             self._held.pop(guarded.id, None)
-            released += await self.store.fail_item(
-                guarded.id,
-                guarded.attempt,
-                status=ItemStatus.PENDING,
-                message="handed back at shutdown before it ran",
-                entry=event_entry(
-                    guarded.run,
-                    "Interrupted",
-                    "handed back at shutdown before it ran",
-                    self.clock.now().isoformat(),
-                ),
-                now=self.clock.sql_now(),
-            )
+
+            async def release(conn: AsyncConn, guarded: GuardedItem = guarded) -> bool:
+                won = await self.store.fail_item(
+                    guarded.id,
+                    guarded.attempt,
+                    status=ItemStatus.PENDING,
+                    message="handed back at shutdown before it ran",
+                    entry=event_entry(
+                        guarded.run,
+                        "Interrupted",
+                        "handed back at shutdown before it ran",
+                        self.clock.now().isoformat(),
+                    ),
+                    now=self.clock.sql_now(),
+                    conn=conn,
+                )
+                if won:
+                    await self.send(conn, [self._dispatch(guarded.id, guarded.attempt)], NO_DELAY)
+                return won
+
+            released += await self.store.db.run(release)
         self._prepared.clear()
         return released
+
+    def _dispatch(self, item_id: ItemId, fence: int) -> Dispatch:
+        return Dispatch(item_id, fence, ItemStatus.PENDING, self.kind.queue, self.kind.job_options)
 
     async def _guard_many(self, ids: Sequence[ItemId]) -> list[GuardedItem | None]:
         passed = await self.store.guard_items(ids, now=self.clock.sql_now())
@@ -130,22 +160,21 @@ class ItemRunner:
     async def finalize(
         self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]
     ) -> set[JobId]:
-        """Record finished items' results and complete their jobs, for a whole batch.
+        """Record finished items' results, for a whole batch, and complete their jobs.
 
-        One fenced statement, so a result and its job commit together; a task
-        it leaves with nothing pending or running wakes the aggregator.
-        Returns the jobs completed.
+        One fenced statement; a task it leaves with nothing pending or running
+        wakes the aggregator. Jobs ``claim`` took are complete already; any
+        other (a job this runner did not claim) is completed in the same
+        statement. Returns the jobs complete.
         """
         done = [
             outcome.output
             for _, outcome in batch
             if isinstance(outcome, Completed) and isinstance(outcome.output, ItemDone)
         ]
+        leased = [(c.id, c.attempt) for c, _ in batch if c.lease_expires_at is not None]
         recorded = await self.store.record_items(
-            conn,
-            [(d.item_id, d.fence, d.result) for d in done],
-            [(claim.id, claim.attempt) for claim, _ in batch],
-            now=self.clock.sql_now(),
+            conn, [(d.item_id, d.fence, d.result) for d in done], leased, now=self.clock.sql_now()
         )
         for d in done:
             self._held.pop(d.item_id, None)
@@ -157,7 +186,7 @@ class ItemRunner:
                 )
         if recorded.finished_tasks and self.wake is not None:
             await self.store.db.run(self.wake)
-        return recorded.jobs
+        return recorded.jobs.union(c.id for c, _ in batch if c.lease_expires_at is None)
 
     async def _wake_if_finished(self, conn: AsyncConn, task_ids: set[TaskId]) -> None:
         if self.wake is not None and await self.store.finished_tasks(conn, list(task_ids)):
@@ -168,9 +197,8 @@ class ItemRunner:
         return self.kind.zombie_timeout / 4
 
     async def __call__(self, job: Job) -> Any:
-        if job.id in self._prepared:
-            guarded = self._prepared.pop(job.id)
-        else:  # a job this runner did not claim (a worker without claim=self.claim)
+        guarded = self._prepared.pop(job.id, _UNCLAIMED)
+        if guarded is _UNCLAIMED:  # a job this runner did not claim (no claim=self.claim)
             guarded = await self._guard.submit(ItemId(int(job.data["item"])))
         if guarded is None:
             self.phantom_skips += 1
@@ -182,30 +210,53 @@ class ItemRunner:
             error = RuntimeError(f"no attempts left ({guarded.max_attempts} allowed)")
             await self._final(item, ItemStatus.ERROR, error)
             return {"item": "error"}
-        self._held[item.id] = item.fence
+        # A job claim() took is complete already (a one-shot delivery): a run
+        # that ends without a result sends its item a new job. Any other job
+        # is retried, or handed back, by the queue.
+        taken = job.claim.lease_expires_at is None
+        self._held[guarded.id] = guarded.attempt
         try:
             result = await self.kind.handler(item)
         except asyncio.CancelledError:
             # Shutdown or execution timeout: give the item back for another run.
-            self._held.pop(item.id, None)
-            await self._final(item, ItemStatus.PENDING, TimeoutError("run interrupted"))
+            self._held.pop(guarded.id, None)
+            await self._final(
+                item,
+                ItemStatus.PENDING,
+                TimeoutError("run interrupted"),
+                resend=NO_DELAY if taken else None,
+            )
             raise
         except Exception as exc:
-            self._held.pop(item.id, None)
+            self._held.pop(guarded.id, None)
             last = guarded.run >= guarded.max_attempts
             if self.kind.is_permanent(exc) or last:
                 await self._final(item, ItemStatus.ERROR, exc)
                 return {"item": "error"}
+            if taken:
+                # The backoff the queue would apply, counted in runs of the item.
+                delay = retry_delay(guarded.run, job.claim.policy, self.jitter)
+                await self._final(item, ItemStatus.PENDING, exc, resend=delay)
+                return {"item": "retry", "in_s": delay.total_seconds()}
             await self._final(item, ItemStatus.PENDING, exc)
             raise
         # Still held (heartbeats continue) until finalize records the result.
-        return ItemDone(item.id, item.fence, item.task_id, result)
+        return ItemDone(guarded.id, guarded.attempt, guarded.task_id, result)
 
-    async def _final(self, item: Item, status: ItemStatus, error: BaseException) -> None:
+    async def _final(
+        self,
+        item: Item,
+        status: ItemStatus,
+        error: BaseException,
+        *,
+        resend: timedelta | None = None,
+    ) -> None:
         """The fenced write of a failed run (error, or back to pending).
 
-        Shielded from cancellation and retried when transient; when the item
-        is now an error and its task has nothing left, the aggregator is woken.
+        With ``resend``, an item put back to pending gets a new job due after
+        that delay, in the same transaction. Shielded from cancellation and
+        retried when transient; when the item is now an error and its task has
+        nothing left, the aggregator is woken.
         """
 
         async def write() -> bool:
@@ -221,6 +272,8 @@ class ItemRunner:
                 )
                 if won and status is ItemStatus.ERROR:
                     await self._wake_if_finished(conn, {item.task_id})
+                if won and resend is not None:
+                    await self.send(conn, [self._dispatch(item.id, item.fence)], resend)
                 return won
 
             return await self.store.db.run(fail)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import uuid
@@ -234,7 +235,14 @@ class Batches:
         self.clock = boss.clock
         self.aggregator = Aggregator(self.store, boss, clock=boss.clock)
         self.runners = {
-            name: ItemRunner(self.store, kind, clock=boss.clock, wake=self.aggregator.wake)
+            name: ItemRunner(
+                self.store,
+                kind,
+                clock=boss.clock,
+                send=functools.partial(dispatch_items, boss),
+                jitter=boss.jitter,
+                wake=self.aggregator.wake,
+            )
             for name, kind in kinds.items()
         }
 

@@ -112,6 +112,10 @@ class NewJob:
 class ClaimedJob(NamedTuple):
     """A job a worker holds under a lease. ``attempt`` is its fencing token.
 
+    A job taken by ``take_jobs()`` (complete already, a one-shot delivery) has
+    no lease: ``lease_expires_at`` is None, and its heartbeats only push back
+    the worker's local execution deadline.
+
     A NamedTuple rather than a frozen dataclass: one is built for every
     claimed job on the hot path, where a tuple is several times cheaper to
     make. The payload stays JSON text until someone reads ``data``.
@@ -128,7 +132,7 @@ class ClaimedJob(NamedTuple):
     dead_letter: str | None
     created_at: datetime
     started_at: datetime
-    lease_expires_at: datetime
+    lease_expires_at: datetime | None
 
     @property
     def data(self) -> Any:

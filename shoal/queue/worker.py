@@ -368,10 +368,16 @@ class Worker:
             await self.clock.sleep(nearest)
 
     async def _heartbeat(self, job: Job) -> bool:
-        held = await self.store.extend_leases([(job.id, job.attempt)], now=self.clock.sql_now())
-        if job.id in held and job.id in self._deadline_at:
+        if job.claim.lease_expires_at is None:
+            held = True  # taken without a lease: there is none to extend
+        else:
+            leases = await self.store.extend_leases(
+                [(job.id, job.attempt)], now=self.clock.sql_now()
+            )
+            held = job.id in leases
+        if held and job.id in self._deadline_at:
             self._deadline_at[job.id] = self.clock.monotonic() + job.claim.expire_in_s
-        return job.id in held
+        return held
 
     def _finish(self, claim: ClaimedJob, outcome: Outcome) -> None:
         self._running.pop(claim.id, None)

@@ -121,12 +121,15 @@ AS $$
               t.params, t.max_attempts;
 $$;
 
--- A worker's claim of item jobs: claim_jobs, then the guard of their items, in
--- one statement (one round trip, one commit; like the claim, it need not wait
--- for its WAL flush: lost to a server crash, both the claim and the guard are
--- undone, and the jobs run again). One row per claimed job (job, item_id), then
--- one per item that passed the guard (job NULL, item_id and the guard's
--- columns); an item with no row of the second kind was a phantom.
+-- A worker's claim of item jobs: take_jobs, then the guard of their items, in
+-- one statement (one round trip, one commit; like a claim, it need not wait
+-- for its WAL flush: lost to a server crash, both the take and the guard are
+-- undone, and the jobs are delivered again). An item job is a one-shot
+-- delivery: the item row records the run (running, its fence, its heartbeat),
+-- the reaper recovers it if its worker dies, and a retry is a new job. One row
+-- per job taken (job, item_id), then one per item that passed the guard (job
+-- NULL, item_id and the guard's columns); an item with no row of the second
+-- kind was a phantom.
 CREATE FUNCTION {schema}.claim_items(p_queue text, p_limit integer, p_now timestamptz)
 RETURNS TABLE (
     job {schema}.job, item_id bigint, fence integer, run integer, ref text, data jsonb,
@@ -140,7 +143,7 @@ SET enable_mergejoin = off
 AS $$
     WITH claimed AS (
         SELECT c AS job, (c.data->>'item')::bigint AS item_id
-        FROM {schema}.claim_jobs(p_queue, p_limit, p_now) AS c
+        FROM {schema}.take_jobs(p_queue, p_limit, p_now) AS c
     )
     SELECT job, item_id, NULL::integer, NULL::integer, NULL::text, NULL::jsonb, NULL::uuid,
            NULL::text, NULL::jsonb, NULL::integer
@@ -153,7 +156,8 @@ $$;
 
 -- Records finished runs and completes their jobs in one statement (one
 -- commit for both): running -> completed for each (item, fence, result), and
--- complete_jobs() for each (job, attempt). Rows: ('item', id) for each item
+-- complete_jobs() for each (job, attempt) (none for jobs claim_items took,
+-- which are complete already). Rows: ('item', id) for each item
 -- completed now, ('job', id) for each job completed now, and ('task', NULL,
 -- task id) for each task left with nothing pending or running, so the worker
 -- wakes the aggregator. (An item missing from the result lost its fence, or
@@ -174,6 +178,7 @@ SET enable_mergejoin = off
 AS $$
     WITH jobs AS (
         SELECT j.id FROM {schema}.complete_jobs(p_job_ids, p_job_attempts, NULL, p_now) AS j
+        WHERE cardinality(p_job_ids) > 0
     ), done AS (
         UPDATE {schema}.item i
         SET status = 'completed',
