@@ -30,10 +30,18 @@ class Migration:
     text: str
 
 
-def load_migrations() -> list[Migration]:
-    """Every migration shipped with shoal, in version order."""
+SHOAL_MIGRATIONS = "shoal.db.migrations"
+
+
+def load_migrations(package: str = SHOAL_MIGRATIONS) -> list[Migration]:
+    """Every migration in ``package`` (shoal's own by default), in version order.
+
+    Applications built on shoal keep their own tables the same way: a package
+    of numbered ``NNNN_name.sql`` files, applied by :func:`migrate` to a
+    schema of their own.
+    """
     found = []
-    for entry in resources.files("shoal.db.migrations").iterdir():
+    for entry in resources.files(package).iterdir():
         match = MIGRATION_FILE.match(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
@@ -44,19 +52,23 @@ def load_migrations() -> list[Migration]:
     return found
 
 
-async def migrate(db: Database) -> list[int]:
-    """Bring ``db.schema`` up to date; return the versions applied now."""
-    migrations = load_migrations()
+async def migrate(
+    db: Database, *, package: str = SHOAL_MIGRATIONS, schema: str | None = None
+) -> list[int]:
+    """Bring ``schema`` (``db.schema`` by default) up to date with ``package``'s
+    migrations; return the versions applied now."""
+    migrations = load_migrations(package)
+    name = schema or db.schema
 
     async def apply(conn: AsyncConn) -> list[int]:
-        schema = sql.Identifier(db.schema)
+        schema = sql.Identifier(name)
         # Index builds on a big table may take longer than a statement may.
         await conn.execute("SET LOCAL statement_timeout = 0")
         # The lock comes first: CREATE SCHEMA IF NOT EXISTS itself races
         # (two creators can both pass the existence check).
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended('shoal.migrate:' || %s, 0))",
-            (db.schema,),
+            (name,),
         )
         await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
         await conn.execute(
