@@ -1,0 +1,432 @@
+"""The poller: calls the gateway for each card and step when it is due, and hands the
+observation to the ingest path, sync or async (D1, D8, D11).
+
+A round (:meth:`Poller.run_once`) writes back the results of finished polls
+(their next due time), then, unless the backlog monitor paused the
+observation topic (D10), claims due ``(card, step)`` rows with ``FOR UPDATE
+SKIP LOCKED`` (pushing their due time a lease ahead, so a poller that dies
+gives its work back after the lease) and starts one poll for each. A poll
+holds its account's semaphore (20 per account, as in the reference) only
+while it calls the gateway and submits: gateway concurrency is per account,
+the database's is fixed by the ingest consumer, whatever the number of
+accounts.
+
+A poll of a status step:
+
+1. priority item for this card and step? then the observation is applied
+   synchronously and completes the item in the same transaction (D8);
+2. the card from the cache (D9), the gateway call;
+3. a failed call publishes a failure collection record (D7) and backs off;
+4. a risk answer stops polling the card at once, from the answer alone (D8);
+5. ``Pipeline.submit``: applied in place (``sync``) or published (``async``,
+   degrading to in place when the publish fails).
+
+The plan step skips while the traffic apply's "flow evaluated" marker is
+fresh, and evaluates the threshold otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from shoal import Clock, Database, Pipeline, ShoalError, SystemClock
+from shoal.ingest.pipeline import check_connection_budget
+from shoal_polling.apply import evaluate_plan
+from shoal_polling.caches import (
+    DEFAULT_ACCOUNT_TTL,
+    DEFAULT_CARD_TTL,
+    CardInfo,
+    CardInvalidator,
+    TtlCache,
+    load_cards,
+    load_real_name_enabled,
+)
+from shoal_polling.domain import (
+    OBSERVATIONS,
+    AsyncConn,
+    CollectionRecord,
+    Kind,
+    Observation,
+    Step,
+    should_stop_polling_for_risk,
+)
+from shoal_polling.gateway_client import GatewayClient, GatewayError
+from shoal_polling.ingest import PollingIngest
+
+log = logging.getLogger("shoal_polling.poller")
+
+ACCOUNT_CONCURRENCY = 20  # the reference: card polling 41 accounts x 20
+
+
+@dataclass(frozen=True, slots=True)
+class PollerSettings:
+    account_concurrency: int = ACCOUNT_CONCURRENCY
+    traffic_interval: timedelta = timedelta(minutes=5)
+    card_status_interval: timedelta = timedelta(minutes=10)
+    real_name_interval: timedelta = timedelta(hours=1)
+    plan_interval: timedelta = timedelta(minutes=30)
+    failure_backoff: timedelta = timedelta(seconds=30)  # doubled per failure, up to the cap
+    max_backoff: timedelta = timedelta(minutes=10)
+    lease: timedelta = timedelta(minutes=2)
+    max_in_flight: int = 2000
+    idle_wait: timedelta = timedelta(milliseconds=500)
+    priority_refresh: timedelta = timedelta(seconds=30)
+    card_ttl: timedelta = DEFAULT_CARD_TTL
+    account_ttl: timedelta = DEFAULT_ACCOUNT_TTL
+
+    def interval(self, step: Step) -> timedelta:
+        return {
+            "traffic": self.traffic_interval,
+            "card_status": self.card_status_interval,
+            "real_name": self.real_name_interval,
+            "plan": self.plan_interval,
+        }[step]
+
+
+@dataclass(slots=True)
+class PollerStats:
+    polls: int = 0
+    observations: int = 0
+    gateway_errors: int = 0
+    apply_errors: int = 0  # sync applies that failed (the reference's SQL timeouts)
+    priority_applied: int = 0
+    risk_stops: int = 0
+    plan_skipped: int = 0
+    plan_evaluated: int = 0
+    paused_rounds: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    card_id: str
+    step: Step
+    outcome: str  # "ok" | "failed" | "stop"
+
+
+class Poller:
+    def __init__(
+        self,
+        db: Database,
+        pipeline: Pipeline,
+        ingest: PollingIngest,
+        gateway: GatewayClient,
+        *,
+        settings: PollerSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.db = db
+        self.pipeline = pipeline
+        self.ingest = ingest
+        self.gateway = gateway
+        self.settings = settings or PollerSettings()
+        self.clock = clock or SystemClock()
+        self.stats = PollerStats()
+        self.cards: TtlCache[str, CardInfo] = TtlCache(self.settings.card_ttl, self.clock)
+        self.real_name: TtlCache[str, bool] = TtlCache(self.settings.account_ttl, self.clock)
+        self.invalidator = CardInvalidator(db, self.cards)
+        # Active priority items, (card, step) -> item id: rebuilt from the database
+        # every priority_refresh by the refresher, read (and popped once applied) by polls.
+        self.priority: dict[tuple[str, str], int] = {}
+        self._semaphores: dict[str, asyncio.Semaphore] = {}
+        self._polls: set[asyncio.Task[None]] = set()
+        self._results: list[_Result] = []
+        self._failures: dict[tuple[str, str], int] = {}
+
+    # -- the budget check (D12) ---------------------------------------------------------
+
+    def check_budget(self, accounts: int, mode: str) -> bool:
+        """In sync mode every gateway-concurrent poll may also hold a connection to apply."""
+        if mode != "sync":
+            return True
+        return check_connection_budget(
+            pool_size=self.db.max_size,
+            consumers=accounts * self.settings.account_concurrency,
+            writers=1,
+        )
+
+    # -- rounds --------------------------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Write back finished polls, then claim due steps and start their polls; how many."""
+        await self.flush()
+        room = self.settings.max_in_flight - len(self._polls)
+        if room <= 0:
+            return 0
+        if not await self.pipeline.admit(OBSERVATIONS):
+            self.stats.paused_rounds += 1
+            return 0
+        claimed = await self._claim(room)
+        if not claimed:
+            return 0
+        await self._warm_cards([card for card, _, _ in claimed])
+        for card_id, account_id, step in claimed:
+            task = asyncio.create_task(self._poll(card_id, account_id, step))
+            self._polls.add(task)
+            task.add_done_callback(self._polls.discard)
+        return len(claimed)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Round after round until ``stop``; then wait for running polls and write them back."""
+        background = [
+            asyncio.create_task(self.invalidator.run(stop)),
+            asyncio.create_task(self._refresh_priority(stop)),
+        ]
+        try:
+            while not stop.is_set():
+                try:
+                    started = await self.run_once()
+                except ShoalError as exc:
+                    log.warning("poller round failed: %s", exc)
+                    started = 0
+                if not started:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.settings.idle_wait.total_seconds()):
+                            await stop.wait()
+        finally:
+            await self.drain()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    async def drain(self) -> None:
+        """Wait for every started poll, then write their results back."""
+        if self._polls:
+            await asyncio.gather(*list(self._polls), return_exceptions=True)
+        await self.flush()
+
+    async def _claim(self, limit: int) -> list[tuple[str, str, Step]]:
+        now = self.clock.now()
+
+        async def run(conn: AsyncConn) -> list[tuple[str, str, Step]]:
+            # SKIP LOCKED: pollers in several processes share the schedule
+            # without waiting on each other; the lease hands a step back if
+            # its poller dies before writing the result.
+            cur = await conn.execute(
+                "WITH picked AS ("
+                " SELECT d.card_id, d.step, c.account_id FROM shoal_polling.due d"
+                " JOIN shoal_polling.card c ON c.id = d.card_id"
+                " WHERE d.due_at <= %(now)s AND c.polling_enabled"
+                " ORDER BY d.due_at LIMIT %(limit)s FOR UPDATE OF d SKIP LOCKED)"
+                " UPDATE shoal_polling.due d SET due_at = %(lease)s FROM picked"
+                " WHERE d.card_id = picked.card_id AND d.step = picked.step"
+                " RETURNING d.card_id, picked.account_id, d.step",
+                {"now": now, "limit": limit, "lease": now + self.settings.lease},
+            )
+            return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+        return await self.db.run(run)
+
+    async def flush(self) -> None:
+        """Write the next due time of every finished poll in one statement (or two)."""
+        if not self._results:
+            return
+        results, self._results = self._results, []
+        now = self.clock.now()
+        keep = [r for r in results if r.outcome != "stop"]
+        stopped = sorted({r.card_id for r in results if r.outcome == "stop"})
+        due: list[datetime] = []
+        for r in keep:
+            key = (r.card_id, r.step)
+            if r.outcome == "ok":
+                self._failures.pop(key, None)
+                due.append(now + self.settings.interval(r.step))
+            else:
+                failures = self._failures[key] = self._failures.get(key, 0) + 1
+                backoff = self.settings.failure_backoff * 2 ** min(failures - 1, 10)
+                due.append(now + min(backoff, self.settings.max_backoff))
+
+        async def run(conn: AsyncConn) -> None:
+            if keep:
+                await conn.execute(
+                    "UPDATE shoal_polling.due d SET due_at = x.due_at,"
+                    " failures = CASE WHEN x.ok THEN 0 ELSE d.failures + 1 END"
+                    " FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::boolean[])"
+                    " AS x(card_id, step, due_at, ok)"
+                    " WHERE d.card_id = x.card_id AND d.step = x.step",
+                    (
+                        [r.card_id for r in keep],
+                        [r.step for r in keep],
+                        due,
+                        [r.outcome == "ok" for r in keep],
+                    ),
+                )
+            if stopped:
+                # The reference's removeCard: no more polls of a card at risk.
+                await conn.execute(
+                    "DELETE FROM shoal_polling.due WHERE card_id = ANY(%s)", (stopped,)
+                )
+
+        try:
+            await self.db.run(run)
+        except ShoalError as exc:
+            log.warning("poll results not written (%s); their leases will hand them back", exc)
+
+    # -- caches ----------------------------------------------------------------------------
+
+    async def _warm_cards(self, ids: Sequence[str]) -> None:
+        missing = self.cards.missing(sorted(set(ids)))
+        if not missing:
+            return
+        try:
+            for card_id, info in (await load_cards(self.db, missing)).items():
+                self.cards.put(card_id, info)
+        except ShoalError as exc:  # not cached: each poll loads its card again
+            log.warning("card cache: bulk load failed: %s", exc)
+
+    async def _card(self, card_id: str) -> CardInfo:
+        async def load(key: str) -> CardInfo:
+            found = await load_cards(self.db, [key])
+            return found[key]
+
+        return await self.cards.get(card_id, load)
+
+    async def _refresh_priority(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.refresh_priority()
+            except ShoalError as exc:
+                log.warning("priority items not refreshed: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.priority_refresh.total_seconds()):
+                    await stop.wait()
+
+    async def refresh_priority(self) -> None:
+        async def run(conn: AsyncConn) -> dict[tuple[str, str], int]:
+            cur = await conn.execute(
+                "SELECT card_id, step, max(id) FROM shoal_polling.priority_item"
+                " WHERE state = 'active' GROUP BY card_id, step"
+            )
+            return {(r[0], r[1]): r[2] for r in await cur.fetchall()}
+
+        self.priority = await self.db.run(run, transaction=False)
+
+    # -- one poll -------------------------------------------------------------------------
+
+    def _semaphore(self, account_id: str) -> asyncio.Semaphore:
+        sem = self._semaphores.get(account_id)
+        if sem is None:
+            sem = self._semaphores[account_id] = asyncio.Semaphore(
+                self.settings.account_concurrency
+            )
+        return sem
+
+    async def _poll(self, card_id: str, account_id: str, step: Step) -> None:
+        self.stats.polls += 1
+        try:
+            async with self._semaphore(account_id):
+                if step == "plan":
+                    outcome = await self._plan(card_id)
+                else:
+                    outcome = await self._observe(card_id, account_id, step)
+        except Exception as exc:  # a loop boundary: log with the card, keep polling
+            log.warning("poll %s/%s failed: %s: %s", card_id, step, type(exc).__name__, exc)
+            self.stats.error(type(exc).__name__)
+            outcome = "failed"
+        self._results.append(_Result(card_id, step, outcome))
+
+    async def _observe(self, card_id: str, account_id: str, kind: Kind) -> str:
+        if kind == "real_name" and not await self.real_name.get(
+            account_id, lambda a: load_real_name_enabled(self.db, a)
+        ):
+            return "ok"  # the account's carrier has no real-name query
+        card = await self._card(card_id)
+        if not card.polling_enabled:
+            return "stop"
+        priority_item = self.priority.get((card_id, kind))
+        try:
+            answer = await self.gateway.query(account_id, card_id, kind)
+        except GatewayError as exc:
+            self.stats.gateway_errors += 1
+            # D7: a failed poll is recorded by the step itself.
+            await self.ingest.record(
+                CollectionRecord(
+                    f"failed-{uuid.uuid4()}",
+                    self.clock.now(),
+                    card_id,
+                    kind,
+                    ok=False,
+                    error=str(exc)[:500],
+                )
+            )
+            return "failed"
+        self.stats.observations += 1
+        observation = Observation(
+            observation_id=answer.observation_id,
+            card_id=card_id,
+            account_id=account_id,
+            kind=kind,
+            observed_at=answer.observed_at,
+            used_kb=answer.used_kb,
+            status=answer.status,
+            raw=answer.raw,
+            priority_item_id=priority_item,
+        )
+        stop = should_stop_polling_for_risk(kind, answer.status)
+        try:
+            if priority_item is not None:
+                # D8: a priority poll is applied here, and completes its item on commit.
+                envelope = self.pipeline.envelope(
+                    OBSERVATIONS, observation, id=observation.observation_id
+                )
+                await self.pipeline.apply_now(OBSERVATIONS, envelope, self.ingest.apply)
+                self.priority.pop((card_id, kind), None)
+                self.stats.priority_applied += 1
+            else:
+                await self.pipeline.submit(
+                    OBSERVATIONS, observation, self.ingest.apply, id=observation.observation_id
+                )
+        except Exception as exc:
+            self.stats.apply_errors += 1
+            self.stats.error(type(exc).__name__)
+            log.warning(
+                "observation %s of %s not applied: %s: %s",
+                observation.observation_id,
+                card_id,
+                type(exc).__name__,
+                exc,
+            )
+            return "stop" if stop else "failed"
+        if stop:
+            self.stats.risk_stops += 1
+            return "stop"
+        return "ok"
+
+    async def _plan(self, card_id: str) -> str:
+        card = await self._card(card_id)
+        if not card.polling_enabled:
+            return "stop"
+        now = self.clock.now()
+        if card.flow_evaluated_until is not None and card.flow_evaluated_until > now:
+            self.stats.plan_skipped += 1
+            return "ok"
+        await self.db.run(lambda conn: evaluate_plan(conn, card_id, now=now))
+        self.stats.plan_evaluated += 1
+        return "ok"
+
+
+async def add_priority_item(db: Database, card_id: str, step: Kind) -> int:
+    """Ask for the next poll of ``card_id``'s ``step`` to be applied synchronously (D8).
+
+    Pollers see it at their next priority refresh (``priority_refresh``, 30 s).
+    """
+
+    async def run(conn: AsyncConn) -> int:
+        cur = await conn.execute(
+            "INSERT INTO shoal_polling.priority_item (card_id, step) VALUES (%s, %s) RETURNING id",
+            (card_id, step),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    return await db.run(run)
