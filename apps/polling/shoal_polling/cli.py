@@ -16,10 +16,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 
+from shoal import Pipeline, Shoal, SystemClock
+from shoal.cli import database_url
+from shoal.ingest.runner import transport_from_env
+from shoal_polling.domain import MODE_KEY, AsyncConn
+from shoal_polling.fleet import DEFAULT_QUOTA_KB, FleetSpec, create_fleet
 from shoal_polling.gateway import (
     DEFAULT_LATENCY_MS,
     DEFAULT_PORT,
@@ -28,6 +39,11 @@ from shoal_polling.gateway import (
     GatewaySettings,
     build_gateway_app,
 )
+from shoal_polling.gateway_client import GatewayClient
+from shoal_polling.ingest import PollingIngest
+from shoal_polling.poller import ACCOUNT_CONCURRENCY, Poller, PollerSettings
+from shoal_polling.reconcile import reconcile
+from shoal_polling.schema import ensure_schema
 
 
 async def serve_gateway(settings: GatewaySettings, *, host: str, port: int) -> None:
@@ -56,6 +72,125 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextmanager
+def _url(args: argparse.Namespace) -> Iterator[str]:
+    with database_url(args) as url:
+        yield url
+
+
+async def _open(url: str, *, pool_size: int = 10, listen: bool = False) -> Shoal:
+    boss = await Shoal.connect(url, max_size=pool_size, listen=listen)
+    await ensure_schema(boss.db, today=SystemClock().now().date())
+    return boss
+
+
+def cmd_seed(args: argparse.Namespace) -> int:
+    spec = FleetSpec(
+        accounts=args.accounts,
+        cards_per_account=args.cards,
+        quota_kb=args.quota_kb,
+        stop_percent=args.stop_percent,
+    )
+
+    async def run(url: str) -> int:
+        boss = await _open(url)
+        try:
+            cards = await create_fleet(boss.db, spec)
+        finally:
+            await boss.close()
+        print(f"{args.accounts} accounts, {cards} cards, every step due now")
+        return 0
+
+    with _url(args) as url:
+        return asyncio.run(run(url))
+
+
+def cmd_mode(args: argparse.Namespace) -> int:
+    async def run(url: str) -> int:
+        boss = await _open(url)
+        try:
+            pipeline = Pipeline(boss, mode_key=MODE_KEY)
+            if args.mode:
+                await pipeline.config.set(MODE_KEY, args.mode)
+            print(f"{MODE_KEY} = {await pipeline.mode()}")
+        finally:
+            await boss.close()
+        return 0
+
+    with _url(args) as url:
+        return asyncio.run(run(url))
+
+
+def poller_settings(args: argparse.Namespace) -> PollerSettings:
+    return PollerSettings(
+        account_concurrency=args.account_concurrency,
+        traffic_interval=timedelta(seconds=args.traffic_interval_s),
+        card_status_interval=timedelta(seconds=args.card_status_interval_s),
+        real_name_interval=timedelta(seconds=args.real_name_interval_s),
+        plan_interval=timedelta(seconds=args.plan_interval_s),
+    )
+
+
+def cmd_poll(args: argparse.Namespace) -> int:
+    settings = poller_settings(args)
+
+    async def run(url: str) -> int:
+        boss = await _open(url, pool_size=args.pool_size, listen=True)
+        pipeline = Pipeline(boss, transport_from_env(boss), mode_key=MODE_KEY)
+        await pipeline.start()
+        ingest = PollingIngest(boss.db, pipeline, plan_interval=settings.plan_interval)
+        gateway = GatewayClient(args.gateway)
+        poller = Poller(boss.db, pipeline, ingest, gateway, settings=settings)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if args.duration_s:
+            loop.call_later(args.duration_s, stop.set)
+        accounts = await _count(boss, "SELECT count(*) FROM shoal_polling.account")
+        poller.check_budget(accounts, await pipeline.mode())
+        try:
+            await poller.run(stop)
+        finally:
+            await gateway.close()
+            await pipeline.close()
+            await boss.close()
+        print(json.dumps(asdict(poller.stats)))
+        return 0
+
+    with _url(args) as url:
+        return asyncio.run(run(url))
+
+
+async def _count(boss: Shoal, query: str) -> int:
+    async def run(conn: AsyncConn) -> int:
+        cur = await conn.execute(query)
+        row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
+
+    return await boss.db.run(run, transaction=False)
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    async def run(url: str) -> int:
+        gateway = GatewayClient(args.gateway)
+        try:
+            served = await gateway.served()
+        finally:
+            await gateway.close()
+        boss = await _open(url)
+        try:
+            report = await reconcile(boss.db, served)
+        finally:
+            await boss.close()
+        for line in report.lines():
+            print(line)
+        return 0 if report.clean else 1
+
+    with _url(args) as url:
+        return asyncio.run(run(url))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal-polling", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -79,10 +214,41 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--writable", action="store_true", help="turn the read-only switch off")
     gateway.add_argument("--id-prefix", default="", help="observation id prefix (default s<seed>)")
     gateway.add_argument("--served-log", type=Path, help="append every answer here (JSON lines)")
+
+    seed = sub.add_parser("seed", help="create the fleet of accounts and cards to poll")
+    seed.add_argument("--accounts", type=int, default=3)
+    seed.add_argument("--cards", type=int, default=10, help="cards per account")
+    seed.add_argument("--quota-kb", type=int, default=DEFAULT_QUOTA_KB)
+    seed.add_argument("--stop-percent", type=int, default=100, help="channel threshold")
+
+    mode = sub.add_parser("mode", help=f"read or set {MODE_KEY}")
+    mode.add_argument("mode", nargs="?", choices=["sync", "async"])
+
+    poll = sub.add_parser("poll", help="run the poller")
+    poll.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+    poll.add_argument("--duration-s", type=float, default=0.0, help="stop after (0: never)")
+    poll.add_argument("--pool-size", type=int, default=10)
+    poll.add_argument("--account-concurrency", type=int, default=ACCOUNT_CONCURRENCY)
+    defaults = PollerSettings()
+    for step in ("traffic", "card_status", "real_name", "plan"):
+        poll.add_argument(
+            f"--{step.replace('_', '-')}-interval-s",
+            type=float,
+            default=defaults.interval(step).total_seconds(),
+        )
+
+    rec = sub.add_parser("reconcile", help="served vs recorded vs applied")
+    rec.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORT}")
     return parser
 
 
-COMMANDS = {"gateway": cmd_gateway}
+COMMANDS = {
+    "gateway": cmd_gateway,
+    "seed": cmd_seed,
+    "mode": cmd_mode,
+    "poll": cmd_poll,
+    "reconcile": cmd_reconcile,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
