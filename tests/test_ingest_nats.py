@@ -258,7 +258,8 @@ async def test_every_acknowledged_publish_survives_sigkill_and_restart(
 
 
 async def test_one_call_publishes_a_large_batch(transport: NatsTransport) -> None:
-    await transport.publish(TOPIC, envelopes(3_000))  # more than max_ack_pending at once
+    # More than max_ack_pending at once; a generous deadline: every message is fsynced.
+    await transport.publish(TOPIC, envelopes(3_000), timeout=timedelta(seconds=60))
     assert (await transport.depth(TOPIC, GROUP)).ready == 3_000
 
 

@@ -25,15 +25,45 @@ T = TypeVar("T")
 # A message body is kept small: the reference truncates gateway payloads to
 # 4 KB before publishing; a whole envelope must fit well inside this.
 MAX_ENVELOPE_BYTES = 256 * 1024
+_UNSET: Any = object()
 
 
-@dataclass(frozen=True, slots=True)
 class Envelope:
-    """A message as the transports see it: the body is still JSON text."""
+    """A message as the transports see it.
 
-    id: str
-    published_at: datetime
-    body_json: str
+    The body is kept in whichever form it arrived (JSON text from a producer,
+    a parsed value from a delivery) and converted at most once, when the
+    other form is asked for: a consumer parses each delivery once.
+    """
+
+    __slots__ = ("_body", "_body_json", "id", "published_at")
+
+    def __init__(
+        self,
+        id: str,
+        published_at: datetime,
+        body_json: str | None = None,
+        *,
+        body: Any = _UNSET,
+    ) -> None:
+        if body_json is None and body is _UNSET:
+            raise TypeError("an envelope needs body_json or body")
+        self.id = id
+        self.published_at = published_at
+        self._body_json = body_json
+        self._body = body
+
+    @property
+    def body_json(self) -> str:
+        if self._body_json is None:
+            self._body_json = json.dumps(self._body, separators=(",", ":"))
+        return self._body_json
+
+    @property
+    def body(self) -> Any:
+        if self._body is _UNSET:
+            self._body = json.loads(self.body_json)
+        return self._body
 
     def encode(self) -> bytes:
         text = (
@@ -55,12 +85,19 @@ class Envelope:
         return cls(
             id=str(doc["id"]),
             published_at=datetime.fromisoformat(doc["published_at"]),
-            body_json=json.dumps(doc["body"], separators=(",", ":")),
+            body=doc["body"],
         )
 
-    @property
-    def body(self) -> Any:
-        return json.loads(self.body_json)
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Envelope):
+            return NotImplemented
+        return (self.id, self.published_at, self.body) == (other.id, other.published_at, other.body)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.published_at))
+
+    def __repr__(self) -> str:
+        return f"Envelope(id={self.id!r}, published_at={self.published_at.isoformat()!r})"
 
 
 def new_envelope(body: Any, *, published_at: datetime, id: str | None = None) -> Envelope:
