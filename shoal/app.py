@@ -55,6 +55,9 @@ log = logging.getLogger("shoal.app")
 
 
 StartHook = Callable[[Shoal], Awaitable[None]]
+# Called by ``shoal api`` with the FastAPI app it built, the client and the
+# bearer token (None when open): an application adds its own routes and pages.
+ApiHook = Callable[[Any, Shoal, "str | None"], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,7 @@ class App:
         self.handlers: dict[str, HandlerSpec] = {}
         self.schedules: dict[str, ScheduleSpec] = {}
         self.start_hooks: list[StartHook] = []
+        self.api_hooks: list[ApiHook] = []
         self.kinds: dict[str, BatchKind] = {}
         self.consumers: list[ConsumerSpec] = []
         self.sinks: list[SinkSpec] = []
@@ -193,6 +197,15 @@ class App:
     def on_start(self, hook: StartHook) -> StartHook:
         """Run ``hook(shoal)`` when a worker process starts, before it claims anything."""
         self.start_hooks.append(hook)
+        return hook
+
+    def on_api(self, hook: ApiHook) -> ApiHook:
+        """Run ``hook(api, shoal, token)`` when ``shoal api --app`` has built its FastAPI app.
+
+        The application mounts its own routes and pages there, behind the
+        same token as ``/v1``.
+        """
+        self.api_hooks.append(hook)
         return hook
 
     async def run(

@@ -131,6 +131,8 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
         token=token,
         **{name: value for name, value in limits.items() if value is not None},
     )
+    for hook in app.api_hooks:
+        await hook(api, boss, token)
     server = uvicorn.Server(
         uvicorn.Config(
             api,

@@ -1,0 +1,32 @@
+"""The workbench as an app for shoal's own commands, configured from the environment.
+
+    shoal worker --app shoal_extract.app:app   # runs extraction items
+    shoal api --app shoal_extract.app:app      # /v1, dashboard, workbench at /extraction
+
+The llm extractor is configured by ``SHOAL_LLM_BASE_URL``, ``SHOAL_LLM_MODEL``
+and ``SHOAL_LLM_API_KEY`` (docs/extraction.md); without them only ``rules``
+runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from shoal import Shoal
+from shoal_extract.api import mount_workbench
+from shoal_extract.cli import llm_settings
+from shoal_extract.workbench import Workbench
+from shoal_extract.worker import ExtractionApp, WorkerSettings
+
+_NO_FLAGS = argparse.Namespace(llm_base_url=None, llm_model=None, llm_timeout=None)
+
+extraction = ExtractionApp(WorkerSettings(llm=llm_settings(_NO_FLAGS, os.environ)))
+app = extraction.app
+
+
+@app.on_api
+async def mount(api: Any, boss: Shoal, token: str | None) -> None:
+    store = await extraction.attach(boss)
+    mount_workbench(api, Workbench(app.batches(boss), store), token=token)
