@@ -30,6 +30,7 @@ from shoal import Pipeline, Shoal, SystemClock
 from shoal.cli import database_url
 from shoal.ingest.runner import transport_from_env
 from shoal_polling.domain import MODE_KEY, AsyncConn
+from shoal_polling.experiment import ExperimentSettings, as_rows, run_experiment
 from shoal_polling.fleet import DEFAULT_QUOTA_KB, FleetSpec, create_fleet
 from shoal_polling.gateway import (
     DEFAULT_LATENCY_MS,
@@ -191,6 +192,45 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         return asyncio.run(run(url))
 
 
+EXPERIMENT_COLUMNS = (
+    ("observations/s", "observations_per_s"),
+    ("observations", "observations"),
+    ("SQL timeouts", "sql_timeouts"),
+    ("pool timeouts", "pool_timeouts"),
+    ("other work failed", "other_work_failed"),
+    ("served", "served"),
+    ("lost", "lost"),
+    ("records missing", "records_missing"),
+    ("max backlog", "max_backlog"),
+    ("drain s", "drain_s"),
+    ("reconciled", "clean"),
+)
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    settings = ExperimentSettings(
+        duration_s=args.duration_s,
+        accounts=args.accounts,
+        cards_per_account=args.cards,
+        pool_size=args.pool_size,
+        consumers=args.consumers,
+        other_load=args.other_load,
+        deadline_s=args.deadline_s,
+        latency_ms=args.latency_ms,
+        apply_cost_ms=args.apply_cost_ms,
+        step_interval_s=args.step_interval_s,
+    )
+    with _url(args) as url:
+        results = asyncio.run(run_experiment(url, settings))
+    rows = as_rows(results)
+    print(json.dumps({"settings": asdict(settings), "results": rows}, indent=2))
+    width = max(len(title) for title, _ in EXPERIMENT_COLUMNS)
+    print("\n" + " " * width + "".join(f"{r['mode']:>12}" for r in rows))
+    for title, key in EXPERIMENT_COLUMNS:
+        print(f"{title:<{width}}" + "".join(f"{r[key]!s:>12}" for r in rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal-polling", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -239,10 +279,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     rec = sub.add_parser("reconcile", help="served vs recorded vs applied")
     rec.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+
+    exp = sub.add_parser("experiment", help="sync vs async under a slow gateway, measured")
+    d = ExperimentSettings()
+    exp.add_argument("--duration-s", type=float, default=d.duration_s, help="per mode")
+    exp.add_argument("--accounts", type=int, default=d.accounts)
+    exp.add_argument("--cards", type=int, default=d.cards_per_account, help="per account")
+    exp.add_argument("--pool-size", type=int, default=d.pool_size)
+    exp.add_argument("--consumers", type=int, default=d.consumers, help="async ingest slots")
+    exp.add_argument("--other-load", type=int, default=d.other_load)
+    exp.add_argument("--deadline-s", type=float, default=d.deadline_s)
+    exp.add_argument("--latency-ms", type=float, default=d.latency_ms)
+    exp.add_argument("--apply-cost-ms", type=float, default=d.apply_cost_ms)
+    exp.add_argument("--step-interval-s", type=float, default=d.step_interval_s)
     return parser
 
 
 COMMANDS = {
+    "experiment": cmd_experiment,
     "gateway": cmd_gateway,
     "seed": cmd_seed,
     "mode": cmd_mode,

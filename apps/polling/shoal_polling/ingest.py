@@ -42,10 +42,14 @@ class PollingIngest:
         pipeline: Pipeline,
         *,
         plan_interval: timedelta = DEFAULT_PLAN_INTERVAL,
+        apply_cost: timedelta = timedelta(0),
     ) -> None:
         self.db = db
         self.pipeline = pipeline
         self.plan_interval = plan_interval
+        # The experiment's stand-in for a production database's heavier write
+        # (bigger tables, triggers, contention): server time added to each apply.
+        self.apply_cost_s = apply_cost.total_seconds()
         self.counts = IngestCounts()
 
     async def apply(self, message: Message[Observation]) -> None:
@@ -53,6 +57,8 @@ class PollingIngest:
         observation = message.body
 
         async def run(conn: AsyncConn) -> Applied:
+            if self.apply_cost_s > 0:
+                await conn.execute("SELECT pg_sleep(%s)", (self.apply_cost_s,))
             return await apply_observation(conn, observation, plan_interval=self.plan_interval)
 
         await self.db.run(run)
