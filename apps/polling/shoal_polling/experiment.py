@@ -38,6 +38,7 @@ from psycopg.conninfo import make_conninfo
 from shoal import Pipeline, Shoal, ShoalError, SystemClock
 from shoal.db.embedded import free_port
 from shoal.ingest.pipeline import check_connection_budget
+from shoal.ingest.postgres import PostgresTransport
 from shoal_polling.domain import COLLECTION, MODE_KEY, OBSERVATIONS
 from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.gateway_client import GatewayClient, GatewayError
@@ -66,7 +67,8 @@ class ExperimentSettings:
     latency_ms: float = 300.0
     latency_sigma: float = 0.8
     step_interval_s: float = 2.0
-    apply_cost_ms: float = 50.0
+    apply_cost_ms: float = 100.0
+    transport_pool: int = 4
     drain_timeout_s: float = 120.0
     seed: int = 1
 
@@ -179,6 +181,9 @@ async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> 
         boss = await Shoal.connect(
             url, max_size=s.pool_size, deadline=timedelta(seconds=s.deadline_s)
         )
+        # The topics' own connections, outside the app's pool, as the reference's
+        # NSQ was: the experiment measures the app's pool, not the transport's.
+        carrier = await Shoal.connect(url, max_size=s.transport_pool, run_migrations=False)
         gateway = _Gateway(s)
         stop = asyncio.Event()
         ingest_stop = asyncio.Event()
@@ -189,7 +194,7 @@ async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> 
                 boss.db, FleetSpec(accounts=s.accounts, cards_per_account=s.cards_per_account)
             )
             await gateway.start()
-            pipeline = Pipeline(boss, mode_key=MODE_KEY)
+            pipeline = Pipeline(boss, PostgresTransport(carrier), mode_key=MODE_KEY)
             await pipeline.start()
             await pipeline.config.set(MODE_KEY, mode)
             ingest = PollingIngest(
@@ -261,6 +266,7 @@ async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> 
             with contextlib.suppress(Exception):
                 await pipeline.close()
             await boss.close()
+            await carrier.close()
             await gateway.stop()
     return result
 
