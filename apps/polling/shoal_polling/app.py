@@ -19,14 +19,26 @@ import os
 from datetime import timedelta
 
 from shoal import App, Message, Pipeline, Shoal, SystemClock
+from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.runner import transport_from_env
+from shoal.ingest.transport import Transport
 from shoal_polling.domain import COLLECTION, MODE_KEY, OBSERVATIONS, CollectionRecord, Observation
 from shoal_polling.ingest import COLLECTION_WRITERS, INGEST_CONCURRENCY, PollingIngest
 from shoal_polling.schema import ensure_schema
 
 ACK_WAIT = timedelta(seconds=float(os.environ.get("SHOAL_POLLING_ACK_WAIT_S", "300")))
 
+
+def transport(boss: Shoal) -> Transport:
+    """The environment's transport; on postgres, with this app's ack wait (a message's
+    lease: how soon a message held by a killed worker is delivered again)."""
+    if os.environ.get("SHOAL_INGEST_TRANSPORT", "postgres") == "postgres":
+        return PostgresTransport(boss, ack_wait=ACK_WAIT)
+    return transport_from_env(boss)
+
+
 app = App()
+app.ingest_settings.transport = transport
 app.ingest_settings.mode_key = MODE_KEY
 app.ingest_settings.monitor_interval = timedelta(
     seconds=float(os.environ.get("SHOAL_POLLING_MONITOR_INTERVAL_S", "60"))
@@ -40,7 +52,7 @@ async def prepare(boss: Shoal) -> None:
     await ensure_schema(boss.db, today=SystemClock().now().date())
     # The consumer publishes collection records on the worker's transport: a
     # pipeline of its own, since the runner's is not handed to applies.
-    pipeline = Pipeline(boss, transport_from_env(boss), mode_key=MODE_KEY)
+    pipeline = Pipeline(boss, transport(boss), mode_key=MODE_KEY)
     await pipeline.start()
     _ingest.append(PollingIngest(boss.db, pipeline))
 
