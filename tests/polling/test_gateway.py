@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shoal_polling.domain import KINDS
 from shoal_polling.gateway import Gateway, GatewaySettings, build_gateway_app
 from shoal_polling.gateway_client import GatewayClient, GatewayError
 from tests.conftest import wait_for
@@ -29,9 +30,9 @@ async def answers(settings: GatewaySettings, order: list[str]) -> dict[str, list
     out: dict[str, list[Any]] = {}
     try:
         for card in order:
-            for kind in ("traffic", "card_status", "real_name"):
+            for kind in KINDS:
                 try:
-                    a = await gw.query("acct000", card, kind)  # type: ignore[arg-type]
+                    a = await gw.query("acct000", card, kind)
                     out.setdefault(card, []).append((a.observation_id, a.used_kb, a.status))
                 except GatewayError as exc:
                     out.setdefault(card, []).append(("error", exc.status))

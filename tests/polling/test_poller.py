@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from shoal import Shoal
+from shoal import PublishError, Shoal
+from shoal.ingest.postgres import PostgresTransport
+from shoal.ingest.transport import Transport
 from shoal_polling.domain import OBSERVATIONS, Kind
 from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.gateway import GatewaySettings
@@ -158,7 +160,7 @@ async def test_at_most_twenty_polls_of_one_account_call_the_gateway_at_once(
         finally:
             active[account] -= 1
 
-    rig.gateway.query = counting  # type: ignore[method-assign]
+    rig.gateway.query = counting  # type: ignore[method-assign]  # counting calls in place
     try:
         await rig.round()
     finally:
@@ -167,4 +169,37 @@ async def test_at_most_twenty_polls_of_one_account_call_the_gateway_at_once(
 
 
 async def _at_least(count: object, n: int) -> bool:
-    return bool(await count >= n)  # type: ignore[misc,operator]
+    return bool(await count >= n)  # type: ignore[misc,operator]  # an awaitable of int
+
+
+class _PublishFails:
+    """The postgres transport with publishing down (an outage of the transport)."""
+
+    def __init__(self, inner: PostgresTransport) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def publish(self, topic: str, envelopes: Any, **_: Any) -> None:
+        raise PublishError(f"publish to {topic!r}: transport down")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_async_mode_degrades_to_sync_when_the_transport_cannot_publish(
+    polling: Shoal,
+) -> None:
+    def failing(boss: Shoal) -> Transport:
+        return cast(Transport, _PublishFails(PostgresTransport(boss)))  # a wrapper, duck-typed
+
+    rig = await open_rig(polling, transport=failing)
+    try:
+        await rig.set_mode("async")
+        await rig.round()
+        assert rig.poller.stats.apply_errors == 0
+        assert await applied(polling) == CARDS * STATUS_STEPS
+        # Their collection records could not be published either: written directly.
+        assert rig.ingest.counts.records_written_directly == CARDS * STATUS_STEPS
+        assert await records(polling) == CARDS * STATUS_STEPS
+    finally:
+        await rig.close()
