@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import Any
 
-from shoal import NotFound
+from shoal import InvalidInput, NotFound
 from shoal.ingest.guard import newer_than_applied
 from shoal_polling.domain import (
     AsyncConn,
@@ -114,7 +114,7 @@ async def _apply_traffic(
     conn: AsyncConn, observation: Observation, *, plan_interval: timedelta
 ) -> Applied:
     if observation.used_kb is None or observation.used_kb < 0:
-        raise NotFound(f"traffic observation {observation.observation_id} carries no reading")
+        raise InvalidInput("used_kb", f"traffic observation {observation.observation_id} has none")
     card_id = observation.card_id
     cur = await conn.execute(
         "SELECT c.account_id, c.service_state, p.quota_kb, p.reset_day"

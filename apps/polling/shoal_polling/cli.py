@@ -219,6 +219,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         latency_ms=args.latency_ms,
         apply_cost_ms=args.apply_cost_ms,
         step_interval_s=args.step_interval_s,
+        nats_url=args.nats_url,
     )
     with _url(args) as url:
         results = asyncio.run(run_experiment(url, settings))
@@ -292,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--latency-ms", type=float, default=d.latency_ms)
     exp.add_argument("--apply-cost-ms", type=float, default=d.apply_cost_ms)
     exp.add_argument("--step-interval-s", type=float, default=d.step_interval_s)
+    exp.add_argument("--nats-url", help="run the topics on this NATS JetStream server")
     return parser
 
 

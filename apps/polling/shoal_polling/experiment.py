@@ -39,6 +39,7 @@ from shoal import Pipeline, Shoal, ShoalError, SystemClock
 from shoal.db.embedded import free_port
 from shoal.ingest.pipeline import check_connection_budget
 from shoal.ingest.postgres import PostgresTransport
+from shoal.ingest.transport import Transport
 from shoal_polling.domain import COLLECTION, MODE_KEY, OBSERVATIONS
 from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.gateway_client import GatewayClient, GatewayError
@@ -69,6 +70,7 @@ class ExperimentSettings:
     step_interval_s: float = 2.0
     apply_cost_ms: float = 100.0
     transport_pool: int = 4
+    nats_url: str | None = None  # the nats transport instead of postgres
     drain_timeout_s: float = 120.0
     seed: int = 1
 
@@ -76,6 +78,7 @@ class ExperimentSettings:
 @dataclass(slots=True)
 class ModeResult:
     mode: str
+    transport: str = "postgres"
     polls: int = 0
     observations: int = 0
     observations_per_s: float = 0.0
@@ -165,7 +168,7 @@ async def _other_work(boss: Shoal, stop: asyncio.Event, result: ModeResult) -> N
 
 async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> ModeResult:
     s = settings
-    result = ModeResult(mode)
+    result = ModeResult(mode, "postgres" if settings.nats_url is None else "nats")
     interval = timedelta(seconds=s.step_interval_s)
     poller_settings = PollerSettings(
         traffic_interval=interval,
@@ -194,7 +197,12 @@ async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> 
                 boss.db, FleetSpec(accounts=s.accounts, cards_per_account=s.cards_per_account)
             )
             await gateway.start()
-            pipeline = Pipeline(boss, PostgresTransport(carrier), mode_key=MODE_KEY)
+            topics: Transport = PostgresTransport(carrier)
+            if s.nats_url is not None:
+                from shoal.ingest.nats import NatsTransport
+
+                topics = NatsTransport(s.nats_url)
+            pipeline = Pipeline(boss, topics, mode_key=MODE_KEY)
             await pipeline.start()
             await pipeline.config.set(MODE_KEY, mode)
             ingest = PollingIngest(
@@ -245,7 +253,6 @@ async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> 
                     if obs.total == 0 and rec.total == 0:
                         break
                 await asyncio.sleep(0.5)
-            result.drain_s = round(clock.monotonic() - drain_from, 1)
             stats = boss.db.pool.get_stats()
             result.pool_timeouts = int(stats.get("requests_errors", 0))
             result.polls = poller.stats.polls
@@ -255,6 +262,16 @@ async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> 
             served = await client.served()
             await client.close()
             report = await reconcile(boss.db, served)
+            # Async writes may still be waiting on the retry ladder (a record
+            # whose write found no connection): drained means reconciled.
+            while (
+                mode == "async"
+                and not report.clean
+                and clock.monotonic() - drain_from < s.drain_timeout_s
+            ):
+                await asyncio.sleep(1.0)
+                report = await reconcile(boss.db, served)
+            result.drain_s = round(clock.monotonic() - drain_from, 1)
             result.served = report.served
             result.lost = len(report.missing_applied)
             result.records_missing = len(report.missing_records)
