@@ -60,18 +60,24 @@ FROM {schema}.guard_items(%(ids)s::bigint[], %(now)s::timestamptz)
 
 -- name: claim_items
 -- A worker's claim of item jobs with the guard of their items, in one round
--- trip (see claim_items() in 0002_batch.sql). A claimed job's row has the
--- columns of claim_jobs in shoal/queue/queries.sql, in its order, then its
--- item id; a guarded item's row has NULL job columns, then the columns of
--- guard_items above.
-SELECT (c.job).id, (c.job).queue, (c.job).data::text, (c.job).priority, (c.job).attempt,
-       (c.job).retry_limit, extract(epoch FROM (c.job).retry_delay)::float8,
-       (c.job).retry_backoff, extract(epoch FROM (c.job).retry_delay_max)::float8,
-       extract(epoch FROM (c.job).expire_in)::float8, (c.job).singleton_key,
-       (c.job).dead_letter, (c.job).created_at, (c.job).started_at, (c.job).lease_expires_at,
-       c.item_id, c.fence, c.run, c.ref, c.data::text, c.task_id::text, c.kind, c.params::text,
-       c.max_attempts
-FROM {schema}.claim_items(%(queue)s, %(limit)s, %(now)s::timestamptz) AS c
+-- trip (see claim_items() in 0002_batch.sql): one row per job taken, with the
+-- columns of claim_jobs in shoal/queue/queries.sql, in its order, then the
+-- columns of guard_items above for its item (all NULL for a phantom). The
+-- function returns jobs and guarded items as rows of their own; they are
+-- paired here, where the planner may hash them.
+WITH c AS MATERIALIZED (
+    SELECT * FROM {schema}.claim_items(%(queue)s, %(limit)s, %(now)s::timestamptz)
+)
+SELECT (j.job).id, (j.job).queue, (j.job).data::text, (j.job).priority, (j.job).attempt,
+       (j.job).retry_limit, extract(epoch FROM (j.job).retry_delay)::float8,
+       (j.job).retry_backoff, extract(epoch FROM (j.job).retry_delay_max)::float8,
+       extract(epoch FROM (j.job).expire_in)::float8, (j.job).singleton_key,
+       (j.job).dead_letter, (j.job).created_at, (j.job).started_at, (j.job).lease_expires_at,
+       g.item_id, g.fence, g.run, g.ref, g.data::text, g.task_id::text, g.kind, g.params::text,
+       g.max_attempts
+FROM c j
+LEFT JOIN c g ON (g.job).id IS NULL AND g.item_id = j.item_id
+WHERE (j.job).id IS NOT NULL
 
 -- name: complete_items
 -- Records finished runs and completes their jobs in one statement (see

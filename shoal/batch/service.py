@@ -87,7 +87,7 @@ class Progress:
 
 @dataclass(frozen=True, slots=True)
 class TaskView:
-    """A task with its live progress (one GROUP BY status of its unfinished items)."""
+    """A task with its live progress (one GROUP BY status; completed items are the rest)."""
 
     task_id: TaskId
     kind: str

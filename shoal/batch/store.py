@@ -229,14 +229,7 @@ class BatchStore:
         Committed without waiting for its WAL flush, like a plain claim.
         """
         rows = await self._rows("claim_items", {"queue": queue, "limit": limit, "now": now})
-        claimed: list[tuple[ClaimedJob, ItemId]] = []
-        passed: dict[ItemId, GuardedItem] = {}
-        for r in rows:
-            if r[0] is not None:
-                claimed.append((claimed_job(r), ItemId(r[15])))
-            else:
-                passed[r[15]] = _guarded(r, 15)
-        return [(job, passed.get(item_id)) for job, item_id in claimed]
+        return [(claimed_job(r), None if r[15] is None else _guarded(r, 15)) for r in rows]
 
     async def record_items(
         self,
