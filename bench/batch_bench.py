@@ -509,6 +509,11 @@ class Measurement:
     vm_hwm_mib: float = 0.0  # the kernel's peak, read just before stopping
     load: float = 0.0
     worker_cpu_s: float = 0.0  # the worker's CPU time from create to closed
+    # CPU seconds of database backends from create to closed: the worker's
+    # (all it has; they start with it) and the parent's (create and polls).
+    # None when the server's processes cannot be read (not on this machine).
+    db_worker_cpu_s: float | None = None
+    db_parent_cpu_s: float | None = None
     cut_off: bool = False  # SLOW_BUDGET_S passed before the task closed
     finished: int = 0  # items finished when cut off
     polls: int = 0
@@ -860,6 +865,31 @@ class Bench:
     async def reset(self, lib: str) -> None:
         await self.admin.execute(TRUNCATE_SQL[lib])
 
+    async def backend_cpu_s(self, *, parent: bool) -> float | None:
+        """CPU seconds so far of the bench database's backends: the parent's, or the others.
+
+        Read from /proc, so only when the server runs on this machine (and
+        its processes are readable); None otherwise.
+        """
+        import psutil
+
+        op = "=" if parent else "<>"
+        cur = await self.admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s"
+            f" AND backend_type = 'client backend' AND application_name {op} %s",
+            (BENCH_DB, PARENT_APP_NAME),
+        )
+        total = 0.0
+        for (pid,) in await cur.fetchall():
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.NoSuchProcess:
+                continue  # ended meanwhile
+            except psutil.Error:
+                return None
+            total += times.user + times.system
+        return total
+
     async def end_orphaned_backends(self) -> str:
         """Terminate client backends a stopped worker left running (see PARENT_APP_NAME)."""
         cur = await self.admin.execute(
@@ -885,6 +915,7 @@ class Bench:
             await worker.wait_ready()
             await asyncio.sleep(SETTLE_S)
             cpu_before = worker.cpu_s()
+            db_parent_before = await self.backend_cpu_s(parent=True)
             start = time.perf_counter()
             task_id = await self.create(lib, refs)
             m.create_s = time.perf_counter() - start
@@ -917,6 +948,10 @@ class Bench:
                 # them keeps the parent from loading the 2 cores it shares.
                 await asyncio.sleep(max(POLL_S, POLL_SPACING * (now - polled_at)))
             m.worker_cpu_s = worker.cpu_s() - cpu_before
+            m.db_worker_cpu_s = await self.backend_cpu_s(parent=False)
+            db_parent_after = await self.backend_cpu_s(parent=True)
+            if db_parent_before is not None and db_parent_after is not None:
+                m.db_parent_cpu_s = db_parent_after - db_parent_before
             if m.cut_off:
                 m.note = (
                     f"cut off after {m.e2e_s:.0f} s with {m.finished:,} of {n:,} items finished"
@@ -1055,6 +1090,8 @@ def details(rows: list[Row]) -> list[str]:
                 )
                 + f"RSS {m.rss_mib:.1f} MiB "
                 f"(VmHWM {m.vm_hwm_mib:.1f}), worker CPU {m.worker_cpu_s:.1f} s, "
+                f"database CPU {fmt(m.db_worker_cpu_s, '.1f')} s (worker) + "
+                f"{fmt(m.db_parent_cpu_s, '.1f')} s (parent), "
                 f"load {m.load:.2f}, "
                 f"{m.polls} polls averaging {m.poll_s / max(m.polls, 1) * 1000:.1f} ms"
             )
