@@ -142,7 +142,11 @@ class ParsedItems:
 
 
 def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> ParsedItems:
-    """``[ref | {"ref", "data"}]`` validated; InvalidInput names the bad entry."""
+    """``[ref | {"ref", "data"}]`` validated; InvalidInput names the bad entry.
+
+    The one check that a task's refs are unique: the item table has no unique
+    index on them (see 0002_batch.sql), and create is its only writer.
+    """
     if not isinstance(items, Sequence) or isinstance(items, str | bytes):
         raise InvalidInput("items", "must be a list of refs or {ref, data} objects")
     if not items:
