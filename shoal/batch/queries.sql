@@ -107,6 +107,23 @@ SET status = %(status)s::{schema}.item_status,
 WHERE id = %(item_id)s AND status = 'running' AND attempt = %(attempt)s
 RETURNING id
 
+-- name: hand_back_items
+-- running -> pending for items guarded but never started (a worker stopping),
+-- fenced by attempt, each with an "Interrupted" entry appended; returns the
+-- items handed back, as dispatches of a new job.
+UPDATE {schema}.item i
+SET status = 'pending',
+    error = %(message)s,
+    errors = i.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', i.attempt - i.attempt_base, 'at', coalesce(%(now)s::timestamptz, now()),
+        'type', 'Interrupted', 'message', %(message)s::text, 'traceback', NULL)),
+    finished_at = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt), {schema}.task t
+WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
+  AND i.attempt = u.attempt AND t.id = i.task_id
+RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
+
 -- name: heartbeat_items
 -- Sign of life for running items, fenced by attempt; returns those still held.
 UPDATE {schema}.item i

@@ -39,7 +39,7 @@ from shoal.clock import Clock
 from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
-from shoal.queue.job import Completed, Job, Outcome, error_entry, event_entry
+from shoal.queue.job import Completed, Job, Outcome, error_entry
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
@@ -50,6 +50,7 @@ PHANTOM_SKIPS = "phantom_skips"
 # Attempts to record an outcome before giving up on it (the sweep recovers).
 FINAL_WRITE_TRIES = 5
 NO_DELAY = timedelta(0)
+HANDED_BACK = "handed back at shutdown before it ran"
 
 
 class ItemDone(NamedTuple):
@@ -118,37 +119,25 @@ class ItemRunner:
     async def release_unstarted(self) -> int:
         """Put items guarded for jobs that never ran (shutdown) back to pending.
 
-        Each gets a new job in the same transaction: the one it was claimed
-        with was a one-shot delivery.
+        One statement for them all, and a new job for each in the same
+        transaction: the one it was claimed with was a one-shot delivery.
         """
-        released = 0
-        for guarded in list(self._prepared.values()):
-            if guarded is None:
-                continue
-            self._held.pop(guarded.id, None)
-
-            async def release(conn: AsyncConn, guarded: GuardedItem = guarded) -> bool:
-                won = await self.store.fail_item(
-                    guarded.id,
-                    guarded.attempt,
-                    status=ItemStatus.PENDING,
-                    message="handed back at shutdown before it ran",
-                    entry=event_entry(
-                        guarded.run,
-                        "Interrupted",
-                        "handed back at shutdown before it ran",
-                        self.clock.now().isoformat(),
-                    ),
-                    now=self.clock.sql_now(),
-                    conn=conn,
-                )
-                if won:
-                    await self.send(conn, [self._dispatch(guarded.id, guarded.attempt)], NO_DELAY)
-                return won
-
-            released += await self.store.db.run(release)
+        unstarted = [(g.id, g.attempt) for g in self._prepared.values() if g is not None]
         self._prepared.clear()
-        return released
+        for item_id, _ in unstarted:
+            self._held.pop(item_id, None)
+        if not unstarted:
+            return 0
+
+        async def release(conn: AsyncConn) -> int:
+            back = await self.store.hand_back_items(
+                conn, unstarted, message=HANDED_BACK, now=self.clock.sql_now()
+            )
+            if back:
+                await self.send(conn, back, NO_DELAY)
+            return len(back)
+
+        return await self.store.db.run(release)
 
     def _dispatch(self, item_id: ItemId, fence: int) -> Dispatch:
         return Dispatch(item_id, fence, ItemStatus.PENDING, self.kind.queue, self.kind.job_options)

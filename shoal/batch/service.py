@@ -36,6 +36,12 @@ MAX_KEY_LENGTH = 255
 # How long a create waits for a concurrent identical create holding the same
 # idempotency key before answering "still being created" (HTTP 409).
 IDEMPOTENCY_WAIT = timedelta(seconds=5)
+# Most item jobs one claim takes (the queue's default is 500). Reached only by
+# fast items (the worker's prefetch follows their rate): a claim also guards
+# its items, and halving the number of claims of a 100,000-item task of no-op
+# items took 4-5% off its run here. Claimed items wait in the worker's buffer
+# as running, and are handed back at shutdown.
+ITEM_CLAIM_BATCH = 1000
 
 
 class IdempotencyMismatch(Conflict):
@@ -259,6 +265,7 @@ class Batches:
             runner,
             concurrency=spec.concurrency,
             poll_interval=poll_interval,
+            batch_size=ITEM_CLAIM_BATCH,
             claim=runner.claim,
             finalize=runner.finalize,
             # The item row holds the result; the job needs no copy.

@@ -322,6 +322,27 @@ class BatchStore:
         )
         return bool(rows)
 
+    async def hand_back_items(
+        self,
+        conn: AsyncConn,
+        held: Sequence[tuple[ItemId, int]],
+        *,
+        message: str,
+        now: datetime | None,
+    ) -> list[Dispatch]:
+        """running -> pending for (id, fence) never started; the items handed back."""
+        rows = await self._rows(
+            "hand_back_items",
+            {
+                "ids": [h[0] for h in held],
+                "attempts": [h[1] for h in held],
+                "message": message,
+                "now": now,
+            },
+            conn,
+        )
+        return [_dispatch(r) for r in rows]
+
     async def heartbeat_items(
         self, held: Sequence[tuple[ItemId, int]], *, now: datetime | None
     ) -> set[ItemId]:
