@@ -68,16 +68,13 @@ FROM {schema}.guard_items(%(ids)s::bigint[], %(now)s::timestamptz)
 WITH c AS MATERIALIZED (
     SELECT * FROM {schema}.claim_items(%(queue)s, %(limit)s, %(now)s::timestamptz)
 )
-SELECT (j.job).id, (j.job).queue, (j.job).data::text, (j.job).priority, (j.job).attempt,
-       (j.job).retry_limit, extract(epoch FROM (j.job).retry_delay)::float8,
-       (j.job).retry_backoff, extract(epoch FROM (j.job).retry_delay_max)::float8,
-       extract(epoch FROM (j.job).expire_in)::float8, (j.job).singleton_key,
-       (j.job).dead_letter, (j.job).created_at, (j.job).started_at, (j.job).lease_expires_at,
-       g.item_id, g.fence, g.run, g.ref, g.data::text, g.task_id::text, g.kind, g.params::text,
-       g.max_attempts
+SELECT j.job_id, j.queue, j.job_data, j.priority, j.job_attempt, j.retry_limit, j.retry_delay_s,
+       j.retry_backoff, j.retry_delay_max_s, j.expire_in_s, j.singleton_key, j.dead_letter,
+       j.created_at, j.started_at, j.lease_expires_at,
+       g.item_id, g.fence, g.run, g.ref, g.data, g.task_id, g.kind, g.params, g.max_attempts
 FROM c j
-LEFT JOIN c g ON (g.job).id IS NULL AND g.item_id = j.item_id
-WHERE (j.job).id IS NOT NULL
+LEFT JOIN c g ON g.job_id IS NULL AND g.item_id = j.item_id
+WHERE j.job_id IS NOT NULL
 
 -- name: complete_items
 -- Records finished runs and completes their jobs in one statement (see

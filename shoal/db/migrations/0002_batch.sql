@@ -131,13 +131,18 @@ $$;
 -- undone, and the jobs are delivered again). An item job is a one-shot
 -- delivery: the item row records the run (running, its fence, its heartbeat),
 -- the reaper recovers it if its worker dies, and a retry is a new job. One row
--- per job taken (job, item_id), then one per item that passed the guard (job
--- NULL, item_id and the guard's columns); an item with no row of the second
--- kind was a phantom.
+-- per job taken (the columns of the queue's claim_jobs query, and item_id),
+-- then one per item that passed the guard (job_id NULL, item_id and the
+-- guard's columns); an item with no row of the second kind was a phantom.
+-- Payloads come back as text, parsed only when a handler reads them.
 CREATE FUNCTION {schema}.claim_items(p_queue text, p_limit integer, p_now timestamptz)
 RETURNS TABLE (
-    job {schema}.job, item_id bigint, fence integer, run integer, ref text, data jsonb,
-    task_id uuid, kind text, params jsonb, max_attempts integer)
+    job_id bigint, queue text, job_data text, priority integer, job_attempt integer,
+    retry_limit integer, retry_delay_s float8, retry_backoff boolean, retry_delay_max_s float8,
+    expire_in_s float8, singleton_key text, dead_letter text, created_at timestamptz,
+    started_at timestamptz, lease_expires_at timestamptz,
+    item_id bigint, fence integer, run integer, ref text, data text, task_id text, kind text,
+    params text, max_attempts integer)
 LANGUAGE sql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -146,16 +151,26 @@ SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
     WITH claimed AS (
-        SELECT c AS job, (c.data->>'item')::bigint AS item_id
+        SELECT c.id, c.queue, c.data, c.priority, c.attempt, c.retry_limit, c.retry_delay,
+               c.retry_backoff, c.retry_delay_max, c.expire_in, c.singleton_key, c.dead_letter,
+               c.created_at, c.started_at, c.lease_expires_at,
+               (c.data->>'item')::bigint AS item_id
         FROM {schema}.take_jobs(p_queue, p_limit, p_now) AS c
     )
-    SELECT job, item_id, NULL::integer, NULL::integer, NULL::text, NULL::jsonb, NULL::uuid,
-           NULL::text, NULL::jsonb, NULL::integer
-    FROM claimed
+    SELECT c.id, c.queue, c.data::text, c.priority, c.attempt, c.retry_limit,
+           extract(epoch FROM c.retry_delay)::float8, c.retry_backoff,
+           extract(epoch FROM c.retry_delay_max)::float8, extract(epoch FROM c.expire_in)::float8,
+           c.singleton_key, c.dead_letter, c.created_at, c.started_at, c.lease_expires_at,
+           c.item_id, NULL::integer, NULL::integer, NULL::text, NULL::text, NULL::text,
+           NULL::text, NULL::text, NULL::integer
+    FROM claimed c
     UNION ALL
-    SELECT NULL::{schema}.job, g.id, g.attempt, g.run, g.ref, g.data, g.task_id, g.kind, g.params,
+    SELECT NULL::bigint, NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::integer,
+           NULL::float8, NULL::boolean, NULL::float8, NULL::float8, NULL::text, NULL::text,
+           NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+           g.id, g.attempt, g.run, g.ref, g.data::text, g.task_id::text, g.kind, g.params::text,
            g.max_attempts
-    FROM {schema}.guard_items(ARRAY(SELECT item_id FROM claimed), p_now) AS g;
+    FROM {schema}.guard_items(ARRAY(SELECT c.item_id FROM claimed c), p_now) AS g;
 $$;
 
 -- Records finished runs and completes their jobs in one statement (one
