@@ -52,20 +52,7 @@ SETTINGS_CACHE_SIZE = 1024
 
 
 def _settings_for(queue: str, defaults: JobOptions, overrides: Mapping[str, Any]) -> JobSettings:
-    opts = replace(defaults, **overrides)
-    start_after = opts.start_after
-    return JobSettings(
-        queue=queue,
-        priority=opts.priority,
-        retry_limit=opts.retry_limit,
-        retry_delay=opts.retry_delay,
-        retry_backoff=opts.retry_backoff,
-        retry_delay_max=opts.retry_delay_max,
-        expire_in=opts.expire_in,
-        dead_letter=opts.dead_letter,
-        start_at=start_after if isinstance(start_after, datetime) else None,
-        start_in=start_after if isinstance(start_after, timedelta) else None,
-    )
+    return JobSettings.of(queue, replace(defaults, **overrides))
 
 
 class Shoal:
