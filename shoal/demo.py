@@ -23,12 +23,12 @@ from datetime import timedelta
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from shoal.app import App
 from shoal.batch.item import Item
 from shoal.batch.service import Batches, TaskView
+from shoal.batch.watch import watch_task
 from shoal.errors import PermanentError
 from shoal.queue.client import Shoal
 
@@ -141,31 +141,7 @@ async def run_demo(
         )
         if dashboard:
             console.print(f"dashboard: [link={dashboard}]{dashboard}[/link] (live while this runs)")
-        with Progress(
-            TextColumn("[bold]{task.description:>10}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            bars = {
-                name: progress.add_task(name, total=items)
-                for name in ("finished", "completed", "error", "running")
-            }
-            while True:
-                view = await batches.get(created.task_id)
-                p = view.progress
-                for name, value in (
-                    ("finished", p.finished),
-                    ("completed", p.completed),
-                    ("error", p.error),
-                    ("running", p.running),
-                ):
-                    progress.update(bars[name], completed=value)
-                if view.status != "processing":
-                    break
-                await asyncio.sleep(0.2)
-        view = await batches.get(created.task_id)
+        view = await watch_task(batches, created.task_id, console)
         table = Table(title=f"task {view.task_id}")
         table.add_column("what")
         table.add_column("value", justify="right")

@@ -34,9 +34,10 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal import InvalidInput, Shoal, ShoalError, SystemClock
+from shoal.batch.watch import watch_task
 from shoal.cli import api_token, database_url
 from shoal.db import default_data_dir
-from shoal_extract.console import accuracy_table, errors_table, task_table, watch
+from shoal_extract.console import accuracy_table, errors_table, task_table
 from shoal_extract.corpus import DEFAULT_PAPERS, DEFAULT_SEED, KEY_FILE, write_corpus
 from shoal_extract.demo import DEMO_PORT, DemoOptions, run_demo
 from shoal_extract.evaluate import load_key
@@ -219,7 +220,7 @@ async def cmd_run(args: argparse.Namespace, url: str) -> int:
             console.print("queued: `shoal-extract worker` processes will run it")
             return 0
         runner = asyncio.create_task(session.extraction.app.run(session.boss, stop=stop))
-        view = await watch(bench.batches, created.task_id, console)
+        view = await watch_task(bench.batches, created.task_id, console)
         page = await bench.all_results(created.task_id)
         usage = await bench.usage(created.task_id)
         skips = await bench.batches.phantom_skips()

@@ -2,48 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from shoal.batch.service import Batches, TaskView
+from shoal.batch.service import TaskView
 from shoal_extract.evaluate import Report
 from shoal_extract.extractors.base import Usage
 from shoal_extract.workbench import ResultsPage
-
-POLL_S = 0.2
-
-
-async def watch(batches: Batches, task_id: str, console: Console) -> TaskView:
-    """Progress bars (finished, completed, error, running) until the task closes."""
-    view = await batches.get(task_id)
-    total = view.progress.total
-    with Progress(
-        TextColumn("[bold]{task.description:>10}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        bars = {
-            name: progress.add_task(name, total=total)
-            for name in ("finished", "completed", "error", "running")
-        }
-        while True:
-            p = view.progress
-            for name, value in (
-                ("finished", p.finished),
-                ("completed", p.completed),
-                ("error", p.error),
-                ("running", p.running),
-            ):
-                progress.update(bars[name], completed=value)
-            if view.status != "processing":
-                return view
-            await asyncio.sleep(POLL_S)
-            view = await batches.get(task_id)
 
 
 def task_table(view: TaskView, usage: Usage, phantom_skips: int, elapsed_s: float) -> Table:
@@ -102,4 +66,4 @@ def accuracy_table(report: Report) -> Table:
     return table
 
 
-__all__ = ["accuracy_table", "errors_table", "task_table", "watch"]
+__all__ = ["accuracy_table", "errors_table", "task_table"]

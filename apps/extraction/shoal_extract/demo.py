@@ -24,7 +24,8 @@ from pathlib import Path
 from rich.console import Console
 
 from shoal import Shoal, SystemClock
-from shoal_extract.console import accuracy_table, errors_table, task_table, watch
+from shoal.batch.watch import watch_task
+from shoal_extract.console import accuracy_table, errors_table, task_table
 from shoal_extract.corpus import KEY_FILE, write_corpus
 from shoal_extract.evaluate import ResultRow as ScoredRow
 from shoal_extract.evaluate import load_key, score
@@ -100,7 +101,7 @@ async def run_demo(
             console.print(
                 f"workbench: {base}/extraction   dashboard: {base}/ (live while this runs)"
             )
-            view = await watch(batches, created.task_id, console)
+            view = await watch_task(batches, created.task_id, console)
             page = await bench.all_results(created.task_id)
             usage = await bench.usage(created.task_id)
             elapsed = clock.monotonic() - started
