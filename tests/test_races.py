@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from shoal import Shoal
 from shoal.db import Database, migrate
 
@@ -34,6 +36,20 @@ async def test_two_migrations_at_once_both_succeed(empty_db_url: str) -> None:
     assert sorted([first, second], key=len) == [[], every]
     async with Database(empty_db_url) as db:
         assert await migrate(db) == []
+
+
+async def test_a_schema_built_from_other_migration_text_is_refused_by_name(
+    empty_db_url: str,
+) -> None:
+    from shoal.db.migrate import MigrationChanged
+
+    async with Database(empty_db_url) as db:
+        await migrate(db)
+        await db.run(
+            lambda conn: conn.execute("UPDATE shoal.migration SET checksum = 'x' WHERE version = 2")
+        )
+        with pytest.raises(MigrationChanged, match=r"migration 0002_batch .*DROP SCHEMA shoal"):
+            await migrate(db)
 
 
 async def test_schema_name_is_configurable(empty_db_url: str) -> None:

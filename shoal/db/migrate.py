@@ -9,6 +9,7 @@ migrating at once both succeed: the second waits, then finds nothing to do.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,6 +18,7 @@ from importlib import resources
 from psycopg import sql
 
 from shoal.db.pool import AsyncConn, Database
+from shoal.errors import ShoalError
 
 # Creating indexes on a large existing table can take a while.
 _MIGRATION_DEADLINE = timedelta(minutes=10)
@@ -28,6 +30,14 @@ class Migration:
     version: int
     name: str
     text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+class MigrationChanged(ShoalError):
+    """A migration's text differs from the one applied: the schema is not what the code expects."""
 
 
 SHOAL_MIGRATIONS = "shoal.db.migrations"
@@ -79,16 +89,34 @@ async def migrate(
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             ).format(schema)
         )
-        cur = await conn.execute(sql.SQL("SELECT version FROM {}.migration").format(schema))
-        done = {row[0] for row in await cur.fetchall()}
+        # A digest of each applied file: code running against a schema built
+        # from other text fails here, loudly, instead of at its first query.
+        await conn.execute(
+            sql.SQL("ALTER TABLE {}.migration ADD COLUMN IF NOT EXISTS checksum text").format(
+                schema
+            )
+        )
+        cur = await conn.execute(
+            sql.SQL("SELECT version, checksum FROM {}.migration").format(schema)
+        )
+        done = {row[0]: row[1] for row in await cur.fetchall()}
         applied = []
         for migration in migrations:
             if migration.version in done:
+                if done[migration.version] != migration.checksum:
+                    raise MigrationChanged(
+                        f"schema {name!r}: migration {migration.version:04d}_{migration.name} "
+                        "differs from the one applied there (or was applied before shoal "
+                        "recorded checksums); this code needs a schema built from its own "
+                        f"migrations: drop it (DROP SCHEMA {name} CASCADE) and migrate again"
+                    )
                 continue
             await conn.execute(sql.SQL(migration.text).format(schema=schema))
             await conn.execute(
-                sql.SQL("INSERT INTO {}.migration (version, name) VALUES (%s, %s)").format(schema),
-                (migration.version, migration.name),
+                sql.SQL(
+                    "INSERT INTO {}.migration (version, name, checksum) VALUES (%s, %s, %s)"
+                ).format(schema),
+                (migration.version, migration.name, migration.checksum),
             )
             applied.append(migration.version)
         return applied
