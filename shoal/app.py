@@ -248,20 +248,20 @@ class App:
         if maintenance:
             loops.append(asyncio.create_task(boss.maintenance().run(), name="shoal-maintenance"))
         ingest_stop = asyncio.Event()
+        ingest: asyncio.Task[None] | None = None
         if self.consumers or self.sinks:
-            loops.append(
-                asyncio.create_task(
-                    run_ingest(
-                        boss,
-                        self.consumers,
-                        self.sinks,
-                        self.ingest_settings,
-                        ingest_stop,
-                        grace=grace,
-                    ),
-                    name="shoal-ingest",
-                )
+            ingest = asyncio.create_task(
+                run_ingest(
+                    boss,
+                    self.consumers,
+                    self.sinks,
+                    self.ingest_settings,
+                    ingest_stop,
+                    grace=grace,
+                ),
+                name="shoal-ingest",
             )
+            loops.append(ingest)
         queues = [w.queue for w in workers] + [k.worker.queue for k in kind_workers]
         log.info("running %d worker(s): %s", len(queues), ", ".join(queues))
         try:
@@ -270,8 +270,8 @@ class App:
             log.info("stopping: finishing running jobs (grace %s)", grace)
             ingest_stop.set()
             await asyncio.gather(boss.stop_workers(grace), *(k.stop(grace) for k in kind_workers))
-            if self.consumers or self.sinks:
-                await asyncio.wait([loops[-1]], timeout=grace.total_seconds())
+            if ingest is not None:  # consumers finish their applies within the grace too
+                await asyncio.wait([ingest], timeout=grace.total_seconds())
             for loop in loops:
                 loop.cancel()
             for loop in loops:
