@@ -21,6 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy shoal
 	$(VENV)/bin/mypy apps/extraction/shoal_extract
+	$(VENV)/bin/mypy apps/polling/shoal_polling
 	$(VENV)/bin/mypy tests
 
 test: lint

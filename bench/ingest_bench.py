@@ -55,6 +55,7 @@ from psycopg_pool import AsyncConnectionPool
 from shoal import Shoal
 from shoal.db import Database
 from shoal.db.migrate import migrate
+from shoal.db.usage import quantile
 from shoal.ingest.message import Message, Topic
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import PostgresTransport
@@ -161,11 +162,6 @@ class Sampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered)) - 1))]
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
@@ -295,8 +291,8 @@ async def run_pipeline(
         "seconds": elapsed,
         "published_s": published,
         "msgs_per_s": n / elapsed,
-        "lag_p50": percentile(lags, 0.5),
-        "lag_p99": percentile(lags, 0.99),
+        "lag_p50": quantile(lags, 0.5),
+        "lag_p99": quantile(lags, 0.99),
         "peak_connections": sampler.peak_connections,
         "budget": CONCURRENCY + 1 + SHOAL_POOL + (1 if boss.notifier is not None else 0),
         "peak_rss_mib": sampler.peak_rss / 2**20,
@@ -420,7 +416,7 @@ async def run_backlog(m: int) -> dict[str, Any]:
 @contextlib.contextmanager
 def nats_server() -> Any:
     sys.path.insert(0, str(REPO))
-    from tests.nats_server import NatsServer
+    from shoal.ingest.natsd import NatsServer
 
     with tempfile.TemporaryDirectory(prefix="shoal-bench-nats-") as tmp:
         server = NatsServer(Path(tmp)).start()

@@ -16,7 +16,7 @@ from shoal.errors import (
     TransientError,
 )
 from shoal.ingest.message import Message, Topic
-from shoal.ingest.pipeline import Pipeline
+from shoal.ingest.pipeline import Pipeline, Submitted
 from shoal.ingest.transport import PublishError
 from shoal.queue.client import Shoal
 from shoal.queue.job import Job
@@ -49,6 +49,7 @@ __all__ = [
     "Shoal",
     "ShoalError",
     "Snooze",
+    "Submitted",
     "SystemClock",
     "Topic",
     "TransientError",

@@ -179,7 +179,7 @@ async def wait_for(predicate: object, timeout_s: float = 10.0, interval_s: float
         await asyncio.sleep(interval_s)
 
 
-from tests.nats_server import NatsServer  # noqa: E402 - appended with the NATS fixture below
+from shoal.ingest.natsd import NatsServer  # noqa: E402 - appended with the NATS fixture below
 
 
 @pytest.fixture

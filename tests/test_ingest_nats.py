@@ -23,8 +23,8 @@ from shoal.db.embedded import free_port
 from shoal.errors import Conflict, TransientError
 from shoal.ingest.message import Envelope, new_envelope
 from shoal.ingest.nats import NatsTransport, UnsafeDurability, stream_name_for
+from shoal.ingest.natsd import NatsServer
 from shoal.ingest.transport import Delivery, PublishError, Subscription
-from tests.nats_server import NatsServer
 
 TOPIC = "card.ingest"
 GROUP = "writer"

@@ -20,6 +20,7 @@ import pytest
 from shoal import Shoal
 from shoal.ingest.message import Message
 from shoal.ingest.nats import NatsTransport
+from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.transport import PublishError
 from tests.conftest import wait_for
@@ -32,7 +33,6 @@ from tests.ingest_helpers import (
     scalar,
     write_collection,
 )
-from tests.nats_server import NatsServer
 from tests.test_ingest import records, running, stopped
 
 FAST = timedelta(milliseconds=50)

@@ -22,13 +22,13 @@ from shoal.db import Database
 from shoal.db.embedded import EmbeddedPostgres
 from shoal.db.migrate import migrate
 from shoal.errors import TransientError
+from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.transport import Transport
 from tests.conftest import wait_for
 from tests.ingest_helpers import COLLECTION, READINGS, Reading, create_schema, scalar
 from tests.ingestapp import ACK_WAIT
-from tests.nats_server import NatsServer
 from tests.test_processes import WorkerProcesses
 
 READING_COUNT = 6000

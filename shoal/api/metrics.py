@@ -31,7 +31,7 @@ over a sliding window would not be the monotonic counters Prometheus assumes.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
@@ -40,6 +40,7 @@ from shoal.batch.aggregator import ZOMBIES_REAPED
 from shoal.batch.runner import PHANTOM_SKIPS
 from shoal.batch.service import Batches
 from shoal.batch.states import ItemStatus
+from shoal.db.usage import quantile
 from shoal.ingest.store import IngestStore
 from shoal.queue.client import Shoal
 from shoal.queue.states import JobState
@@ -88,12 +89,6 @@ class Exposition:
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank quantile of an ascending, non-empty sequence."""
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 async def render(boss: Shoal, batches: Batches) -> str:

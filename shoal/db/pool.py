@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -29,6 +30,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.rows import TupleRow
 
+from shoal.db.usage import CallTimes
 from shoal.errors import Conflict, DeadlineExceeded, TransientError
 
 log = logging.getLogger("shoal.db")
@@ -113,6 +115,8 @@ class Database:
         self.schema = schema
         self.deadline = deadline
         self.max_size = max_size
+        # Attach a CallTimes to time every call's wait for a connection.
+        self.call_times: CallTimes | None = None
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
             "application_name": application_name,
@@ -175,7 +179,7 @@ class Database:
         """Run ``work(conn)`` on a pooled connection, in a transaction, under a deadline."""
         seconds = (deadline or self.deadline).total_seconds()
         with translated():
-            async with self.pool.connection() as conn:
+            async with self._checkout() as conn:
                 with abandon_after(conn, seconds):
                     if not transaction:
                         return await work(conn)
@@ -215,9 +219,27 @@ class Database:
         """A pooled connection for several calls, all under one deadline."""
         seconds = (deadline or self.deadline).total_seconds()
         with translated():
-            async with self.pool.connection() as conn:
+            async with self._checkout() as conn:
                 with abandon_after(conn, seconds):
                     yield conn
+
+    @contextlib.asynccontextmanager
+    async def _checkout(self) -> AsyncIterator[AsyncConn]:
+        """A connection from the pool, timed into :attr:`call_times` when attached."""
+        times = self.call_times
+        if times is None:
+            async with self.pool.connection() as conn:
+                yield conn
+            return
+        asked = time.monotonic()
+        got: float | None = None
+        try:
+            async with self.pool.connection() as conn:
+                got = time.monotonic()
+                yield conn
+        finally:
+            done = time.monotonic()
+            times.record(wait_s=(got or done) - asked, total_s=done - asked)
 
 
 class Pending(Generic[T]):

@@ -8,15 +8,19 @@
 ``sync`` mode it applies the message in place (the same ``apply`` the
 consumer runs); in ``async`` mode it publishes, and when the publish fails
 it applies that one message in place and logs a WARN, so an outage of the
-transport degrades throughput, never loses an observation.
+transport degrades throughput, never loses an observation. The sync path
+degrades too: an in-place apply that fails with a retryable error (the
+reference's 3 s write timeouts) hands the message to the topic, where a
+consumer retries it, instead of losing it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
@@ -27,6 +31,7 @@ from shoal.ingest.dedupe import DoneStore, PostgresDoneStore
 from shoal.ingest.message import Envelope, Message, Topic, new_envelope
 from shoal.ingest.monitor import BacklogMonitor
 from shoal.ingest.postgres import PostgresTransport
+from shoal.ingest.retry import is_retryable
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import PublishError, Transport
 from shoal.queue.client import Shoal
@@ -34,11 +39,23 @@ from shoal.queue.client import Shoal
 T = TypeVar("T")
 log = logging.getLogger("shoal.ingest")
 
+Mode = Literal["sync", "async"]
+Route = Literal["applied", "published", "handed_off", "degraded"]
+
 DEFAULT_MODE_KEY = "ingest.mode"
 DEFAULT_MODE = "sync"  # the reference's: switch to async once the deployment is confirmed
 DEFAULT_CONNECTION_RESERVE = 20
 # How long producers may act on a pause flag they read.
 ADMIT_CACHE = timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What :meth:`Pipeline.submit` did with one message (see there)."""
+
+    id: str
+    route: Route
+    error: BaseException | None = None  # the in-place apply's error, when handed off
 
 
 class Pipeline:
@@ -115,19 +132,43 @@ class Pipeline:
         else:
             await self.transport.publish(topic, envelopes)
 
-    async def mode(self) -> str:
+    async def mode(self) -> Mode:
         mode = await self.config.get(self.mode_key, DEFAULT_MODE)
-        return mode if mode in ("sync", "async") else DEFAULT_MODE
+        return "async" if mode == "async" else "sync"
 
     async def submit(
-        self, topic: Topic[T], body: T, apply: Apply[T], *, id: str | None = None
-    ) -> str:
-        """Apply in place (``sync``) or publish (``async``, degrading to in place on failure)."""
+        self,
+        topic: Topic[T],
+        body: T,
+        apply: Apply[T],
+        *,
+        id: str | None = None,
+        mode: Mode | None = None,
+    ) -> Submitted:
+        """Apply in place (``sync``) or publish (``async``); never drop the message.
+
+        ``mode`` overrides the configured mode for this one message (a priority
+        item stays on the sync path). What happened comes back as
+        :class:`Submitted`:
+
+        - ``applied``: applied in place, by ``apply``;
+        - ``published``: on the topic, for its consumers;
+        - ``degraded``: async mode, but the publish failed, so it was applied
+          in place (with a WARN);
+        - ``handed_off``: the in-place apply failed with a retryable error (a
+          statement timeout, no connection free in time), so the message was
+          published instead and a consumer retries it on the delay ladder.
+          The reference lost these writes; here they arrive late instead.
+
+        A business error of ``apply``, or a retryable one that cannot be
+        handed off either, is raised.
+        """
         envelope = self.envelope(topic, body, id=id)
-        if await self.mode() == "async":
+        chosen = mode or await self.mode()
+        if chosen == "async":
             try:
                 await self._send(topic.name, [envelope], None)
-                return envelope.id
+                return Submitted(envelope.id, "published")
             except PublishError as exc:
                 log.warning(
                     "topic %s: publish of %s failed (%s); applying it synchronously",
@@ -135,8 +176,32 @@ class Pipeline:
                     envelope.id,
                     exc,
                 )
-        await self.apply_now(topic, envelope, apply)
-        return envelope.id
+                await self.apply_now(topic, envelope, apply)
+                return Submitted(envelope.id, "degraded")
+        try:
+            await self.apply_now(topic, envelope, apply)
+            return Submitted(envelope.id, "applied")
+        except Exception as exc:
+            if not is_retryable(exc):
+                raise
+            try:
+                await self._send(topic.name, [envelope], None)
+            except PublishError as publish_error:
+                log.error(
+                    "topic %s: %s neither applied (%s) nor published (%s)",
+                    topic.name,
+                    envelope.id,
+                    exc,
+                    publish_error,
+                )
+                raise exc from None
+            log.warning(
+                "topic %s: in-place apply of %s failed (%s); handed to the topic",
+                topic.name,
+                envelope.id,
+                exc,
+            )
+            return Submitted(envelope.id, "handed_off", error=exc)
 
     async def apply_now(self, topic: Topic[T], envelope: Envelope, apply: Apply[T]) -> None:
         """The sync path: the same apply and done-marker as a consumer, with no transport."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from shoal import Pipeline, Shoal, SystemClock
+from shoal.ingest.natsd import NatsServer
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.transport import Transport
 from shoal_polling.domain import MODE_KEY
@@ -26,7 +27,6 @@ from shoal_polling.poller import Poller, PollerSettings, add_priority_item
 from shoal_polling.reconcile import reconcile
 from shoal_polling.schema import ensure_schema
 from tests.conftest import wait_for
-from tests.nats_server import NatsServer
 from tests.polling.processes import REPO, GatewayProcess
 from tests.polling.test_gateway import wait_up
 from tests.test_processes import WorkerProcesses

@@ -10,7 +10,9 @@
 
 The transport is the environment's (``SHOAL_INGEST_TRANSPORT=postgres|nats``,
 ``SHOAL_NATS_URL``), the same one the poller publishes on. Settings for the
-tests: ``SHOAL_POLLING_ACK_WAIT_S``, ``SHOAL_POLLING_MONITOR_INTERVAL_S``.
+tests and the experiment: ``SHOAL_POLLING_ACK_WAIT_S``,
+``SHOAL_POLLING_MONITOR_INTERVAL_S``, ``SHOAL_POLLING_CONCURRENCY`` and
+``SHOAL_POLLING_APPLY_COST_MS`` (server time added to each apply).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from shoal_polling.ingest import COLLECTION_WRITERS, INGEST_CONCURRENCY, Polling
 from shoal_polling.schema import ensure_schema
 
 ACK_WAIT = timedelta(seconds=float(os.environ.get("SHOAL_POLLING_ACK_WAIT_S", "300")))
+CONCURRENCY = int(os.environ.get("SHOAL_POLLING_CONCURRENCY", str(INGEST_CONCURRENCY)))
+APPLY_COST = timedelta(milliseconds=float(os.environ.get("SHOAL_POLLING_APPLY_COST_MS", "0")))
 
 
 def transport(boss: Shoal) -> Transport:
@@ -54,10 +58,10 @@ async def prepare(boss: Shoal) -> None:
     # pipeline of its own, since the runner's is not handed to applies.
     pipeline = Pipeline(boss, transport(boss), mode_key=MODE_KEY)
     await pipeline.start()
-    _ingest.append(PollingIngest(boss.db, pipeline))
+    _ingest.append(PollingIngest(boss.db, pipeline, apply_cost=APPLY_COST))
 
 
-@app.consumer(OBSERVATIONS, concurrency=INGEST_CONCURRENCY, ack_wait=ACK_WAIT)
+@app.consumer(OBSERVATIONS, concurrency=CONCURRENCY, ack_wait=ACK_WAIT)
 async def apply(message: Message[Observation]) -> None:
     await _ingest[0].apply(message)
 

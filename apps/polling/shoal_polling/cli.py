@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from shoal import Pipeline, Shoal, SystemClock
 from shoal.cli import database_url
@@ -55,11 +56,26 @@ async def serve_gateway(settings: GatewaySettings, *, host: str, port: int) -> N
     await uvicorn.Server(config).serve()
 
 
+def latency_range(text: str | None) -> tuple[float, float] | None:
+    """``"50-500"`` as (50.0, 500.0); a clear error for anything else."""
+    if text is None:
+        return None
+    low, sep, high = text.partition("-")
+    try:
+        bounds = (float(low), float(high))
+    except ValueError:
+        bounds = (-1.0, -1.0)
+    if not sep or not 0 <= bounds[0] <= bounds[1]:
+        raise SystemExit(f"--latency-range-ms: expected LOW-HIGH in ms (e.g. 50-500), got {text!r}")
+    return bounds
+
+
 def cmd_gateway(args: argparse.Namespace) -> int:
     settings = GatewaySettings(
         seed=args.seed,
         latency_ms=args.latency_ms,
         latency_sigma=args.latency_sigma,
+        latency_range_ms=latency_range(args.latency_range_ms),
         error_rate=args.error_rate,
         rate_limit=args.rate_limit,
         burst=args.burst,
@@ -193,18 +209,31 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 EXPERIMENT_COLUMNS = (
-    ("observations/s", "observations_per_s"),
-    ("observations", "observations"),
+    ("polls/s", "polls_per_s"),
+    ("observations served", "served"),
     ("SQL timeouts", "sql_timeouts"),
-    ("pool timeouts", "pool_timeouts"),
+    ("  handed to the topic", "handed_off"),
+    ("slow statements (> 200 ms)", "slow_statements"),
+    ("pool wait p50 ms", "pool_wait_p50_ms"),
+    ("pool wait p99 ms", "pool_wait_p99_ms"),
+    ("ingest lag p50 ms", "lag_p50_ms"),
+    ("ingest lag p99 ms", "lag_p99_ms"),
     ("other work failed", "other_work_failed"),
-    ("served", "served"),
-    ("lost", "lost"),
-    ("records missing", "records_missing"),
-    ("max backlog", "max_backlog"),
-    ("drain s", "drain_s"),
-    ("reconciled", "clean"),
+    ("peak backlog", "max_backlog"),
+    ("drained in s", "drain_s"),
+    ("reconciliation", "reconciliation"),
 )
+
+
+def experiment_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The runs side by side, one line per measure."""
+    width = max(len(title) for title, _ in EXPERIMENT_COLUMNS)
+    lines = [" " * width + "".join(f"{r['run'] + '/' + r['transport']:>18}" for r in rows)]
+    for title, key in EXPERIMENT_COLUMNS:
+        lines.append(f"{title:<{width}}" + "".join(f"{r[key]!s:>18}" for r in rows))
+    for r in rows:
+        lines += [f"{r['run']}: {event}" for event in r["events"]]
+    return lines
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -220,16 +249,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         apply_cost_ms=args.apply_cost_ms,
         step_interval_s=args.step_interval_s,
         nats_url=args.nats_url,
+        chaos=not args.no_chaos,
+        seed=args.seed,
     )
     with _url(args) as url:
         results = asyncio.run(run_experiment(url, settings))
     rows = as_rows(results)
-    print(json.dumps({"settings": asdict(settings), "results": rows}, indent=2))
-    width = max(len(title) for title, _ in EXPERIMENT_COLUMNS)
-    print("\n" + " " * width + "".join(f"{r['mode']:>12}" for r in rows))
-    for title, key in EXPERIMENT_COLUMNS:
-        print(f"{title:<{width}}" + "".join(f"{r[key]!s:>12}" for r in rows))
-    return 0
+    if args.json:
+        print(json.dumps({"settings": asdict(settings), "results": rows}, indent=2))
+    print("\n".join(experiment_table(rows)))
+    return 0 if all(r.reconciled for r in results) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--seed", type=int, default=1)
     gateway.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS, help="median")
     gateway.add_argument("--latency-sigma", type=float, default=0.5, help="log-normal spread")
+    gateway.add_argument(
+        "--latency-range-ms", metavar="LOW-HIGH", help="clip latencies to it, e.g. 50-500"
+    )
     gateway.add_argument("--error-rate", type=float, default=0.0, help="share of 503 answers")
     gateway.add_argument(
         "--rate-limit", type=float, default=DEFAULT_RATE_LIMIT, help="per account/s; 0: none"
@@ -281,9 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("reconcile", help="served vs recorded vs applied")
     rec.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORT}")
 
-    exp = sub.add_parser("experiment", help="sync vs async under a slow gateway, measured")
+    exp = sub.add_parser(
+        "experiment", help="sync vs async under a slow gateway, then a switch run with kills"
+    )
     d = ExperimentSettings()
-    exp.add_argument("--duration-s", type=float, default=d.duration_s, help="per mode")
+    exp.add_argument("--duration-s", type=float, default=d.duration_s, help="per run")
     exp.add_argument("--accounts", type=int, default=d.accounts)
     exp.add_argument("--cards", type=int, default=d.cards_per_account, help="per account")
     exp.add_argument("--pool-size", type=int, default=d.pool_size)
@@ -293,7 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--latency-ms", type=float, default=d.latency_ms)
     exp.add_argument("--apply-cost-ms", type=float, default=d.apply_cost_ms)
     exp.add_argument("--step-interval-s", type=float, default=d.step_interval_s)
-    exp.add_argument("--nats-url", help="run the topics on this NATS JetStream server")
+    exp.add_argument("--seed", type=int, default=d.seed)
+    exp.add_argument("--nats-url", help="run sync and async with the topics on this NATS server")
+    exp.add_argument(
+        "--no-chaos", action="store_true", help="skip the switch run (mode switch and kills)"
+    )
+    exp.add_argument("--json", action="store_true", help="print settings and results as JSON too")
     return parser
 
 

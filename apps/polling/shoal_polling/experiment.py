@@ -3,21 +3,27 @@
 One process polls a fleet through a slow gateway and shares one connection
 pool with everything else it does, as the reference's worker did (card
 polling, stop/resume, device evaluation and async tasks on one
-``MAX_OPEN_CONNS`` pool). The experiment runs the same fleet twice, each on a
-scratch database of its own:
+``MAX_OPEN_CONNS=60`` pool, a 3 s write timeout). The experiment runs the
+same fleet and seed three times, each on a scratch database of its own:
 
-- ``sync``: every poll writes its observation itself. The number of writes
-  waiting for a connection follows the number of polls in flight (accounts x
-  20), not the pool: waits pass the deadline, writes time out, and what the
-  gateway served is lost;
+- ``sync``: every poll writes its observation itself. The writes waiting for
+  a connection follow the polls in flight (accounts x 20), not the pool:
+  waits pass the deadline and writes time out, the reference's symptom. The
+  reference lost those writes; shoal hands each one to the topic
+  (``Pipeline.submit``), so a consumer applies it later and nothing is lost;
 - ``async``: polls only call the gateway and publish; a consumer with a fixed
-  concurrency writes (30 of 60 in the reference, the same ratio here). The
-  writes lag behind instead of failing, and the backlog drains.
+  concurrency (30 of 60, as in the reference) writes. The writes lag behind
+  instead of failing, and the backlog drains;
+- ``switch`` (``chaos=True``): the topics on a nats-server of the
+  experiment's own, the consumer in a ``shoal worker`` process of its own.
+  The run starts in sync mode and switches to async a quarter of the way in;
+  at half-time the worker is killed with SIGKILL and started again; at three
+  quarters nats-server is killed with SIGKILL and started again.
 
-Reported per mode: polls and observations per second, SQL timeouts (writes
-that found no connection in time or ran past the deadline), observations lost
-(served by the gateway, never applied: the reconciliation), the largest
-backlog, and the time to drain it after polling stopped.
+Reported per run: polls/s, SQL timeouts, slow statements and pool waits (as
+the app's pool saw them, :class:`~shoal.db.usage.CallTimes`), ingest lag, the
+largest backlog, the time to drain it, and the reconciliation of what the
+gateway served against what was recorded and applied.
 """
 
 from __future__ import annotations
@@ -25,10 +31,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import subprocess
 import sys
+import tempfile
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -37,6 +49,7 @@ from psycopg.conninfo import make_conninfo
 
 from shoal import Pipeline, Shoal, ShoalError, SystemClock
 from shoal.db.embedded import free_port
+from shoal.db.usage import CallTimes
 from shoal.ingest.pipeline import check_connection_budget
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.transport import Transport
@@ -45,52 +58,72 @@ from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.gateway_client import GatewayClient, GatewayError
 from shoal_polling.ingest import PollingIngest
 from shoal_polling.poller import Poller, PollerSettings
-from shoal_polling.reconcile import reconcile
+from shoal_polling.reconcile import Reconciliation, reconcile
 from shoal_polling.schema import ensure_schema
 
 log = logging.getLogger("shoal_polling.experiment")
 
+RUNS = ("sync", "async", "switch")
+
 
 @dataclass(frozen=True, slots=True)
 class ExperimentSettings:
-    duration_s: float = 20.0
-    # Sized for one small machine (the figures in docs/polling.md come from 2 CPUs):
-    # 100 cards, every step every 2 s, 150 observations/s wanted.
-    accounts: int = 10
-    cards_per_account: int = 10
-    # The reference's pool of 60 with 30 ingest slots (half) and a reserve of 20, at 1/5;
-    # its 3 s write timeout scaled the same way.
-    pool_size: int = 12
-    consumers: int = 6
-    reserve: int = 4
-    other_load: int = 2  # tasks of other work sharing the pool (stop/resume, device evaluation)
-    deadline_s: float = 1.0
-    latency_ms: float = 300.0
-    latency_sigma: float = 0.8
-    step_interval_s: float = 2.0
-    apply_cost_ms: float = 100.0
+    duration_s: float = 30.0
+    # The reference's shape at the size one 2-CPU machine can drive: thousands of
+    # cards, hundreds of poll steps in flight (accounts x 20), one pool of 60
+    # with 30 ingest slots and a reserve of 20, a 3 s write timeout, and a
+    # gateway answering in 50-500 ms.
+    accounts: int = 20
+    cards_per_account: int = 100
+    pool_size: int = 60
+    consumers: int = 30
+    reserve: int = 20
+    other_load: int = 10  # tasks of other work sharing the pool (stop/resume, device evaluation)
+    deadline_s: float = 3.0
+    latency_ms: float = 150.0
+    latency_sigma: float = 0.6
+    latency_range_ms: tuple[float, float] = (50.0, 500.0)
+    step_interval_s: float = 30.0
+    # The stand-in for the reference's slow production write (bigger tables,
+    # triggers, contention): server time added to each apply.
+    apply_cost_ms: float = 250.0
     transport_pool: int = 4
-    nats_url: str | None = None  # the nats transport instead of postgres
-    drain_timeout_s: float = 120.0
+    nats_url: str | None = None  # sync and async runs on this nats server instead of postgres
+    chaos: bool = True  # the third run: switch mode, kill the worker and nats-server
+    drain_timeout_s: float = 180.0
     seed: int = 1
 
 
 @dataclass(slots=True)
-class ModeResult:
-    mode: str
+class RunResult:
+    run: str
     transport: str = "postgres"
     polls: int = 0
+    polls_per_s: float = 0.0
     observations: int = 0
-    observations_per_s: float = 0.0
-    sql_timeouts: int = 0
-    pool_timeouts: int = 0
+    sql_timeouts: int = 0  # in-place applies that failed (then handed to the topic)
+    handed_off: int = 0
+    not_applied: int = 0  # failed in place and could not be handed off either
+    slow_statements: int = 0
+    db_calls: int = 0
+    pool_wait_p50_ms: float = 0.0
+    pool_wait_p99_ms: float = 0.0
+    lag_p50_ms: float = 0.0
+    lag_p99_ms: float = 0.0
     other_work_failed: int = 0
-    served: int = 0
-    lost: int = 0
-    records_missing: int = 0
     max_backlog: int = 0
     drain_s: float = 0.0
-    clean: bool = False
+    served: int = 0
+    lost: int = 0  # served, never applied
+    records_missing: int = 0
+    doubled: int = 0  # recorded twice, applied but never served, usage above the served maximum
+    reconciled: bool = False
+    events: list[str] = field(default_factory=list)
+
+    def reconciliation(self) -> str:
+        if self.reconciled:
+            return "complete"
+        return f"{self.lost} lost, {self.records_missing} unrecorded, {self.doubled} doubled"
 
 
 class _Gateway:
@@ -120,6 +153,8 @@ class _Gateway:
             str(s.latency_ms),
             "--latency-sigma",
             str(s.latency_sigma),
+            "--latency-range-ms",
+            "{:g}-{:g}".format(*s.latency_range_ms),
             "--rate-limit",
             "0",
             stdout=asyncio.subprocess.DEVNULL,
@@ -156,7 +191,7 @@ async def scratch_database(server_url: str) -> Any:
             )
 
 
-async def _other_work(boss: Shoal, stop: asyncio.Event, result: ModeResult) -> None:
+async def _other_work(boss: Shoal, stop: asyncio.Event, result: RunResult) -> None:
     """Short queries of the rest of the worker, on the same pool."""
     while not stop.is_set():
         try:
@@ -166,9 +201,111 @@ async def _other_work(boss: Shoal, stop: asyncio.Event, result: ModeResult) -> N
         await asyncio.sleep(0.05)
 
 
-async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> ModeResult:
+class _WorkerProcess:
+    """``shoal worker --app shoal_polling.app:app`` on the run's database and nats-server."""
+
+    def __init__(self, url: str, env: dict[str, str], settings: ExperimentSettings) -> None:
+        self.url = url
+        self.env = env
+        self.settings = settings
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by stop()
+            prefix="shoal-polling-worker-", suffix=".log", delete=False
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        s = self.settings
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "--database-url",
+                self.url,
+                "worker",
+                "--app",
+                "shoal_polling.app:app",
+                "--pool-size",
+                str(s.pool_size),
+            ],
+            env=dict(os.environ)
+            | self.env
+            | {
+                "SHOAL_POLLING_APPLY_COST_MS": str(s.apply_cost_ms),
+                # A killed worker's messages come back this soon.
+                "SHOAL_POLLING_ACK_WAIT_S": "5",
+                "SHOAL_POLLING_CONCURRENCY": str(s.consumers),
+            },
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> int:
+        assert self.proc is not None
+        pid = self.proc.pid
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        return pid
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        log.info("worker log: %s", self.log.name)
+
+
+async def _depth(pipeline: Pipeline) -> int:
+    total = 0
+    for topic in (OBSERVATIONS, COLLECTION):
+        total += (await pipeline.transport.depth(topic.name, "shoal")).total
+    return total
+
+
+async def _ingest_lag_ms(boss: Shoal) -> tuple[float, float]:
+    """p50 and p99 of applied-at minus observed-at, over every applied observation."""
+
+    async def run(conn: Any) -> tuple[float, float]:
+        cur = await conn.execute(
+            "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP"
+            " (ORDER BY extract(epoch FROM applied_at - observed_at))"
+            " FROM shoal_polling.applied_observation"
+        )
+        row = await cur.fetchone()
+        p50, p99 = row[0] if row and row[0] else (0.0, 0.0)
+        return round(p50 * 1000, 1), round(p99 * 1000, 1)
+
+    return await boss.db.run(run, transaction=False)
+
+
+def _account(result: RunResult, report: Reconciliation) -> None:
+    result.served = report.served
+    result.lost = len(report.missing_applied) + len(report.usage_short)
+    result.records_missing = len(report.missing_records)
+    result.doubled = (
+        len(report.doubled_records)
+        + len(report.unserved_records)
+        + len(report.unserved_applied)
+        + len(report.usage_doubled)
+    )
+    result.reconciled = report.clean
+
+
+Step = Callable[[], Coroutine[Any, Any, str]]
+
+
+async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> RunResult:
+    """One run (``sync``, ``async`` or ``switch``) on a scratch database of its own."""
+    if run not in RUNS:
+        raise ValueError(f"run must be one of {', '.join(RUNS)}, not {run!r}")
     s = settings
-    result = ModeResult(mode, "postgres" if settings.nats_url is None else "nats")
+    chaos = run == "switch"
+    clock = SystemClock()
     interval = timedelta(seconds=s.step_interval_s)
     poller_settings = PollerSettings(
         traffic_interval=interval,
@@ -179,46 +316,74 @@ async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> 
         idle_wait=timedelta(milliseconds=100),
         lease=timedelta(minutes=5),
     )
-    clock = SystemClock()
-    async with scratch_database(server_url) as url:
+    async with contextlib.AsyncExitStack() as stack:
+        url = await stack.enter_async_context(scratch_database(server_url))
+        nats_url, monitor_url, nats = s.nats_url, None, None
+        if chaos:
+            from shoal.ingest.natsd import NatsServer
+
+            store = stack.enter_context(tempfile.TemporaryDirectory(prefix="shoal-polling-nats-"))
+            nats = NatsServer(Path(store))
+            await asyncio.to_thread(nats.start)
+            stack.callback(nats.stop)
+            nats_url, monitor_url = nats.url, nats.monitor_url
+        result = RunResult(run, transport="postgres" if nats_url is None else "nats")
         boss = await Shoal.connect(
             url, max_size=s.pool_size, deadline=timedelta(seconds=s.deadline_s)
         )
+        stack.push_async_callback(boss.close)
         # The topics' own connections, outside the app's pool, as the reference's
         # NSQ was: the experiment measures the app's pool, not the transport's.
         carrier = await Shoal.connect(url, max_size=s.transport_pool, run_migrations=False)
+        stack.push_async_callback(carrier.close)
         gateway = _Gateway(s)
+        stack.push_async_callback(gateway.stop)
+        await gateway.start()
+        await ensure_schema(boss.db, today=clock.now().date())
+        await create_fleet(
+            boss.db, FleetSpec(accounts=s.accounts, cards_per_account=s.cards_per_account)
+        )
+        topics: Transport = PostgresTransport(carrier)
+        if nats_url is not None:
+            from shoal.ingest.nats import NatsTransport
+
+            topics = NatsTransport(nats_url, monitor_url=monitor_url)
+        pipeline = Pipeline(boss, topics, mode_key=MODE_KEY)
+        stack.push_async_callback(pipeline.close)
+        await pipeline.start()
+        await pipeline.config.set(MODE_KEY, "sync" if chaos else run)
+        ingest = PollingIngest(
+            boss.db,
+            pipeline,
+            plan_interval=interval,
+            apply_cost=timedelta(milliseconds=s.apply_cost_ms),
+        )
+        client = GatewayClient(gateway.url, timeout=timedelta(seconds=30))
+        stack.push_async_callback(client.close)
+        poller = Poller(boss.db, pipeline, ingest, client, settings=poller_settings)
+        poller.check_budget(s.accounts, "sync" if chaos else run)
+        check_connection_budget(
+            pool_size=s.pool_size, consumers=s.consumers, writers=1, reserve=s.reserve
+        )
+
         stop = asyncio.Event()
         ingest_stop = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
-        try:
-            await ensure_schema(boss.db, today=clock.now().date())
-            await create_fleet(
-                boss.db, FleetSpec(accounts=s.accounts, cards_per_account=s.cards_per_account)
+        worker: _WorkerProcess | None = None
+        if chaos:
+            assert nats is not None
+            worker = _WorkerProcess(
+                url,
+                {
+                    "SHOAL_INGEST_TRANSPORT": "nats",
+                    "SHOAL_NATS_URL": nats.url,
+                    "SHOAL_NATS_MONITOR_URL": nats.monitor_url,
+                },
+                s,
             )
-            await gateway.start()
-            topics: Transport = PostgresTransport(carrier)
-            if s.nats_url is not None:
-                from shoal.ingest.nats import NatsTransport
-
-                topics = NatsTransport(s.nats_url)
-            pipeline = Pipeline(boss, topics, mode_key=MODE_KEY)
-            await pipeline.start()
-            await pipeline.config.set(MODE_KEY, mode)
-            ingest = PollingIngest(
-                boss.db,
-                pipeline,
-                plan_interval=interval,
-                apply_cost=timedelta(milliseconds=s.apply_cost_ms),
-            )
-            client = GatewayClient(gateway.url, timeout=timedelta(seconds=30))
-            poller = Poller(boss.db, pipeline, ingest, client, settings=poller_settings)
-            if mode == "sync":
-                poller.check_budget(s.accounts, mode)
-            else:
-                check_connection_budget(
-                    pool_size=s.pool_size, consumers=s.consumers, writers=1, reserve=s.reserve
-                )
+            worker.start()
+            stack.callback(worker.stop)
+        else:
             tasks.append(
                 asyncio.create_task(
                     pipeline.consumer(OBSERVATIONS, ingest.apply, concurrency=s.consumers).run(
@@ -231,70 +396,95 @@ async def run_mode(server_url: str, mode: str, settings: ExperimentSettings) -> 
                     pipeline.batch_consumer(COLLECTION, ingest.write_batch).run(ingest_stop)
                 )
             )
-            tasks += [
-                asyncio.create_task(_other_work(boss, stop, result)) for _ in range(s.other_load)
-            ]
-            boss.db.pool.pop_stats()
-            started = clock.monotonic()
-            polling = asyncio.create_task(poller.run(stop))
-            while clock.monotonic() - started < s.duration_s:
-                await asyncio.sleep(1.0)
-                with contextlib.suppress(ShoalError):
-                    depth = await pipeline.transport.depth(OBSERVATIONS.name, "shoal")
-                    result.max_backlog = max(result.max_backlog, depth.total)
-            stop.set()
-            await polling
-            elapsed = clock.monotonic() - started
-            drain_from = clock.monotonic()
-            while clock.monotonic() - drain_from < s.drain_timeout_s:
-                with contextlib.suppress(ShoalError):
-                    obs = await pipeline.transport.depth(OBSERVATIONS.name, "shoal")
-                    rec = await pipeline.transport.depth(COLLECTION.name, "shoal")
-                    if obs.total == 0 and rec.total == 0:
-                        break
-                await asyncio.sleep(0.5)
-            stats = boss.db.pool.get_stats()
-            result.pool_timeouts = int(stats.get("requests_errors", 0))
-            result.polls = poller.stats.polls
-            result.observations = poller.stats.observations
-            result.observations_per_s = round(poller.stats.observations / elapsed, 1)
-            result.sql_timeouts = poller.stats.apply_errors
-            served = await client.served()
-            await client.close()
-            report = await reconcile(boss.db, served)
-            # Async writes may still be waiting on the retry ladder (a record
-            # whose write found no connection): drained means reconciled.
-            while (
-                mode == "async"
-                and not report.clean
-                and clock.monotonic() - drain_from < s.drain_timeout_s
-            ):
-                await asyncio.sleep(1.0)
-                report = await reconcile(boss.db, served)
-            result.drain_s = round(clock.monotonic() - drain_from, 1)
-            result.served = report.served
-            result.lost = len(report.missing_applied)
-            result.records_missing = len(report.missing_records)
-            result.clean = report.clean
-        finally:
+        tasks += [asyncio.create_task(_other_work(boss, stop, result)) for _ in range(s.other_load)]
+
+        async def halt() -> None:
             stop.set()
             ingest_stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await pipeline.close()
-            await boss.close()
-            await carrier.close()
-            await gateway.stop()
+
+        stack.push_async_callback(halt)
+
+        started = clock.monotonic()
+
+        def note(event: str) -> str:
+            line = f"t={clock.monotonic() - started:.1f}s {event}"
+            log.warning("experiment %s: %s", run, line)
+            result.events.append(line)
+            return line
+
+        async def switch_to_async() -> str:
+            await pipeline.config.set(MODE_KEY, "async")
+            return note("polling.ingest.mode set to async")
+
+        async def kill_worker() -> str:
+            assert worker is not None
+            pid = worker.kill()
+            note(f"ingest worker {pid} killed (SIGKILL)")
+            await asyncio.sleep(1.0)
+            worker.start()
+            return note("ingest worker started again")
+
+        async def kill_nats() -> str:
+            assert nats is not None
+            nats.kill()
+            note("nats-server killed (SIGKILL)")
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(nats.start)
+            return note("nats-server started again")
+
+        script: list[tuple[float, Step]] = (
+            [(0.25, switch_to_async), (0.5, kill_worker), (0.75, kill_nats)] if chaos else []
+        )
+        times = CallTimes()
+        boss.db.call_times = times
+        polling = asyncio.create_task(poller.run(stop))
+        tasks.append(polling)
+        while (elapsed := clock.monotonic() - started) < s.duration_s:
+            if script and elapsed >= script[0][0] * s.duration_s:
+                await script.pop(0)[1]()
+                continue
+            await asyncio.sleep(0.5)
+            with contextlib.suppress(Exception):  # a transport down mid-run reads nothing
+                result.max_backlog = max(result.max_backlog, await _depth(pipeline))
+        stop.set()
+        await polling
+        elapsed = clock.monotonic() - started
+        boss.db.call_times = None
+
+        drain_from = clock.monotonic()
+        served = await client.served()
+        report = await reconcile(boss.db, served)
+        # Writes handed to the topic, and records whose write found no connection,
+        # may still be on the retry ladder: drained means reconciled.
+        while not report.clean and clock.monotonic() - drain_from < s.drain_timeout_s:
+            await asyncio.sleep(1.0)
+            report = await reconcile(boss.db, served)
+        result.drain_s = round(clock.monotonic() - drain_from, 1)
+        _account(result, report)
+        result.polls = poller.stats.polls
+        result.polls_per_s = round(poller.stats.polls / elapsed, 1)
+        result.observations = poller.stats.observations
+        result.sql_timeouts = poller.stats.apply_errors
+        result.handed_off = poller.stats.handed_off
+        result.not_applied = poller.stats.apply_errors - poller.stats.handed_off
+        result.slow_statements = times.slow
+        result.db_calls = times.calls
+        result.pool_wait_p50_ms = round(times.waits.quantile(0.5) * 1000, 1)
+        result.pool_wait_p99_ms = round(times.waits.quantile(0.99) * 1000, 1)
+        result.lag_p50_ms, result.lag_p99_ms = await _ingest_lag_ms(boss)
+        if poller.stats.degraded:
+            note(f"{poller.stats.degraded} observations applied in place while nats was down")
     return result
 
 
-async def run_experiment(server_url: str, settings: ExperimentSettings) -> list[ModeResult]:
+async def run_experiment(server_url: str, settings: ExperimentSettings) -> list[RunResult]:
     results = []
-    for mode in ("sync", "async"):
-        log.warning("experiment: %s mode for %.0f s", mode, settings.duration_s)
-        results.append(await run_mode(server_url, mode, settings))
+    for run in RUNS if settings.chaos else RUNS[:2]:
+        log.warning("experiment: %s run for %.0f s", run, settings.duration_s)
+        results.append(await run_mode(server_url, run, settings))
     return results
 
 
-def as_rows(results: list[ModeResult]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in results]
+def as_rows(results: list[RunResult]) -> list[dict[str, Any]]:
+    return [asdict(r) | {"reconciliation": r.reconciliation()} for r in results]

@@ -46,6 +46,7 @@ class GatewaySettings:
     seed: int = 1
     latency_ms: float = DEFAULT_LATENCY_MS  # the median
     latency_sigma: float = 0.5  # of the log-normal: 0 means always latency_ms
+    latency_range_ms: tuple[float, float] | None = None  # drawn latencies clipped to it
     error_rate: float = 0.0
     rate_limit: float = DEFAULT_RATE_LIMIT  # per account and second; 0: unlimited
     burst: float = 0.0  # bucket size; 0 means one second's worth
@@ -126,7 +127,11 @@ class Gateway:
         value_draw = sim.rng.random()
         change_draw = sim.rng.random()
         increment = sim.rng.randint(0, 400)
-        latency_s = s.latency_ms * math.exp(s.latency_sigma * latency_draw) / 1000.0
+        latency_ms = s.latency_ms * math.exp(s.latency_sigma * latency_draw)
+        if s.latency_range_ms is not None:
+            low, high = s.latency_range_ms
+            latency_ms = min(max(latency_ms, low), high)
+        latency_s = latency_ms / 1000.0
         await self.clock.sleep(latency_s)
         if fail_draw < s.error_rate:
             self.stats.failed += 1

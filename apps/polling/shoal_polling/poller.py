@@ -95,6 +95,8 @@ class PollerStats:
     observations: int = 0
     gateway_errors: int = 0
     apply_errors: int = 0  # sync applies that failed (the reference's SQL timeouts)
+    handed_off: int = 0  # of those, handed to the topic for a consumer to apply
+    degraded: int = 0  # async mode, publish failed: applied in place (D11)
     priority_applied: int = 0
     risk_stops: int = 0
     plan_skipped: int = 0
@@ -373,18 +375,14 @@ class Poller:
         )
         stop = should_stop_polling_for_risk(kind, answer.status)
         try:
-            if priority_item is not None:
-                # D8: a priority poll is applied here, and completes its item on commit.
-                envelope = self.pipeline.envelope(
-                    OBSERVATIONS, observation, id=observation.observation_id
-                )
-                await self.pipeline.apply_now(OBSERVATIONS, envelope, self.ingest.apply)
-                self.priority.pop((card_id, kind), None)
-                self.stats.priority_applied += 1
-            else:
-                await self.pipeline.submit(
-                    OBSERVATIONS, observation, self.ingest.apply, id=observation.observation_id
-                )
+            # D8: a priority poll stays on the sync path, and completes its item on commit.
+            submitted = await self.pipeline.submit(
+                OBSERVATIONS,
+                observation,
+                self.ingest.apply,
+                id=observation.observation_id,
+                mode="sync" if priority_item is not None else None,
+            )
         except Exception as exc:
             self.stats.apply_errors += 1
             self.stats.error(type(exc).__name__)
@@ -396,6 +394,16 @@ class Poller:
                 exc,
             )
             return "stop" if stop else "failed"
+        if submitted.route == "handed_off":
+            # The reference's SQL timeout, without its loss: a consumer applies it later.
+            self.stats.apply_errors += 1
+            self.stats.handed_off += 1
+            self.stats.error(type(submitted.error).__name__)
+        elif submitted.route == "degraded":
+            self.stats.degraded += 1
+        elif priority_item is not None:
+            self.priority.pop((card_id, kind), None)
+            self.stats.priority_applied += 1
         if stop:
             self.stats.risk_stops += 1
             return "stop"

