@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +26,8 @@ from shoal.ingest.message import Message
 from shoal.ingest.pipeline import Pipeline, check_connection_budget
 from shoal.ingest.postgres import PostgresTransport, topic_queue
 from shoal.ingest.retry import DELAY_LADDER, redelivery_delay
+from shoal.ingest.store import IngestStore
+from shoal.ingest.transport import PublishError
 from tests.conftest import wait_for
 from tests.ingest_helpers import (
     COLLECTION,
@@ -149,11 +151,24 @@ async def test_a_message_id_is_applied_once_and_replays_are_acknowledged(
     assert consumer.stats.duplicates == 3
 
 
-class MarkerLost(PostgresDoneStore):
-    """The process dies after the apply committed and before the marker was written."""
+class MarkerLost:
+    """The process dies after the apply committed and before the marker was written.
+
+    A wrapper, not a PostgresDoneStore: with one of those the postgres transport
+    writes the marker and the ack in one statement, both or neither.
+    """
+
+    def __init__(self, store: IngestStore) -> None:
+        self.markers = PostgresDoneStore(store)
+
+    async def seen(self, ids: Sequence[str]) -> set[str]:
+        return await self.markers.seen(ids)
 
     async def mark(self, message_id: str) -> None:
         raise ConnectionError("killed between commit and marker")
+
+    async def close(self) -> None:
+        await self.markers.close()
 
 
 async def test_a_replay_after_commit_without_marker_changes_nothing(
@@ -489,6 +504,24 @@ async def test_a_sync_apply_that_fails_transiently_is_handed_to_the_topic_not_lo
     kept = await pipeline.submit(READINGS, Reading(card_id=11, amount=1), apply, mode="sync")
     assert (published.route, kept.route) == ("published", "applied")
     assert await scalar(boss.db, "SELECT total FROM card WHERE id = 11") == 1
+
+
+async def test_concurrent_small_publishes_share_statements_and_one_bad_one_fails_alone(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    good = [Reading(card_id=20 + i % 5, amount=1) for i in range(300)]
+    huge = Reading(card_id=99, amount=1, status="x" * (boss.max_payload_bytes + 1))
+    results = await asyncio.gather(
+        *(pipeline.publish(READINGS, r) for r in good),
+        pipeline.publish(READINGS, huge),
+        return_exceptions=True,
+    )
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert len(failed) == 1 and isinstance(failed[0], PublishError)
+    assert "byte cap" in str(failed[0])
+    assert await unfinished(boss, READINGS.name) == 300
+    ids = [r for r in results if isinstance(r, str)]
+    assert len(set(ids)) == 300
 
 
 async def test_an_unknown_mode_is_refused_with_its_name(pipeline: Pipeline) -> None:

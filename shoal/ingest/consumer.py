@@ -31,6 +31,7 @@ from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.errors import InvalidInput
 from shoal.ingest.dedupe import DoneStore
 from shoal.ingest.message import Message, Topic
+from shoal.ingest.postgres import PgDelivery, marker_ttl_on_ack
 from shoal.ingest.retry import DELAY_LADDER, LOUD_FROM_ATTEMPT, is_retryable, redelivery_delay
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import Delivery, Subscription, Transport
@@ -254,6 +255,7 @@ class Consumer(_Base[T]):
         self.apply = apply
         self.dedupe = dedupe
         self.concurrency = concurrency
+        self._marker_ttl = marker_ttl_on_ack(transport, dedupe)
 
     async def run(self, stop: asyncio.Event, *, grace: timedelta = timedelta(seconds=30)) -> None:
         """Consume until ``stop`` is set; then let running applies finish within ``grace``.
@@ -340,9 +342,12 @@ class Consumer(_Base[T]):
             await self._settle_failure(delivery, exc)
             return
         try:
-            if self.dedupe is not None:
-                await self.dedupe.mark(delivery.envelope.id)
-            await delivery.ack()
+            if self._marker_ttl is not None and isinstance(delivery, PgDelivery):
+                await delivery.ack_and_mark(self._marker_ttl)
+            else:
+                if self.dedupe is not None:
+                    await self.dedupe.mark(delivery.envelope.id)
+                await delivery.ack()
         except Exception as exc:
             log.warning(
                 "topic %s message %s applied but not acknowledged (%s); a redelivery will be %s",

@@ -21,6 +21,7 @@ from datetime import timedelta
 from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
 from shoal.errors import ShoalError
+from shoal.ingest.dedupe import DoneStore, PostgresDoneStore
 from shoal.ingest.message import Envelope, check_topic_name
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import (
@@ -29,6 +30,7 @@ from shoal.ingest.transport import (
     Delivery,
     Depth,
     PublishError,
+    Transport,
 )
 from shoal.queue.client import Shoal
 from shoal.queue.job import event_entry
@@ -36,12 +38,30 @@ from shoal.queue.states import JobId, JobState
 from shoal.queue.store import ClaimedJob, Failure
 
 QUEUE_PREFIX = "topic."
+# (job id, attempt, message id to mark done or None, the marker's TTL)
+Ack = tuple[JobId, int, str | None, timedelta | None]
+# (queue, encoded envelopes)
+Publish = tuple[str, list[str]]
 # Deliveries are never capped by the queue: the consumer decides (NSQ MaxAttempts=0).
 UNLIMITED_ATTEMPTS = 2**31 - 1
 
 
 def topic_queue(topic: str) -> str:
     return QUEUE_PREFIX + check_topic_name(topic)
+
+
+def marker_ttl_on_ack(transport: Transport, dedupe: DoneStore | None) -> timedelta | None:
+    """The markers' TTL when ``dedupe`` keeps them in the database ``transport`` acks in.
+
+    A consumer then writes each done-marker with its ack, in one statement
+    (:meth:`PgDelivery.ack_and_mark`), instead of a statement for each.
+    """
+    if not isinstance(transport, PostgresTransport) or not isinstance(dedupe, PostgresDoneStore):
+        return None
+    ours, theirs = transport.boss.db, dedupe.store.db
+    if ours is theirs or (ours.url, ours.schema) == (theirs.url, theirs.schema):
+        return dedupe.ttl
+    return None
 
 
 class PgDelivery:
@@ -63,7 +83,11 @@ class PgDelivery:
         return self._claim.attempt
 
     async def ack(self) -> None:
-        await self._sub.acks.submit((self._claim.id, self._claim.attempt))
+        await self._sub.acks.submit((self._claim.id, self._claim.attempt, None, None))
+
+    async def ack_and_mark(self, ttl: timedelta) -> None:
+        """Ack, and write the message's done-marker in the same statement."""
+        await self._sub.acks.submit((self._claim.id, self._claim.attempt, self.envelope.id, ttl))
 
     async def nak(self, delay: timedelta) -> None:
         await self._sub.end(self._claim, JobState.RETRY, delay, "nak", "redelivery requested")
@@ -82,15 +106,22 @@ class PgSubscription:
         self.boss = boss
         self.store = store
         self.queue = queue
-        # Acks of many deliveries go out as one statement.
-        self.acks: Coalescer[tuple[JobId, int], None] = Coalescer(
-            self._ack_many, name=f"shoal-acks-{queue}"
-        )
+        # Acks of many deliveries go out as one statement, with their markers.
+        self.acks: Coalescer[Ack, None] = Coalescer(self._ack_many, name=f"shoal-acks-{queue}")
         self._wake = boss.notifier.subscribe(queue) if boss.notifier is not None else None
 
-    async def _ack_many(self, done: Sequence[tuple[JobId, int]]) -> list[None]:
-        await self.store.ack(done)
-        return [None] * len(done)
+    async def _ack_many(self, acks: Sequence[Ack]) -> list[None]:
+        by_ttl: dict[timedelta | None, list[Ack]] = {}
+        for ack in acks:
+            by_ttl.setdefault(ack[3], []).append(ack)
+        for ttl, group in by_ttl.items():
+            await self.store.ack(
+                [(job, attempt) for job, attempt, _, _ in group],
+                marks=[mark for _, _, mark, _ in group if mark is not None],
+                ttl=ttl,
+                now=self.boss.clock.sql_now(),
+            )
+        return [None] * len(acks)
 
     async def end(
         self, claim: ClaimedJob, state: JobState, delay: timedelta | None, kind: str, why: str
@@ -129,13 +160,18 @@ class PostgresTransport:
         self.boss = boss
         self.ack_wait = ack_wait
         self.store = IngestStore(boss.db)
+        # Small publishes of concurrent producers go out together, one statement
+        # and one commit for many (hundreds of polls each publishing one message).
+        self._publishes: Coalescer[Publish, None] = Coalescer(
+            self._publish_together, name="shoal-publishes"
+        )
 
     async def start(self) -> None:
         if self.boss.notifier is not None:
             self.boss.notifier.start()
 
     async def close(self) -> None:
-        return None
+        await self._publishes.close()
 
     async def publish(
         self,
@@ -145,30 +181,51 @@ class PostgresTransport:
         timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT,  # noqa: ASYNC109 - a deadline the transport owns
         conn: AsyncConn | None = None,
     ) -> None:
-        """Insert the messages; with ``conn``, inside the caller's transaction."""
+        """Insert the messages; with ``conn``, inside the caller's transaction.
+
+        Stored whole or not at all. Up to :data:`COALESCE_UP_TO` messages
+        without ``conn`` share a statement with other producers' publishes.
+        """
         texts = [e.encode().decode() for e in envelopes]
         queue = topic_queue(topic)
-
-        async def insert(c: AsyncConn) -> None:
-            for start in range(0, len(texts), PUBLISH_CHUNK):
-                await self.boss.insert_json(
-                    queue,
-                    texts[start : start + PUBLISH_CHUNK],
-                    conn=c,
-                    retry_limit=UNLIMITED_ATTEMPTS,
-                    expire_in=self.ack_wait,
-                )
-
         try:
             async with asyncio.timeout(timeout.total_seconds()):
-                # One transaction: a publish is stored whole or not at all.
-                await self.boss.db.on(conn, insert, transaction=len(texts) > PUBLISH_CHUNK)
+                if conn is None and len(texts) <= COALESCE_UP_TO:
+                    # Checked here: one producer's bad message must not fail the others'.
+                    self.boss.check_payload_sizes(texts)
+                    await self._publishes.submit((queue, texts))
+                else:
+                    await self._insert([(queue, texts)], conn)
         except TimeoutError as exc:
             raise PublishError(f"publish to {topic!r} not confirmed within {timeout}") from exc
         except ShoalError as exc:
             if isinstance(exc, PublishError):
                 raise
             raise PublishError(f"publish to {topic!r} failed: {exc}") from exc
+
+    async def _publish_together(self, publishes: Sequence[Publish]) -> list[None]:
+        await self._insert(publishes, None)
+        return [None] * len(publishes)
+
+    async def _insert(self, publishes: Sequence[Publish], conn: AsyncConn | None) -> None:
+        by_queue: dict[str, list[str]] = {}
+        for queue, texts in publishes:
+            by_queue.setdefault(queue, []).extend(texts)
+
+        async def insert(c: AsyncConn) -> None:
+            for queue, texts in by_queue.items():
+                for start in range(0, len(texts), PUBLISH_CHUNK):
+                    await self.boss.insert_json(
+                        queue,
+                        texts[start : start + PUBLISH_CHUNK],
+                        conn=c,
+                        retry_limit=UNLIMITED_ATTEMPTS,
+                        expire_in=self.ack_wait,
+                    )
+
+        statements = sum(-(-len(texts) // PUBLISH_CHUNK) for texts in by_queue.values())
+        # One transaction: a publish is stored whole or not at all.
+        await self.boss.db.on(conn, insert, transaction=statements > 1)
 
     async def subscribe(
         self, topic: str, group: str, *, max_in_flight: int, ack_wait: timedelta = DEFAULT_ACK_WAIT
@@ -181,3 +238,5 @@ class PostgresTransport:
 
 # Large publishes go out in statements of this many messages.
 PUBLISH_CHUNK = 5000
+# Publishes of at most this many messages are coalesced with concurrent ones.
+COALESCE_UP_TO = 50

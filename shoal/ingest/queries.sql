@@ -112,3 +112,16 @@ SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
 DELETE FROM {schema}.job AS j
 USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS a(id, attempt)
 WHERE j.id = a.id AND j.attempt = a.attempt AND j.state = 'active'
+
+-- name: ack_and_mark
+-- The same ack, with the consumer's done-markers written by the same
+-- statement: one round trip and one commit where there were two.
+WITH marked AS (
+    INSERT INTO {schema}.ingest_done (message_id, expires_at)
+    SELECT id, coalesce(%(now)s::timestamptz, now()) + %(ttl)s::interval
+    FROM unnest(%(marks)s::text[]) AS id
+    ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
+)
+DELETE FROM {schema}.job AS j
+USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS a(id, attempt)
+WHERE j.id = a.id AND j.attempt = a.attempt AND j.state = 'active'

@@ -60,11 +60,25 @@ class IngestStore:
 
     # -- the postgres transport ------------------------------------------------
 
-    async def ack(self, done: Sequence[tuple[int, int]]) -> None:
-        """Delete acknowledged messages, each fenced by (job id, attempt)."""
-        await self._rows(
-            "ack_messages", {"ids": [d[0] for d in done], "attempts": [d[1] for d in done]}
-        )
+    async def ack(
+        self,
+        done: Sequence[tuple[int, int]],
+        *,
+        marks: Sequence[str] = (),
+        ttl: timedelta | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        """Delete acknowledged messages, each fenced by (job id, attempt).
+
+        ``marks``: message ids whose done-markers (``ttl``) the same statement writes.
+        """
+        params = {"ids": [d[0] for d in done], "attempts": [d[1] for d in done]}
+        if not marks:
+            await self._rows("ack_messages", params)
+            return
+        # Sorted and unique, as mark_done: one row lock order, no row hit twice.
+        marked = {"marks": sorted(set(marks)), "ttl": ttl, "now": now}
+        await self._rows("ack_and_mark", params | marked)
 
     # -- de-duplication markers ---------------------------------------------
 

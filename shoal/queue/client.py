@@ -219,11 +219,15 @@ class Shoal:
         if "singleton_key" in options:
             raise InvalidInput("singleton_key", "insert_json takes no singleton keys")
         template = self._new_job(queue, None, options, "")
+        self.check_payload_sizes(payloads)
+        jobs = [NewJob(template.settings, text) for text in payloads]
+        return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
+
+    def check_payload_sizes(self, payloads: Sequence[str]) -> None:
+        """Refuse, by position, a JSON payload text over the payload cap."""
         for i, text in enumerate(payloads):
             if len(text) > self.max_payload_bytes:
                 raise InvalidInput(f"payloads[{i}]", f"over the {self.max_payload_bytes}-byte cap")
-        jobs = [NewJob(template.settings, text) for text in payloads]
-        return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
 
     # -- working -----------------------------------------------------------
 

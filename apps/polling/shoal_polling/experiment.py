@@ -225,8 +225,10 @@ class _WorkerProcess:
                 "worker",
                 "--app",
                 "shoal_polling.app:app",
+                # Its consumer's slots, the sink's writer and a few for the rest:
+                # the server's max_connections must hold this and the poller's pool.
                 "--pool-size",
-                str(s.pool_size),
+                str(s.consumers + 5),
             ],
             env=dict(os.environ)
             | self.env
@@ -474,7 +476,7 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         result.pool_wait_p99_ms = round(times.waits.quantile(0.99) * 1000, 1)
         result.lag_p50_ms, result.lag_p99_ms = await _ingest_lag_ms(boss)
         if poller.stats.degraded:
-            note(f"{poller.stats.degraded} observations applied in place while nats was down")
+            note(f"{poller.stats.degraded} applied in place after a failed publish (degraded)")
     return result
 
 
