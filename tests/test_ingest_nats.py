@@ -8,6 +8,7 @@ before the delay) and waits for the event itself, never a fixed sleep.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -17,14 +18,14 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js.api import StorageType
+from nats.js.api import PersistMode, StorageType
 
 from shoal.db.embedded import free_port
 from shoal.errors import Conflict, TransientError
 from shoal.ingest.message import Envelope, new_envelope
 from shoal.ingest.nats import NatsTransport, UnsafeDurability, stream_name_for
 from shoal.ingest.natsd import NatsServer
-from shoal.ingest.transport import Delivery, PublishError, Subscription
+from shoal.ingest.transport import Delivery, Depth, PublishError, Subscription
 
 TOPIC = "card.ingest"
 GROUP = "writer"
@@ -64,6 +65,23 @@ async def fetch_until(
         assert time.monotonic() < deadline, f"only {len(got)} of {count} deliveries arrived"
         got.extend(await sub.fetch(min(batch, count - len(got)), wait=timedelta(seconds=0.5)))
     return got
+
+
+async def depth_reaches(
+    transport: NatsTransport, ready: int, in_flight: int, *, timeout_s: float = 5.0
+) -> Depth:
+    """The group's depth once it reads (ready, in_flight).
+
+    Acks are sent without waiting for the server, so the consumer's counts
+    catch up a moment after ``ack()`` returns.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        depth = await transport.depth(TOPIC, GROUP)
+        if (depth.ready, depth.in_flight) == (ready, in_flight):
+            return depth
+        assert time.monotonic() < deadline, f"depth stuck at {depth}"
+        await asyncio.sleep(0.02)
 
 
 async def test_publish_then_fetch_preserves_id_time_and_body(transport: NatsTransport) -> None:
@@ -167,14 +185,13 @@ async def test_depth_reports_ready_and_in_flight(transport: NatsTransport) -> No
 
     await got[0].ack()
     await got[1].nak(timedelta(seconds=30))  # JetStream counts it as in flight until due
-    depth = await transport.depth(TOPIC, GROUP)
-    assert (depth.ready, depth.in_flight, depth.total) == (3, 1, 4)
+    depth = await depth_reaches(transport, 3, 1)
+    assert depth.total == 4
 
     rest = await fetch_until(sub, 3)
     for d in rest:
         await d.ack()
-    depth = await transport.depth(TOPIC, GROUP)
-    assert (depth.ready, depth.in_flight) == (0, 1)
+    await depth_reaches(transport, 0, 1)
 
 
 async def test_publish_fails_within_its_timeout_while_the_server_is_down_and_is_not_buffered(
@@ -371,3 +388,130 @@ async def test_start_fails_within_connect_timeout_when_no_server_answers() -> No
     assert time.monotonic() - started < 2
     with pytest.raises(PublishError):
         await t.publish(TOPIC, envelopes(1))
+
+
+async def set_max_msgs(server: NatsServer, topic: str, max_msgs: int) -> None:
+    """Change the stream's message limit behind the transport's back, as an operator would."""
+    nc = await nats.connect(server.url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream_name_for("SHOAL", topic))
+        await js.update_stream(dataclasses.replace(info.config, max_msgs=max_msgs))
+    finally:
+        await nc.close()
+
+
+async def stored_ids(transport: NatsTransport, count: int) -> list[str]:
+    """The ids of the first ``count`` messages of the topic, for a group of its own."""
+    sub = await transport.subscribe(TOPIC, f"check-{uuid.uuid4().hex[:8]}", max_in_flight=5_000)
+    got = await fetch_until(sub, count)
+    assert await sub.fetch(10, wait=timedelta(milliseconds=300)) == []
+    await sub.close()
+    return [d.envelope.id for d in got]
+
+
+async def test_a_refused_batch_stores_nothing_of_itself(
+    nats_server: NatsServer, transport: NatsTransport
+) -> None:
+    await transport.publish(TOPIC, envelopes(1, prefix="first"))
+    await set_max_msgs(nats_server, TOPIC, 10)
+    # One atomic batch of 15 does not fit in the 9 places left: none of it is stored,
+    # where one publish per message would have stored 9 and refused 6.
+    with pytest.raises(PublishError, match="refused"):
+        await transport.publish(TOPIC, envelopes(15))
+    assert (await transport.depth(TOPIC, GROUP)).ready == 1
+
+
+async def test_a_call_that_fails_midway_is_stored_exactly_once_by_its_retry(
+    nats_server: NatsServer,
+) -> None:
+    transport = transport_for(nats_server, max_batch=5)
+    await transport.start()
+    try:
+        await transport.publish(TOPIC, envelopes(1, prefix="first"))
+        await set_max_msgs(nats_server, TOPIC, 12)
+        call = envelopes(15)  # three batches of 5; only two fit
+        with pytest.raises(PublishError, match=r"\d+ of 15 messages were confirmed"):
+            await transport.publish(TOPIC, call)
+        assert (await transport.depth(TOPIC, GROUP)).ready == 11
+
+        await set_max_msgs(nats_server, TOPIC, -1)
+        # The retry's stored batches hold known ids: the server refuses them whole,
+        # and the transport then publishes them one by one, which drops the known ids.
+        await transport.publish(TOPIC, call)
+        ids = await stored_ids(transport, 16)
+        assert sorted(ids) == sorted(["first-0", *(e.id for e in call)])
+    finally:
+        await transport.close()
+
+
+async def test_a_stream_made_without_atomic_publish_is_upgraded_in_place(
+    nats_server: NatsServer,
+) -> None:
+    # What a shoal before atomic batches created: the same stream, allow_atomic unset.
+    old = transport_for(nats_server)
+    nc = await nats.connect(nats_server.url)
+    try:
+        config = dataclasses.replace(old._stream_config(TOPIC), allow_atomic=None)
+        await nc.jetstream().add_stream(config)
+        await nc.jetstream().publish(f"shoal.{TOPIC}", envelopes(1, prefix="old")[0].encode())
+    finally:
+        await nc.close()
+
+    transport = transport_for(nats_server, topics=[TOPIC])
+    await transport.start()
+    try:
+        nc = await nats.connect(nats_server.url)
+        try:
+            info = await nc.jetstream().stream_info(stream_name_for("SHOAL", TOPIC))
+        finally:
+            await nc.close()
+        assert info.config.allow_atomic is True
+        await transport.publish(TOPIC, envelopes(3, prefix="new"))
+        assert sorted(await stored_ids(transport, 4)) == ["new-0", "new-1", "new-2", "old-0"]
+    finally:
+        await transport.close()
+
+
+async def test_a_stream_in_async_persist_mode_is_refused(nats_server: NatsServer) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        config = dataclasses.replace(
+            transport_for(nats_server)._stream_config(TOPIC),
+            allow_atomic=None,
+            persist_mode=PersistMode.ASYNC,
+        )
+        await nc.jetstream().add_stream(config)
+    finally:
+        await nc.close()
+    t = transport_for(nats_server, topics=[TOPIC])
+    with pytest.raises(UnsafeDurability, match="persist_mode 'async'"):
+        await t.start()
+    await t.close()
+
+
+async def test_a_stream_that_cannot_take_atomic_publish_is_published_one_at_a_time(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Async persist mode excludes atomic batches; allow_unsafe_sync accepts the stream.
+    nc = await nats.connect(nats_server.url)
+    try:
+        config = dataclasses.replace(
+            transport_for(nats_server)._stream_config(TOPIC),
+            allow_atomic=None,
+            persist_mode=PersistMode.ASYNC,
+        )
+        await nc.jetstream().add_stream(config)
+    finally:
+        await nc.close()
+    t = transport_for(nats_server, allow_unsafe_sync=True)
+    await t.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="shoal.ingest.nats"):
+            await t.publish(TOPIC, envelopes(5))
+        assert any("one message at a time" in r.getMessage() for r in caplog.records)
+        batch = envelopes(5)
+        await t.publish(TOPIC, batch)  # again: JetStream drops the known ids
+        assert sorted(await stored_ids(t, 5)) == sorted(e.id for e in batch)
+    finally:
+        await t.close()

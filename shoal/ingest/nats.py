@@ -31,7 +31,30 @@ interval in nanoseconds). When it is not ``true``, ``start`` raises
 :class:`UnsafeDurability`, unless ``allow_unsafe_sync=True``, which logs an
 ERROR and goes on. Without a ``monitor_url`` nothing can be checked, and
 ``start`` logs a WARNING saying so. Only the server behind ``monitor_url`` is
-checked; in a cluster every server must be configured the same.
+checked; in a cluster every server must be configured the same. A stream
+set to ``persist_mode: async`` (ADR-56) acknowledges before writing whatever
+the server's setting, and is refused the same way.
+
+Publishing in atomic batches
+----------------------------
+Under ``sync_interval: always`` every stored write is fsynced before its
+PubAck, so publishing one message at a time costs one fsync per message. A
+publish call therefore sends its envelopes as JetStream atomic batches
+(ADR-50, nats-server >= 2.12; the streams have ``allow_atomic``): up to
+``max_batch`` messages with ``Nats-Batch-Id`` / ``Nats-Batch-Sequence``
+headers, the last with ``Nats-Batch-Commit: 1``. The server stages the
+batch, writes it whole on the commit, fsyncs once and then sends one PubAck
+for the batch, or refuses the batch and stores none of it. A PubAck still
+means every message it covers is on disk. Streams made before this (without
+``allow_atomic``) are updated in place when first used; where the server
+cannot do atomic batches, the topic is published one message at a time.
+
+Acknowledgements are not waited for
+-----------------------------------
+:meth:`NatsDelivery.ack` sends the ack and returns. A lost ack costs a
+redelivery after the ack wait, which a consumer's done-marker (or an
+idempotent sink) drops; JetStream does not fsync acks, so a confirmed ack
+is no safer after a crash either.
 
 Publishing never buffers
 ------------------------
@@ -61,10 +84,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import urllib.request
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -78,6 +104,7 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
+    PersistMode,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -100,12 +127,27 @@ log = logging.getLogger("shoal.ingest.nats")
 SUBJECT_PREFIX = "shoal"
 DEFAULT_STREAM_PREFIX = "SHOAL"
 MSG_ID_HEADER = "Nats-Msg-Id"
+# Atomic batch publish (ADR-50, nats-server >= 2.12; de-duplication by
+# Nats-Msg-Id inside a batch since 2.12.1).
+BATCH_ID_HEADER = "Nats-Batch-Id"
+BATCH_SEQUENCE_HEADER = "Nats-Batch-Sequence"
+BATCH_COMMIT_HEADER = "Nats-Batch-Commit"
+# The server's limit on messages per atomic batch (its default; a server
+# configured lower refuses larger batches with ERR_BATCH_TOO_LARGE).
+DEFAULT_MAX_BATCH = 1000
+# Atomic batches one transport has open at once. nats-server allows 50 per
+# stream and 1,000 per server, shared by every publisher; a few are enough to
+# keep one connection busy while the server fsyncs the previous commit.
+MAX_BATCHES_IN_FLIGHT = 4
+# JetStream error codes (ADR-50) that publish handles rather than reports.
+ERR_ATOMIC_DISABLED = 10174  # the stream's allow_atomic is off
+ERR_BATCH_DUPLICATE_MSG_ID = 10201  # an id of the batch is already stored (or twice in it)
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
-# JetStream API calls (stream and consumer info, create) and confirmed acks.
+# JetStream API calls (stream and consumer info, create).
 DEFAULT_REQUEST_TIMEOUT = timedelta(seconds=5)
-# Publishes of one call awaiting their PubAck at once. Enough to keep the
-# connection busy (a PubAck round trip on a LAN is well under a millisecond
-# per message once pipelined); bounded so a huge batch does not park tens of
+# Single-message publishes of one call awaiting their PubAck at once (used
+# only where an atomic batch cannot be: see NatsTransport.publish). Enough to
+# keep the connection busy; bounded so a huge call does not park tens of
 # thousands of reply futures at once.
 DEFAULT_MAX_ACK_PENDING = 1024
 # Messages are kept this long whether consumed or not (JetStream "limits"
@@ -153,6 +195,21 @@ class UnsafeDurability(ShoalError):
     """
 
 
+@dataclass(frozen=True, slots=True)
+class _Stream:
+    """A topic's stream as this transport found it."""
+
+    name: str
+    atomic: bool  # allow_atomic is on: publish in atomic batches
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Messages of one publish call confirmed so far, for its error message."""
+
+    confirmed: int = 0
+
+
 def stream_name_for(prefix: str, topic: str) -> str:
     """``SHOAL`` + ``card.ingest`` -> ``SHOAL_card_ingest`` (``.`` is not allowed in a name)."""
     return f"{prefix}_{check_topic_name(topic).replace('.', '_')}"
@@ -198,11 +255,13 @@ class NatsTransport:
     (its PubAck arrived), else raises :class:`PublishError`. Deliveries of one
     group are redelivered until acked or termed, with no attempt limit.
 
-    ``max_ack_pending`` bounds the PubAcks one :meth:`publish` call waits for
-    at once (publishes are pipelined); a consumer's in-flight limit is
-    ``max_in_flight`` of :meth:`subscribe`. ``topics`` are created at
-    :meth:`start`; any other topic on first use. See the module docstring for
-    the server setting shoal requires and how it is checked.
+    :meth:`publish` sends atomic batches of up to ``max_batch`` messages
+    (the server's limit, 1,000 by default); ``max_ack_pending`` bounds the
+    PubAcks one call waits for at once on the one-message-at-a-time path
+    that remains for streams without atomic publish. A consumer's in-flight
+    limit is ``max_in_flight`` of :meth:`subscribe`. ``topics`` are created
+    at :meth:`start`; any other topic on first use. See the module docstring
+    for the server setting shoal requires and how it is checked.
     """
 
     name = "nats"
@@ -216,6 +275,7 @@ class NatsTransport:
         allow_unsafe_sync: bool = False,
         replicas: int = 1,
         max_ack_pending: int = DEFAULT_MAX_ACK_PENDING,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_age: timedelta | None = DEFAULT_MAX_AGE,
         connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
         request_timeout: timedelta = DEFAULT_REQUEST_TIMEOUT,
@@ -229,12 +289,16 @@ class NatsTransport:
             raise InvalidInput("replicas", f"{replicas}: at least 1")
         if max_ack_pending < 1:
             raise InvalidInput("max_ack_pending", f"{max_ack_pending}: at least 1")
+        if max_batch < 1:
+            raise InvalidInput("max_batch", f"{max_batch}: at least 1")
         self._servers = [servers] if isinstance(servers, str) else list(servers)
         self._stream_prefix = stream_prefix
         self._monitor_url = monitor_url.rstrip("/") if monitor_url else None
         self._allow_unsafe_sync = allow_unsafe_sync
         self._replicas = replicas
         self._max_ack_pending = max_ack_pending
+        self._max_batch = max_batch
+        self._batch_slots = asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT)
         self._max_age = max_age
         self._connect_timeout = connect_timeout
         self._request_timeout_s = request_timeout.total_seconds()
@@ -243,9 +307,10 @@ class NatsTransport:
         self._clock: Clock = clock or SystemClock()
         self._nc: NatsClient | None = None
         self._js: JetStreamContext | None = None
-        # topic -> stream name, for streams checked or created by this
-        # transport. Written under _streams_lock, read without it.
-        self._streams: dict[str, str] = {}
+        # topic -> stream, for streams checked or created by this transport.
+        # Written under _streams_lock (and dropped by publish when a stream's
+        # atomic publish was turned off behind shoal's back), read without it.
+        self._streams: dict[str, _Stream] = {}
         self._streams_lock = asyncio.Lock()
 
     # -- life cycle -----------------------------------------------------------
@@ -338,20 +403,22 @@ class NatsTransport:
             # Past a size limit, refuse new messages (the publisher hears it)
             # rather than silently dropping the oldest.
             discard=DiscardPolicy.NEW,
+            # Lets publish store a whole batch with one fsync (see publish).
+            allow_atomic=True,
         )
 
-    async def _ensure_stream(self, topic: str) -> str:
-        """The topic's stream name, creating the stream if missing; checks its storage."""
-        name = self._streams.get(topic)
-        if name is not None:
-            return name
+    async def _ensure_stream(self, topic: str) -> _Stream:
+        """The topic's stream, created if missing, checked, with atomic publish enabled."""
+        stream = self._streams.get(topic)
+        if stream is not None:
+            return stream
         _, js = self._connected()
         config = self._stream_config(topic)
         assert config.name is not None
         async with self._streams_lock:
-            name = self._streams.get(topic)
-            if name is not None:
-                return name
+            stream = self._streams.get(topic)
+            if stream is not None:
+                return stream
             try:
                 try:
                     info = await js.stream_info(config.name)
@@ -362,11 +429,45 @@ class NatsTransport:
                         # Created meanwhile by another process, maybe differently:
                         # read what is there and judge that.
                         info = await js.stream_info(config.name)
+                self._check_stream(topic, info)
+                atomic = info.config.allow_atomic is True or await self._enable_atomic(info)
             except _CONNECTION_ERRORS as exc:
                 raise TransientError(f"nats: stream {config.name}: {exc}") from exc
-            self._check_stream(topic, info)
-            self._streams[topic] = config.name
-            return config.name
+            stream = _Stream(config.name, atomic)
+            self._streams[topic] = stream
+            return stream
+
+    async def _enable_atomic(self, info: StreamInfo) -> bool:
+        """Turn on atomic publish for a stream made without it (by a shoal before it used it).
+
+        Only ``allow_atomic`` changes; messages, consumers and every other
+        setting stay. False when the server refuses or ignores it (a server
+        older than 2.12, a stream in async persist mode, no permission to
+        update streams): the topic is then published one message at a time.
+        """
+        _, js = self._connected()
+        name = info.config.name
+        try:
+            updated = await js.update_stream(dataclasses.replace(info.config, allow_atomic=True))
+        except nats.js.errors.APIError as exc:
+            if isinstance(exc, _CONNECTION_ERRORS):
+                raise
+            log.warning(
+                "nats: stream %s has no atomic publish and cannot get it (%s); its topic is "
+                "published one message at a time, which is slower but as safe",
+                name,
+                exc,
+            )
+            return False
+        if updated.config.allow_atomic is not True:
+            log.warning(
+                "nats: the server ignored allow_atomic for stream %s (nats-server < 2.12?); its "
+                "topic is published one message at a time, which is slower but as safe",
+                name,
+            )
+            return False
+        log.info("nats: enabled atomic batch publish on existing stream %s", name)
+        return True
 
     def _check_stream(self, topic: str, info: StreamInfo) -> None:
         name = info.config.name
@@ -384,6 +485,17 @@ class NatsTransport:
                 f"nats stream {name} carries {subjects}, not {subject!r}: another topic maps to "
                 f"the same stream name as {topic!r} ('.' and '_' both become '_'); rename one"
             )
+        if info.config.persist_mode == PersistMode.ASYNC:
+            # ADR-56: the PubAck goes out before the write is flushed, whatever
+            # sync_interval says: the hole sync_interval: always closes.
+            message = (
+                f"nats stream {name} (topic {topic!r}) has persist_mode 'async': it acknowledges "
+                "messages before they are on disk, so a crash can lose them. Set it back to "
+                "'default'"
+            )
+            if not self._allow_unsafe_sync:
+                raise UnsafeDurability(message + ", or pass allow_unsafe_sync=True")
+            log.error("%s; going on because allow_unsafe_sync=True", message)
 
     # -- publish --------------------------------------------------------------
 
@@ -396,9 +508,15 @@ class NatsTransport:
     ) -> None:
         """Store every envelope, or raise :class:`PublishError` within ``timeout``.
 
-        Envelopes are published concurrently and their PubAcks awaited
-        together. On an error some may be stored and others not: the caller
-        publishes the whole batch again, and duplicates are dropped by id.
+        Envelopes go out in atomic batches of up to ``max_batch`` (JetStream
+        atomic batch publish, ADR-50): the server stores a whole batch with
+        one fsync and one PubAck, or none of it. Batches are independent, so
+        on an error some batches of the call may be stored and others not:
+        the caller publishes the whole call again. A batch that holds an id
+        the stream already has (such a retry, within its duplicate window)
+        is refused whole by the server; it is then published one message at
+        a time, which stores the missing messages and drops the rest as
+        duplicates.
         """
         if not envelopes:
             return
@@ -406,18 +524,150 @@ class NatsTransport:
         deadline = loop.time() + timeout.total_seconds()
         if self._nc is None:
             raise PublishError(f"nats: transport not started (publishing to {topic!r})")
-        nc, js = self._connected()
+        nc, _ = self._connected()
         if not nc.is_connected:
             raise PublishError(f"nats: not connected (publishing to {topic!r}); nothing was sent")
-        confirmed = 0
+        progress = _Progress()
+        try:
+            async with asyncio.timeout_at(deadline):
+                stream = await self._ensure_stream(topic)
+                if stream.atomic:
+                    await self._publish_batches(topic, stream.name, envelopes, progress, deadline)
+                else:
+                    await self._publish_each(topic, stream.name, envelopes, progress, deadline)
+        except _PUBLISH_ERRORS as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}"
+            raise PublishError(
+                f"nats: publish to {topic!r} {reason} ({exc}) after {progress.confirmed} of "
+                f"{len(envelopes)} messages were confirmed; the rest may or may not be stored"
+            ) from exc
+
+    async def _publish_batches(
+        self,
+        topic: str,
+        stream: str,
+        envelopes: Sequence[Envelope],
+        progress: _Progress,
+        deadline: float,
+    ) -> None:
+        size = self._max_batch
+        chunks = [envelopes[i : i + size] for i in range(0, len(envelopes), size)]
+        if len(chunks) == 1:
+            await self._publish_batch(topic, stream, chunks[0], progress, deadline)
+            return
+        tasks = [
+            asyncio.create_task(self._publish_batch(topic, stream, chunk, progress, deadline))
+            for chunk in chunks
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _publish_batch(
+        self,
+        topic: str,
+        stream: str,
+        chunk: Sequence[Envelope],
+        progress: _Progress,
+        deadline: float,
+    ) -> None:
+        """One atomic batch: stored whole (its PubAck arrived) or an exception."""
+        async with self._batch_slots:
+            reply = await self._send_batch(topic, stream, chunk, deadline)
+        error = reply.get("error")
+        if error is None:
+            if reply.get("stream") != stream or reply.get("count") != len(chunk):
+                raise PublishError(
+                    f"nats: batch PubAck {reply} does not confirm {len(chunk)} messages in {stream}"
+                )
+            progress.confirmed += len(chunk)
+            return
+        code = error.get("err_code") if isinstance(error, dict) else None
+        if code == ERR_BATCH_DUPLICATE_MSG_ID:
+            log.info(
+                "nats: %r: a batch holds ids already stored (a retried publish); "
+                "publishing its %d messages one at a time",
+                topic,
+                len(chunk),
+            )
+            await self._publish_each(topic, stream, chunk, progress, deadline)
+            return
+        if code == ERR_ATOMIC_DISABLED:
+            # Turned off since start(): check the stream again on the next call.
+            self._streams.pop(topic, None)
+            log.warning("nats: atomic publish was disabled on stream %s; %s", stream, error)
+            await self._publish_each(topic, stream, chunk, progress, deadline)
+            return
+        # The server refused the batch (a limit, a gap after a dropped
+        # message, too many open batches): nothing of it was stored.
+        raise PublishError(f"nats: batch of {len(chunk)} refused by {stream}: {error}")
+
+    async def _send_batch(
+        self, topic: str, stream: str, chunk: Sequence[Envelope], deadline: float
+    ) -> dict[str, Any]:
+        """Send one atomic batch in order on the connection; the server's answer to it.
+
+        The first message is a request, answered at once: empty when the
+        server opened the batch, an error (say, atomic publish disabled)
+        otherwise, so a refused batch is not sent whole for nothing. The
+        rest are plain publishes; the last carries ``Nats-Batch-Commit`` and
+        is a request, answered by the PubAck (or the error) of the batch.
+        Should a message be lost on the way, the server sees a gap in
+        ``Nats-Batch-Sequence`` and refuses the batch; should the call stop
+        before the commit, the server abandons the batch after 10 s. Either
+        way nothing of it is stored.
+        """
+        nc, _ = self._connected()
+        loop = asyncio.get_running_loop()
+        subject = subject_for(topic)
+        batch_id = uuid.uuid4().hex
+        last = len(chunk)
+        for seq, envelope in enumerate(chunk, start=1):
+            headers = {
+                BATCH_ID_HEADER: batch_id,
+                BATCH_SEQUENCE_HEADER: str(seq),
+                MSG_ID_HEADER: envelope.id,
+            }
+            if seq == last:
+                headers[BATCH_COMMIT_HEADER] = "1"
+            if seq == 1 or seq == last:
+                # pending_size=0 makes nats-py refuse a request while it
+                # reconnects, but only after registering a reply future that
+                # nothing ever removes: refuse before that.
+                if not nc.is_connected:
+                    raise nats.errors.ConnectionReconnectingError
+                reply = await nc.request(
+                    subject,
+                    envelope.encode(),
+                    timeout=max(0.001, deadline - loop.time()),
+                    headers=headers,
+                )
+                if seq == last or reply.data:
+                    return _parse_reply(reply.data, stream)
+            else:
+                await nc.publish(subject, envelope.encode(), headers=headers)
+        raise AssertionError("unreachable: the last message returns")
+
+    async def _publish_each(
+        self,
+        topic: str,
+        stream: str,
+        envelopes: Sequence[Envelope],
+        progress: _Progress,
+        deadline: float,
+    ) -> None:
+        """One JetStream publish per envelope, pipelined: one fsync and one PubAck each."""
+        nc, js = self._connected()
+        loop = asyncio.get_running_loop()
+        subject = subject_for(topic)
         window = asyncio.Semaphore(self._max_ack_pending)
 
-        async def publish_one(envelope: Envelope, stream: str) -> None:
-            nonlocal confirmed
+        async def publish_one(envelope: Envelope) -> None:
             async with window:
-                # pending_size=0 already makes nats-py refuse a publish while
-                # reconnecting, but only after it has registered a reply
-                # future that nothing ever removes: refuse before that.
+                # As in _send_batch: refuse before nats-py registers a future.
                 if not nc.is_connected:
                     raise nats.errors.ConnectionReconnectingError
                 ack = await js.publish(
@@ -429,26 +679,15 @@ class NatsTransport:
                 )
             if ack.stream != stream:  # the Nats-Expected-Stream header makes this a refusal
                 raise PublishError(f"nats: stored in {ack.stream}, expected {stream}")
-            confirmed += 1
+            progress.confirmed += 1
 
-        subject = subject_for(topic)
-        tasks: list[asyncio.Task[None]] = []
+        tasks = [asyncio.create_task(publish_one(e)) for e in envelopes]
         try:
-            async with asyncio.timeout_at(deadline):
-                stream = await self._ensure_stream(topic)
-                tasks = [asyncio.create_task(publish_one(e, stream)) for e in envelopes]
-                await asyncio.gather(*tasks)
-        except _PUBLISH_ERRORS as exc:
-            reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}"
-            raise PublishError(
-                f"nats: publish to {topic!r} {reason} ({exc}) after {confirmed} of "
-                f"{len(envelopes)} messages were confirmed; the rest may or may not be stored"
-            ) from exc
+            await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- consume --------------------------------------------------------------
 
@@ -466,7 +705,7 @@ class NatsTransport:
             raise InvalidInput("ack_wait", f"{ack_wait}: must be positive")
         durable = consumer_name_for(group)
         _, js = self._connected()
-        stream = await self._ensure_stream(topic)
+        stream = (await self._ensure_stream(topic)).name
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
@@ -480,7 +719,7 @@ class NatsTransport:
             psub = await js.pull_subscribe_bind(durable=durable, stream=stream)
         except _CONNECTION_ERRORS as exc:
             raise TransientError(f"nats: consumer {durable} on {stream}: {exc}") from exc
-        return NatsSubscription(psub, topic=topic, ack_timeout_s=self._request_timeout_s)
+        return NatsSubscription(psub, topic=topic)
 
     async def depth(self, topic: str, group: str) -> Depth:
         """The group's backlog, from the consumer's info (one API call, two when not empty).
@@ -496,7 +735,7 @@ class NatsTransport:
         """
         durable = consumer_name_for(group)
         _, js = self._connected()
-        stream = await self._ensure_stream(topic)
+        stream = (await self._ensure_stream(topic)).name
         try:
             try:
                 info = await js.consumer_info(stream, durable)
@@ -543,12 +782,11 @@ class NatsTransport:
 class NatsDelivery:
     """One delivery of one JetStream message (see :class:`~shoal.ingest.transport.Delivery`)."""
 
-    __slots__ = ("_ack_timeout_s", "_envelope", "_msg")
+    __slots__ = ("_envelope", "_msg")
 
-    def __init__(self, msg: Msg, envelope: Envelope, *, ack_timeout_s: float) -> None:
+    def __init__(self, msg: Msg, envelope: Envelope) -> None:
         self._msg = msg
         self._envelope = envelope
-        self._ack_timeout_s = ack_timeout_s
 
     @property
     def envelope(self) -> Envelope:
@@ -559,11 +797,20 @@ class NatsDelivery:
         return self._msg.metadata.num_delivered or 1
 
     async def ack(self) -> None:
-        """Acknowledge and wait for the server to confirm it (a lost ack means a redelivery)."""
+        """Acknowledge, without waiting for the server to confirm it.
+
+        Raises :class:`~shoal.errors.TransientError` when the connection is
+        known to be down (nothing is queued while disconnected). An ack lost
+        on the way costs a redelivery after the ack wait, which the consumer's
+        done-marker (or an idempotent sink) drops; waiting for a confirmation
+        (``ack_sync``) would only report that loss, at one round trip and one
+        reply to parse per message. JetStream does not fsync a consumer's
+        acks either way, so a confirmed ack is no more durable.
+        """
         try:
-            await self._msg.ack_sync(timeout=self._ack_timeout_s)
+            await self._msg.ack()
         except _CONNECTION_ERRORS as exc:
-            raise TransientError(f"nats: ack of {self._envelope.id} not confirmed: {exc}") from exc
+            raise TransientError(f"nats: ack of {self._envelope.id} not sent: {exc}") from exc
 
     async def nak(self, delay: timedelta) -> None:
         """Deliver again, not before ``delay``; counts a delivery (NSQ REQ)."""
@@ -590,12 +837,9 @@ class NatsDelivery:
 class NatsSubscription:
     """A group's pull subscription; :meth:`fetch` returns what the server hands out."""
 
-    def __init__(
-        self, psub: JetStreamContext.PullSubscription, *, topic: str, ack_timeout_s: float
-    ) -> None:
+    def __init__(self, psub: JetStreamContext.PullSubscription, *, topic: str) -> None:
         self._psub = psub
         self._topic = topic
-        self._ack_timeout_s = ack_timeout_s
 
     async def fetch(self, limit: int, *, wait: timedelta) -> Sequence[Delivery]:
         """Up to ``limit`` deliveries; an empty list when none came within ``wait``."""
@@ -627,7 +871,7 @@ class NatsSubscription:
                 with contextlib.suppress(*_CONNECTION_ERRORS):
                     await msg.term()
                 continue
-            deliveries.append(NatsDelivery(msg, envelope, ack_timeout_s=self._ack_timeout_s))
+            deliveries.append(NatsDelivery(msg, envelope))
         return deliveries
 
     async def close(self) -> None:
@@ -638,6 +882,17 @@ class NatsSubscription:
 
 
 _STREAM_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def _parse_reply(data: bytes, stream: str) -> dict[str, Any]:
+    """A JetStream publish reply (PubAck or error) as a dict; a refusal if unreadable."""
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise PublishError(f"nats: unreadable reply from {stream}: {data[:200]!r}")
+    return reply
 
 
 def _get_json(url: str, timeout_s: float) -> dict[str, Any]:
