@@ -265,6 +265,7 @@ async def run_pipeline(
         "--transports",
         transport_kind,
         *(["--nats-url", nats_url] if nats_url else []),
+        *(["--nats-monitor-url", nats_monitor] if nats_monitor else []),
         cwd=REPO,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
@@ -434,14 +435,15 @@ def print_table(rows: list[dict[str, Any]], n: int) -> None:
     )
     print(
         f"{'system':28} {'seconds':>8} {'msgs/s':>8} {'vs bare':>8} {'lag p50':>8} {'lag p99':>8} "
-        f"{'conns':>6} {'budget':>6} {'RSS MiB':>8}"
+        f"{'conns':>6} {'budget':>6} {'RSS MiB':>8} {'published in':>12}"
     )
     for r in rows:
         ratio = r["msgs_per_s"] / bare["msgs_per_s"] if bare else float("nan")
         print(
             f"{r['system']:28} {r['seconds']:8.2f} {r['msgs_per_s']:8.0f} {ratio:7.2f}x "
             f"{r['lag_p50']:7.2f}s {r['lag_p99']:7.2f}s {r['peak_connections']:6d} "
-            f"{r['budget']:6d} {r['peak_rss_mib']:8.0f}"
+            f"{r['budget']:6d} {r['peak_rss_mib']:8.0f} "
+            + (f"{r['published_s']:11.2f}s" if "published_s" in r else f"{'-':>12}")
         )
 
 
@@ -481,7 +483,9 @@ async def main_async(args: argparse.Namespace) -> None:
         )
 
 
-async def produce_async(n: int, transport_kind: str, nats_url: str | None) -> None:
+async def produce_async(
+    n: int, transport_kind: str, nats_url: str | None, nats_monitor: str | None
+) -> None:
     """The producer process: connect, say ready, publish on "go", print the seconds it took."""
     db = await Database(bench_url(), max_size=2).open()
     boss = Shoal(db, listen=False)
@@ -490,7 +494,7 @@ async def produce_async(n: int, transport_kind: str, nats_url: str | None) -> No
         from shoal.ingest.nats import NatsTransport
 
         assert nats_url is not None
-        transport = NatsTransport(nats_url)
+        transport = NatsTransport(nats_url, monitor_url=nats_monitor)
     else:
         transport = PostgresTransport(boss)
     pipeline = Pipeline(boss, transport)
@@ -519,9 +523,12 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=0, help="also drain a backlog of this many")
     parser.add_argument("--produce", type=int, help=argparse.SUPPRESS)  # the producer process
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)
+    parser.add_argument("--nats-monitor-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.produce:
-        asyncio.run(produce_async(args.produce, args.transports, args.nats_url))
+        asyncio.run(
+            produce_async(args.produce, args.transports, args.nats_url, args.nats_monitor_url)
+        )
     else:
         asyncio.run(main_async(args))
 

@@ -605,3 +605,28 @@ async def test_the_monitor_leader_prunes_expired_done_markers(
     clock.advance(timedelta(hours=1, seconds=1))
     assert await monitor.prune() == 5
     assert await store.seen(["m0", "fresh"]) == {"fresh"}
+
+
+async def test_producers_whose_config_cache_ran_out_together_share_one_read(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    reads = 0
+    real = pipeline.store.config_get
+
+    async def counted(key: str) -> Any:
+        nonlocal reads
+        reads += 1
+        await asyncio.sleep(0.05)
+        return await real(key)
+
+    pipeline.store.config_get = counted  # type: ignore[method-assign]
+    await pipeline.config.set("ingest.mode", "async")
+    modes = await asyncio.gather(*(pipeline.mode() for _ in range(200)))
+    assert set(modes) == {"async"} and reads == 1
+    # A set() in this process is seen by the next read, not hidden by one under way.
+    pipeline.config._cache.clear()
+    under_way = asyncio.create_task(pipeline.mode())
+    await asyncio.sleep(0)
+    await pipeline.config.set("ingest.mode", "sync")
+    await under_way
+    assert await pipeline.mode() == "sync"

@@ -8,6 +8,7 @@ hiccup never flips a switch.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import timedelta
 from typing import Any
@@ -30,24 +31,41 @@ class RuntimeConfig:
         self.ttl = ttl
         self.clock = clock
         self._cache: dict[str, tuple[Any, float]] = {}
+        self._reading: dict[str, asyncio.Task[Any]] = {}
 
     async def get(self, key: str, default: Any = None) -> Any:
         cached = self._cache.get(key)
-        now = self.clock.monotonic()
-        if cached is not None and now - cached[1] < self.ttl.total_seconds():
+        if cached is not None and self.clock.monotonic() - cached[1] < self.ttl.total_seconds():
             return default if cached[0] is None else cached[0]
+        # One read per key at a time: hundreds of producers whose cache ran out
+        # together share it instead of each taking a connection.
+        reading = self._reading.get(key)
+        if reading is None:
+            reading = asyncio.create_task(self._read(key, cached))
+            self._reading[key] = reading
+            reading.add_done_callback(lambda task: self._forget(key, task))
+        value = await asyncio.shield(reading)
+        return default if value is None else value
+
+    async def _read(self, key: str, cached: tuple[Any, float] | None) -> Any:
         try:
             value = await self.store.config_get(key)
         except Exception as exc:
             log.warning("config %s: read failed (%s); keeping the last value", key, exc)
-            return default if cached is None or cached[0] is None else cached[0]
-        self._cache[key] = (value, now)
-        return default if value is None else value
+            return None if cached is None else cached[0]
+        if self._reading.get(key) is asyncio.current_task():  # not overtaken by a set()
+            self._cache[key] = (value, self.clock.monotonic())
+        return value
+
+    def _forget(self, key: str, task: asyncio.Task[Any]) -> None:
+        if self._reading.get(key) is task:
+            del self._reading[key]
 
     async def set(self, key: str, value: Any) -> None:
         check_config(key, value)
         await self.store.config_set(key, value, now=self.clock.sql_now())
         self._cache.pop(key, None)
+        self._reading.pop(key, None)  # a read already under way may predate the write
 
 
 def check_config(key: str, value: Any) -> None:

@@ -13,10 +13,10 @@ import pytest
 from shoal import PublishError, Shoal
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.transport import Transport
-from shoal_polling.domain import OBSERVATIONS, Kind
+from shoal_polling.domain import ACCOUNT_CONCURRENCY, OBSERVATIONS, Kind
 from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.gateway import GatewaySettings
-from shoal_polling.poller import ACCOUNT_CONCURRENCY, add_priority_item
+from shoal_polling.poller import add_priority_item
 from tests.conftest import wait_for
 from tests.polling.conftest import SMALL_FLEET
 from tests.polling.rig import Rig, open_rig, scalar

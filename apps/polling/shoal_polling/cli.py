@@ -30,7 +30,7 @@ from typing import Any
 from shoal import Pipeline, Shoal, SystemClock
 from shoal.cli import database_url
 from shoal.ingest.runner import transport_from_env
-from shoal_polling.domain import MODE_KEY, AsyncConn
+from shoal_polling.domain import ACCOUNT_CONCURRENCY, MODE_KEY, AsyncConn
 from shoal_polling.experiment import ExperimentSettings, as_rows, run_experiment
 from shoal_polling.fleet import DEFAULT_QUOTA_KB, FleetSpec, create_fleet
 from shoal_polling.gateway import (
@@ -43,7 +43,7 @@ from shoal_polling.gateway import (
 )
 from shoal_polling.gateway_client import GatewayClient
 from shoal_polling.ingest import PollingIngest
-from shoal_polling.poller import ACCOUNT_CONCURRENCY, Poller, PollerSettings
+from shoal_polling.poller import Poller, PollerSettings
 from shoal_polling.reconcile import reconcile
 from shoal_polling.schema import ensure_schema
 

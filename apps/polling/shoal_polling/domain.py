@@ -25,6 +25,8 @@ KINDS: tuple[Kind, ...] = ("traffic", "card_status", "real_name")
 Step = Literal["traffic", "card_status", "real_name", "plan"]
 STEPS: tuple[Step, ...] = ("traffic", "card_status", "real_name", "plan")
 
+# Gateway calls in flight per carrier account (D1; the reference: card polling 41 accounts x 20).
+ACCOUNT_CONCURRENCY = 20
 # The reference truncates the gateway's raw answer to 4 KB before publishing.
 RAW_LIMIT = 4096
 # Network statuses the gateway answers; the last two are a risk answer, on

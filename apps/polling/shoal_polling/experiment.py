@@ -56,7 +56,7 @@ from shoal.ingest.transport import Transport
 from shoal_polling.domain import COLLECTION, MODE_KEY, OBSERVATIONS
 from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.gateway_client import GatewayClient, GatewayError
-from shoal_polling.ingest import PollingIngest
+from shoal_polling.ingest import DEFAULT_PLAN_INTERVAL, PollingIngest
 from shoal_polling.poller import Poller, PollerSettings
 from shoal_polling.reconcile import Reconciliation, reconcile
 from shoal_polling.schema import ensure_schema
@@ -69,24 +69,29 @@ RUNS = ("sync", "async", "switch")
 @dataclass(frozen=True, slots=True)
 class ExperimentSettings:
     duration_s: float = 30.0
-    # The reference's shape at the size one 2-CPU machine can drive: thousands of
-    # cards, hundreds of poll steps in flight (accounts x 20), one pool of 60
-    # with 30 ingest slots and a reserve of 20, a 3 s write timeout, and a
-    # gateway answering in 50-500 ms.
-    accounts: int = 20
-    cards_per_account: int = 100
+    # The reference's shape at the size one 2-CPU machine can drive: 2,000 cards
+    # over 40 accounts, up to 800 poll steps in flight (accounts x 20), one pool
+    # of 60 with 30 ingest slots and a reserve of 20, and a gateway answering in
+    # 50-500 ms. Writes are lighter than the reference's (150 ms of server time
+    # here), so its 3 s write timeout is scaled to 1 s.
+    accounts: int = 40
+    cards_per_account: int = 50
     pool_size: int = 60
     consumers: int = 30
     reserve: int = 20
-    other_load: int = 10  # tasks of other work sharing the pool (stop/resume, device evaluation)
-    deadline_s: float = 3.0
+    # Tasks of other work sharing the pool (the reference's stop/resume, device
+    # evaluation and async task queue), each a 50 ms query every 100 ms.
+    other_load: int = 20
+    deadline_s: float = 1.0
     latency_ms: float = 150.0
     latency_sigma: float = 0.6
     latency_range_ms: tuple[float, float] = (50.0, 500.0)
-    step_interval_s: float = 30.0
+    # Each gateway step of each card is due this often, first due times spread
+    # over it (the plan step every 30 minutes, as in the reference).
+    step_interval_s: float = 20.0
     # The stand-in for the reference's slow production write (bigger tables,
     # triggers, contention): server time added to each apply.
-    apply_cost_ms: float = 250.0
+    apply_cost_ms: float = 150.0
     transport_pool: int = 4
     nats_url: str | None = None  # sync and async runs on this nats server instead of postgres
     chaos: bool = True  # the third run: switch mode, kill the worker and nats-server
@@ -313,7 +318,7 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         traffic_interval=interval,
         card_status_interval=interval,
         real_name_interval=interval,
-        plan_interval=interval,
+        plan_interval=DEFAULT_PLAN_INTERVAL,
         failure_backoff=interval,
         idle_wait=timedelta(milliseconds=100),
         lease=timedelta(minutes=5),
@@ -343,7 +348,13 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         await gateway.start()
         await ensure_schema(boss.db, today=clock.now().date())
         await create_fleet(
-            boss.db, FleetSpec(accounts=s.accounts, cards_per_account=s.cards_per_account)
+            boss.db,
+            FleetSpec(
+                accounts=s.accounts,
+                cards_per_account=s.cards_per_account,
+                spread_s=s.step_interval_s,
+                plan_spread_s=DEFAULT_PLAN_INTERVAL.total_seconds(),
+            ),
         )
         topics: Transport = PostgresTransport(carrier)
         if nats_url is not None:
@@ -357,7 +368,7 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         ingest = PollingIngest(
             boss.db,
             pipeline,
-            plan_interval=interval,
+            plan_interval=DEFAULT_PLAN_INTERVAL,
             apply_cost=timedelta(milliseconds=s.apply_cost_ms),
         )
         client = GatewayClient(gateway.url, timeout=timedelta(seconds=30))

@@ -24,6 +24,11 @@ class FleetSpec:
     reset_day: int = DEFAULT_RESET_DAY
     # Stop a card at this share of its quota (None: no channel threshold).
     stop_percent: int | None = 100
+    # First due times spread evenly over this many seconds (0: every step due now),
+    # as a running system's schedule is, rather than all at once: the gateway
+    # steps over spread_s, the plan step over plan_spread_s.
+    spread_s: float = 0.0
+    plan_spread_s: float = 0.0
 
 
 def account_id(index: int) -> str:
@@ -68,11 +73,20 @@ async def create_fleet(db: Database, spec: FleetSpec) -> int:
             " ON CONFLICT DO NOTHING",
             ([c for c, _ in cards], [a for _, a in cards]),
         )
+        # The n-th of a step's N cards is first due at now + spread * n / N.
         await conn.execute(
             "INSERT INTO shoal_polling.due (card_id, step, due_at)"
-            " SELECT c, s, now() FROM unnest(%s::text[]) c, unnest(%s::text[]) s"
+            " SELECT c, s, now() + make_interval(secs =>"
+            "   CASE WHEN s = 'plan' THEN %(plan)s ELSE %(steps)s END"
+            "   * (row_number() OVER (PARTITION BY s) - 1) / (count(*) OVER (PARTITION BY s)))"
+            " FROM unnest(%(cards)s::text[]) c, unnest(%(names)s::text[]) s"
             " ON CONFLICT DO NOTHING",
-            ([c for c, _ in cards], list(STEPS)),
+            {
+                "plan": spec.plan_spread_s,
+                "steps": spec.spread_s,
+                "cards": [c for c, _ in cards],
+                "names": list(STEPS),
+            },
         )
 
     await db.run(run)

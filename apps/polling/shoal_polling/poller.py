@@ -48,6 +48,7 @@ from shoal_polling.caches import (
     load_real_name_enabled,
 )
 from shoal_polling.domain import (
+    ACCOUNT_CONCURRENCY,
     OBSERVATIONS,
     AsyncConn,
     CollectionRecord,
@@ -60,8 +61,6 @@ from shoal_polling.gateway_client import GatewayClient, GatewayError
 from shoal_polling.ingest import PollingIngest
 
 log = logging.getLogger("shoal_polling.poller")
-
-ACCOUNT_CONCURRENCY = 20  # the reference: card polling 41 accounts x 20
 
 
 @dataclass(frozen=True, slots=True)
