@@ -14,7 +14,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -27,7 +27,7 @@ from shoal.ingest.pipeline import Pipeline, check_connection_budget
 from shoal.ingest.postgres import PostgresTransport, topic_queue
 from shoal.ingest.retry import DELAY_LADDER, redelivery_delay
 from shoal.ingest.store import IngestStore
-from shoal.ingest.transport import PublishError
+from shoal.ingest.transport import PublishError, Transport
 from tests.conftest import wait_for
 from tests.ingest_helpers import (
     COLLECTION,
@@ -630,3 +630,52 @@ async def test_producers_whose_config_cache_ran_out_together_share_one_read(
     await pipeline.config.set("ingest.mode", "sync")
     await under_way
     assert await pipeline.mode() == "sync"
+
+
+class BrokerDownFor:
+    """The postgres transport behind a broker that refuses its first ``n`` publishes."""
+
+    name = "postgres"
+
+    def __init__(self, inner: PostgresTransport, n: int) -> None:
+        self.inner = inner
+        self.refusals = n
+
+    async def publish(self, topic: str, envelopes: Any, **options: Any) -> None:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise PublishError("broker down")
+        await self.inner.publish(topic, envelopes, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_submit_keeps_trying_while_neither_apply_nor_publish_works(
+    boss: Shoal, caplog: pytest.LogCaptureFixture
+) -> None:
+    await create_schema(boss.db)
+    broker = BrokerDownFor(PostgresTransport(boss), 2)
+    pipeline = Pipeline(boss, cast(Transport, broker))
+
+    async def overloaded(message: Message[Reading]) -> None:
+        raise TransientError("no database connection free in time")
+
+    # Two rounds fail both ways; the third hands the message to the topic.
+    submitted = await pipeline.submit(READINGS, Reading(card_id=30, amount=1), overloaded)
+    assert submitted.route == "handed_off" and submitted.rounds == 3 and broker.refusals == 0
+    assert await unfinished(boss, READINGS.name) == 1
+    assert sum("trying again" in r.getMessage() for r in caplog.records) == 2
+
+    # Past its patience, submit gives up with the last error, loudly.
+    broker.refusals = 1000
+    with pytest.raises(TransientError):
+        await pipeline.submit(
+            READINGS,
+            Reading(card_id=31, amount=1),
+            overloaded,
+            give_up_after=timedelta(milliseconds=600),
+        )
+    assert any(r.levelno == logging.ERROR and "giving up" in r.getMessage() for r in caplog.records)
+    assert await unfinished(boss, READINGS.name) == 1
+    await pipeline.close()

@@ -16,6 +16,7 @@ consumer retries it, instead of losing it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,10 @@ Route = Literal["applied", "published", "handed_off", "degraded"]
 DEFAULT_MODE_KEY = "ingest.mode"
 DEFAULT_MODE = "sync"  # the reference's: switch to async once the deployment is confirmed
 DEFAULT_CONNECTION_RESERVE = 20
+# Submit: how long to keep trying when neither apply nor publish works, and the pauses.
+SUBMIT_PATIENCE = timedelta(seconds=30)
+SUBMIT_RETRY_FIRST = 0.25
+SUBMIT_RETRY_MAX = 5.0
 # How long producers may act on a pause flag they read.
 ADMIT_CACHE = timedelta(seconds=1)
 
@@ -56,6 +61,7 @@ class Submitted:
     id: str
     route: Route
     error: BaseException | None = None  # the in-place apply's error, when handed off
+    rounds: int = 1  # more than 1: neither path worked at first (see submit's give_up_after)
 
 
 class Pipeline:
@@ -144,6 +150,7 @@ class Pipeline:
         *,
         id: str | None = None,
         mode: Mode | None = None,
+        give_up_after: timedelta = SUBMIT_PATIENCE,
     ) -> Submitted:
         """Apply in place (``sync``) or publish (``async``); never drop the message.
 
@@ -160,10 +167,47 @@ class Pipeline:
           published instead and a consumer retries it on the delay ladder.
           The reference lost these writes; here they arrive late instead.
 
-        A business error of ``apply``, or a retryable one that cannot be
-        handed off either, is raised.
+        When neither path works (the transport down and the in-place apply
+        timing out), both are tried again, with pauses from 0.25 s doubling
+        to 5 s, for up to ``give_up_after`` (30 s): a short outage of the
+        broker during a database overload holds the producer instead of
+        losing the message. After that the last error is raised, as is a
+        business error of ``apply`` at once.
         """
         envelope = self.envelope(topic, body, id=id)
+        give_up_at = self.clock.monotonic() + give_up_after.total_seconds()
+        pause = SUBMIT_RETRY_FIRST
+        rounds = 1
+        while True:
+            try:
+                done = await self._submit_once(topic, envelope, apply, mode)
+                return done if rounds == 1 else dataclasses.replace(done, rounds=rounds)
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                if self.clock.monotonic() + pause > give_up_at:
+                    log.error(
+                        "topic %s: %s neither applied nor published for %s (%s); giving up",
+                        topic.name,
+                        envelope.id,
+                        give_up_after,
+                        exc,
+                    )
+                    raise
+                log.warning(
+                    "topic %s: %s neither applied nor published (%s); trying again in %.1f s",
+                    topic.name,
+                    envelope.id,
+                    exc,
+                    pause,
+                )
+            await self.clock.sleep(pause)
+            pause = min(pause * 2, SUBMIT_RETRY_MAX)
+            rounds += 1
+
+    async def _submit_once(
+        self, topic: Topic[T], envelope: Envelope, apply: Apply[T], mode: Mode | None
+    ) -> Submitted:
         chosen = mode or await self.mode()
         if chosen == "async":
             try:
@@ -186,14 +230,7 @@ class Pipeline:
                 raise
             try:
                 await self._send(topic.name, [envelope], None)
-            except PublishError as publish_error:
-                log.error(
-                    "topic %s: %s neither applied (%s) nor published (%s)",
-                    topic.name,
-                    envelope.id,
-                    exc,
-                    publish_error,
-                )
+            except PublishError:
                 raise exc from None
             log.warning(
                 "topic %s: in-place apply of %s failed (%s); handed to the topic",

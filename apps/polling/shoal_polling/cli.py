@@ -213,6 +213,8 @@ EXPERIMENT_COLUMNS = (
     ("observations served", "served"),
     ("SQL timeouts", "sql_timeouts"),
     ("  handed to the topic", "handed_off"),
+    ("neither path at first, retried", "resubmitted"),
+    ("observations not applied", "not_applied"),
     ("slow statements (> 200 ms)", "slow_statements"),
     ("pool wait p50 ms", "pool_wait_p50_ms"),
     ("pool wait p99 ms", "pool_wait_p99_ms"),

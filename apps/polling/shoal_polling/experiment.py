@@ -108,7 +108,8 @@ class RunResult:
     observations: int = 0
     sql_timeouts: int = 0  # in-place applies that failed (then handed to the topic)
     handed_off: int = 0
-    not_applied: int = 0  # failed in place and could not be handed off either
+    resubmitted: int = 0  # neither applied nor published at first, tried again by submit
+    not_applied: int = 0  # neither applied nor published within submit's patience
     slow_statements: int = 0
     db_calls: int = 0
     pool_wait_p50_ms: float = 0.0
@@ -480,6 +481,7 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         result.observations = poller.stats.observations
         result.sql_timeouts = poller.stats.apply_errors
         result.handed_off = poller.stats.handed_off
+        result.resubmitted = poller.stats.resubmitted
         result.not_applied = poller.stats.apply_errors - poller.stats.handed_off
         result.slow_statements = times.slow
         result.db_calls = times.calls

@@ -96,6 +96,7 @@ class PollerStats:
     apply_errors: int = 0  # sync applies that failed (the reference's SQL timeouts)
     handed_off: int = 0  # of those, handed to the topic for a consumer to apply
     degraded: int = 0  # async mode, publish failed: applied in place (D11)
+    resubmitted: int = 0  # neither apply nor publish worked at first; tried again
     priority_applied: int = 0
     risk_stops: int = 0
     plan_skipped: int = 0
@@ -393,6 +394,8 @@ class Poller:
                 exc,
             )
             return "stop" if stop else "failed"
+        if submitted.rounds > 1:
+            self.stats.resubmitted += 1
         if submitted.route == "handed_off":
             # The reference's SQL timeout, without its loss: a consumer applies it later.
             self.stats.apply_errors += 1
