@@ -473,17 +473,22 @@ async def test_a_stream_made_without_atomic_publish_is_upgraded_in_place(
         await transport.close()
 
 
-async def test_a_stream_in_async_persist_mode_is_refused(nats_server: NatsServer) -> None:
-    nc = await nats.connect(nats_server.url)
+async def add_async_persist_stream(server: NatsServer) -> None:
+    """TOPIC's stream as shoal makes it, but acknowledging before it writes (ADR-56)."""
+    nc = await nats.connect(server.url)
     try:
         config = dataclasses.replace(
-            transport_for(nats_server)._stream_config(TOPIC),
+            transport_for(server)._stream_config(TOPIC),
             allow_atomic=None,
             persist_mode=PersistMode.ASYNC,
         )
         await nc.jetstream().add_stream(config)
     finally:
         await nc.close()
+
+
+async def test_a_stream_in_async_persist_mode_is_refused(nats_server: NatsServer) -> None:
+    await add_async_persist_stream(nats_server)
     t = transport_for(nats_server, topics=[TOPIC])
     with pytest.raises(UnsafeDurability, match="persist_mode 'async'"):
         await t.start()
@@ -494,16 +499,7 @@ async def test_a_stream_that_cannot_take_atomic_publish_is_published_one_at_a_ti
     nats_server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Async persist mode excludes atomic batches; allow_unsafe_sync accepts the stream.
-    nc = await nats.connect(nats_server.url)
-    try:
-        config = dataclasses.replace(
-            transport_for(nats_server)._stream_config(TOPIC),
-            allow_atomic=None,
-            persist_mode=PersistMode.ASYNC,
-        )
-        await nc.jetstream().add_stream(config)
-    finally:
-        await nc.close()
+    await add_async_persist_stream(nats_server)
     t = transport_for(nats_server, allow_unsafe_sync=True)
     await t.start()
     try:

@@ -89,7 +89,7 @@ import json
 import logging
 import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -208,6 +208,17 @@ class _Progress:
     """Messages of one publish call confirmed so far, for its error message."""
 
     confirmed: int = 0
+
+
+async def _all_or_none(work: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run ``work`` together; at the first error cancel the rest, wait for them, raise it."""
+    tasks = [asyncio.create_task(w) for w in work]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def stream_name_for(prefix: str, topic: str) -> str:
@@ -555,16 +566,9 @@ class NatsTransport:
         if len(chunks) == 1:
             await self._publish_batch(topic, stream, chunks[0], progress, deadline)
             return
-        tasks = [
-            asyncio.create_task(self._publish_batch(topic, stream, chunk, progress, deadline))
-            for chunk in chunks
-        ]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _all_or_none(
+            self._publish_batch(topic, stream, chunk, progress, deadline) for chunk in chunks
+        )
 
     async def _publish_batch(
         self,
@@ -681,13 +685,7 @@ class NatsTransport:
                 raise PublishError(f"nats: stored in {ack.stream}, expected {stream}")
             progress.confirmed += 1
 
-        tasks = [asyncio.create_task(publish_one(e)) for e in envelopes]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await _all_or_none(publish_one(e) for e in envelopes)
 
     # -- consume --------------------------------------------------------------
 
