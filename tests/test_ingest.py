@@ -654,6 +654,7 @@ class BrokerDownFor:
 async def test_submit_keeps_trying_while_neither_apply_nor_publish_works(
     boss: Shoal, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="shoal.ingest")
     await create_schema(boss.db)
     broker = BrokerDownFor(PostgresTransport(boss), 2)
     pipeline = Pipeline(boss, cast(Transport, broker))
