@@ -42,9 +42,17 @@ from shoal.batch.kinds import (
     TaskHook,
 )
 from shoal.batch.service import Batches, KindWorker
+from shoal.errors import ShoalError
 from shoal.ingest.consumer import Apply, WriteBatch
 from shoal.ingest.message import Topic
-from shoal.ingest.runner import ConsumerSpec, IngestSettings, SinkSpec, run_ingest
+from shoal.ingest.pipeline import Pipeline
+from shoal.ingest.runner import (
+    ConsumerSpec,
+    IngestSettings,
+    SinkSpec,
+    run_ingest,
+    start_pipeline,
+)
 from shoal.queue.client import Shoal
 from shoal.queue.cron import check_cron, check_timezone
 from shoal.queue.job import Handler, Job
@@ -90,6 +98,7 @@ class App:
         self.consumers: list[ConsumerSpec] = []
         self.sinks: list[SinkSpec] = []
         self.ingest_settings = IngestSettings()
+        self._pipeline: Pipeline | None = None
 
     def handler(
         self, queue: str, *, concurrency: int = DEFAULT_CONCURRENCY, batch_size: int | None = None
@@ -194,6 +203,20 @@ class App:
         """The batch API over ``boss`` for this app's kinds."""
         return Batches(boss, self.kinds)
 
+    @property
+    def pipeline(self) -> Pipeline:
+        """The running worker's ingest pipeline, for applies that publish follow-up messages.
+
+        Set when :meth:`run` starts (before the ``on_start`` hooks) in an app
+        with consumers or sinks, on the transport of :attr:`ingest_settings`.
+        """
+        if self._pipeline is None:
+            raise ShoalError(
+                "app.pipeline exists once the app runs (shoal worker) and has consumers or "
+                "sinks; use it from on_start hooks, handlers and applies"
+            )
+        return self._pipeline
+
     def on_start(self, hook: StartHook) -> StartHook:
         """Run ``hook(shoal)`` when a worker process starts, before it claims anything."""
         self.start_hooks.append(hook)
@@ -222,8 +245,15 @@ class App:
             await boss.schedule(
                 spec.name, spec.cron, spec.data, queue=spec.queue, tz=spec.tz, **spec.options
             )
-        for hook in self.start_hooks:
-            await hook(boss)
+        if self.consumers or self.sinks:
+            # Before the start hooks: they, handlers and applies may publish on it.
+            self._pipeline = await start_pipeline(boss, self.ingest_settings)
+        try:
+            for hook in self.start_hooks:
+                await hook(boss)
+        except BaseException:
+            await self._close_pipeline()
+            raise
         loops: list[asyncio.Task[None]] = []
         workers = [
             boss.work(s.queue, s.handler, concurrency=s.concurrency, batch_size=s.batch_size)
@@ -249,10 +279,10 @@ class App:
             loops.append(asyncio.create_task(boss.maintenance().run(), name="shoal-maintenance"))
         ingest_stop = asyncio.Event()
         ingest: asyncio.Task[None] | None = None
-        if self.consumers or self.sinks:
+        if self._pipeline is not None:
             ingest = asyncio.create_task(
                 run_ingest(
-                    boss,
+                    self._pipeline,
                     self.consumers,
                     self.sinks,
                     self.ingest_settings,
@@ -277,7 +307,13 @@ class App:
             for loop in loops:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
+            await self._close_pipeline()
         return workers
+
+    async def _close_pipeline(self) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            await pipeline.close()
 
 
 def _aggregate(batches: Batches) -> Handler:

@@ -18,11 +18,11 @@ from typing import Any, cast
 
 import pytest
 
-from shoal import FakeClock, Shoal
+from shoal import App, FakeClock, Shoal, ShoalError
 from shoal.errors import TransientError
 from shoal.ingest.consumer import BatchConsumer, Consumer
 from shoal.ingest.dedupe import PostgresDoneStore, RedisDoneStore
-from shoal.ingest.message import Message
+from shoal.ingest.message import Message, Topic
 from shoal.ingest.pipeline import Pipeline, check_connection_budget
 from shoal.ingest.postgres import PostgresTransport, topic_queue
 from shoal.ingest.retry import DELAY_LADDER, redelivery_delay
@@ -680,3 +680,37 @@ async def test_submit_keeps_trying_while_neither_apply_nor_publish_works(
     assert any(r.levelno == logging.ERROR and "giving up" in r.getMessage() for r in caplog.records)
     assert await unfinished(boss, READINGS.name) == 1
     await pipeline.close()
+
+
+async def test_an_apply_publishes_follow_ups_on_the_workers_own_pipeline(boss: Shoal) -> None:
+    await create_schema(boss.db)
+    follow_ups: Topic[dict[str, Any]] = Topic("card.follow_up")
+    app = App()
+    app.ingest_settings.transport = lambda b: PostgresTransport(b)
+    app.ingest_settings.monitor = False
+    seen: list[dict[str, Any]] = []
+
+    with pytest.raises(ShoalError, match="once the app runs"):
+        _ = app.pipeline
+
+    @app.consumer(READINGS, concurrency=2, poll=FAST)
+    async def apply(message: Message[Reading]) -> None:
+        body = message.body
+        await app.pipeline.publish(follow_ups, {"card": body.card_id}, id=f"{message.id}:next")
+
+    @app.consumer(follow_ups, concurrency=1, poll=FAST)
+    async def follow(message: Message[dict[str, Any]]) -> None:
+        seen.append(message.body)
+
+    stop = asyncio.Event()
+    running_app = asyncio.create_task(app.run(boss, stop=stop, grace=timedelta(seconds=5)))
+    try:
+        await wait_for(lambda: app._pipeline is not None, 10)
+        await app.pipeline.publish_many(READINGS, [Reading(card_id=i, amount=1) for i in (1, 2)])
+        await wait_for(lambda: len(seen) == 2, 10)
+    finally:
+        stop.set()
+        await running_app
+    assert sorted(s["card"] for s in seen) == [1, 2]
+    with pytest.raises(ShoalError):  # closed with the app
+        _ = app.pipeline

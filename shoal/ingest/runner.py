@@ -93,8 +93,17 @@ async def check_commit_durability(boss: Shoal, transport: Transport) -> bool:
     return True
 
 
+async def start_pipeline(boss: Shoal, settings: IngestSettings) -> Pipeline:
+    """The worker's pipeline on the configured transport, started and checked."""
+    transport = (settings.transport or transport_from_env)(boss)
+    pipeline = Pipeline(boss, transport, mode_key=settings.mode_key)
+    await pipeline.start()
+    await check_commit_durability(boss, transport)
+    return pipeline
+
+
 async def run_ingest(
-    boss: Shoal,
+    pipeline: Pipeline,
     consumers: list[ConsumerSpec],
     sinks: list[SinkSpec],
     settings: IngestSettings,
@@ -102,11 +111,11 @@ async def run_ingest(
     *,
     grace: timedelta,
 ) -> None:
-    """Run every consumer and sink (and, if leading, the monitor) until ``stop``."""
-    transport = (settings.transport or transport_from_env)(boss)
-    pipeline = Pipeline(boss, transport, mode_key=settings.mode_key)
-    await pipeline.start()
-    await check_commit_durability(boss, transport)
+    """Run every consumer and sink (and, if leading, the monitor) until ``stop``.
+
+    The pipeline is the caller's (:func:`start_pipeline`), who closes it.
+    """
+    boss, transport = pipeline.boss, pipeline.transport
     check_connection_budget(
         pool_size=boss.db.max_size,
         consumers=sum(c.options.get("concurrency", 30) for c in consumers),
@@ -135,7 +144,4 @@ async def run_ingest(
         transport.name,
         ", ".join(c.topic.name for c in consumers) + " " + ", ".join(s.topic.name for s in sinks),
     )
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        await pipeline.close()
+    await asyncio.gather(*tasks)

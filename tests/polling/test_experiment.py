@@ -16,19 +16,21 @@ from shoal_polling.experiment import ExperimentSettings, run_experiment
 pytestmark = pytest.mark.slow
 
 SMALL = ExperimentSettings(
-    duration_s=8.0,
+    duration_s=6.0,
     accounts=2,
     cards_per_account=6,
-    pool_size=6,
-    consumers=2,
+    # Three connections for the whole process: the sync polls (about 30 a
+    # second, each holding one for 100 ms) need more than that.
+    pool_size=3,
+    consumers=1,
     reserve=1,
     other_load=1,
-    deadline_s=0.5,
+    deadline_s=0.3,
     latency_ms=20.0,
     latency_sigma=0.3,
     latency_range_ms=(5.0, 60.0),
     step_interval_s=0.5,
-    apply_cost_ms=150.0,
+    apply_cost_ms=100.0,
     drain_timeout_s=90.0,
 )
 

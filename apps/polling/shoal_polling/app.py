@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
-from shoal import App, Message, Pipeline, Shoal, SystemClock
+from shoal import App, Message, Shoal, SystemClock
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.runner import transport_from_env
 from shoal.ingest.transport import Transport
@@ -54,11 +54,8 @@ _ingest: list[PollingIngest] = []
 @app.on_start
 async def prepare(boss: Shoal) -> None:
     await ensure_schema(boss.db, today=SystemClock().now().date())
-    # The consumer publishes collection records on the worker's transport: a
-    # pipeline of its own, since the runner's is not handed to applies.
-    pipeline = Pipeline(boss, transport(boss), mode_key=MODE_KEY)
-    await pipeline.start()
-    _ingest.append(PollingIngest(boss.db, pipeline, apply_cost=APPLY_COST))
+    # The consumer publishes collection records on the worker's own pipeline.
+    _ingest.append(PollingIngest(boss.db, app.pipeline, apply_cost=APPLY_COST))
 
 
 @app.consumer(OBSERVATIONS, concurrency=CONCURRENCY, ack_wait=ACK_WAIT)
