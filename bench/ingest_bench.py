@@ -443,7 +443,7 @@ def print_table(rows: list[dict[str, Any]], n: int) -> None:
             f"{r['system']:28} {r['seconds']:8.2f} {r['msgs_per_s']:8.0f} {ratio:7.2f}x "
             f"{r['lag_p50']:7.2f}s {r['lag_p99']:7.2f}s {r['peak_connections']:6d} "
             f"{r['budget']:6d} {r['peak_rss_mib']:8.0f} "
-            + (f"{r['published_s']:11.2f}s" if "published_s" in r else f"{'-':>12}")
+            + (f"{r['published_s']:11.2f}s" if r.get("published_s") else f"{'-':>12}")
         )
 
 

@@ -712,12 +712,12 @@ class NatsTransport:
             max_ack_pending=max_in_flight,
             ack_wait=ack_wait.total_seconds(),
         )
+        nc, _ = self._connected()
         try:
             await js.add_consumer(stream, config)
-            psub = await js.pull_subscribe_bind(durable=durable, stream=stream)
+            return await NatsSubscription(nc, stream=stream, durable=durable, topic=topic).open()
         except _CONNECTION_ERRORS as exc:
             raise TransientError(f"nats: consumer {durable} on {stream}: {exc}") from exc
-        return NatsSubscription(psub, topic=topic)
 
     async def depth(self, topic: str, group: str) -> Depth:
         """The group's backlog, from the consumer's info (one API call, two when not empty).
@@ -780,11 +780,12 @@ class NatsTransport:
 class NatsDelivery:
     """One delivery of one JetStream message (see :class:`~shoal.ingest.transport.Delivery`)."""
 
-    __slots__ = ("_envelope", "_msg")
+    __slots__ = ("_attempt", "_envelope", "_msg")
 
     def __init__(self, msg: Msg, envelope: Envelope) -> None:
         self._msg = msg
         self._envelope = envelope
+        self._attempt: int | None = None
 
     @property
     def envelope(self) -> Envelope:
@@ -792,7 +793,9 @@ class NatsDelivery:
 
     @property
     def attempt(self) -> int:
-        return self._msg.metadata.num_delivered or 1
+        if self._attempt is None:  # parsed from the reply subject: once
+            self._attempt = self._msg.metadata.num_delivered or 1
+        return self._attempt
 
     async def ack(self) -> None:
         """Acknowledge, without waiting for the server to confirm it.
@@ -833,25 +836,92 @@ class NatsDelivery:
 
 
 class NatsSubscription:
-    """A group's pull subscription; :meth:`fetch` returns what the server hands out."""
+    """A group's durable pull consumer, pulled through a subscription of shoal's own.
 
-    def __init__(self, psub: JetStreamContext.PullSubscription, *, topic: str) -> None:
-        self._psub = psub
+    A fetch sends one pull request (``$JS.API.CONSUMER.MSG.NEXT``) with a
+    reply inbox this subscription listens on, and takes what has arrived.
+    nats-py's own ``PullSubscription.fetch`` spends a task, a ``wait_for``
+    and a ``uuid4`` on every message; here a message costs a queue put and
+    get. The server's status answers end a pull: 404 (nothing waiting), 408
+    (the request expired), 409 (refused: too many pulls waiting, the consumer
+    deleted, a leader change). A pull that ends with fewer messages than asked
+    may still deliver more later (its request stays open until it expires):
+    they wait in the queue for the next fetch, their ack wait running, and
+    the server's ``max_ack_pending`` bounds them like any delivery.
+    """
+
+    def __init__(self, nc: NatsClient, *, stream: str, durable: str, topic: str) -> None:
+        self._nc = nc
         self._topic = topic
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._inbox = nc.new_inbox()
+        self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
+        self._sub: Any = None
+
+    async def open(self) -> NatsSubscription:
+        async def arrived(msg: Msg) -> None:
+            self._arrived.put_nowait(msg)
+
+        self._sub = await self._nc.subscribe(self._inbox, cb=arrived)
+        return self
 
     async def fetch(self, limit: int, *, wait: timedelta) -> Sequence[Delivery]:
         """Up to ``limit`` deliveries; an empty list when none came within ``wait``."""
         if limit < 1:
             raise InvalidInput("limit", f"{limit}: at least 1")
         wait_s = max(wait, MIN_FETCH_WAIT).total_seconds()
+        msgs = self._take(limit)  # delivered for an earlier pull, after it returned
+        if msgs:
+            return await self._deliveries(msgs)
+        # The request expires a little before this wait ends, so its 408
+        # usually arrives while this fetch still listens.
+        request = {"batch": limit, "expires": int(wait_s * 1e9 * 0.9)}
         try:
-            msgs = await self._psub.fetch(limit, timeout=wait_s)
-        except TimeoutError:
-            # nats-py raises its own TimeoutError or asyncio's, depending on the
-            # phase of the pull at which the wait ran out: both mean "nothing".
-            return []
+            await self._nc.publish(
+                self._next_subject, json.dumps(request).encode(), reply=self._inbox
+            )
         except _CONNECTION_ERRORS as exc:
             raise TransientError(f"nats: fetch from {self._topic!r}: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while len(msgs) < limit:
+            if self._arrived.empty():
+                if msgs:
+                    break  # return what came; later ones wait for the next fetch
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    async with asyncio.timeout(remaining):
+                        msg = await self._arrived.get()
+                except TimeoutError:
+                    break
+            else:
+                msg = self._arrived.get_nowait()
+            status = _status(msg)
+            if status is None:
+                msgs.append(msg)
+            elif status in ("404", "408"):
+                break
+            elif status == "409":
+                description = (msg.headers or {}).get("Description", "")
+                if "deleted" in description.lower():
+                    raise TransientError(f"nats: fetch from {self._topic!r}: 409 {description}")
+                log.info("nats: %r: pull refused: 409 %s", self._topic, description)
+                break
+            # 100 (a heartbeat or flow control) and anything else: skip.
+        return await self._deliveries(msgs)
+
+    def _take(self, limit: int) -> list[Msg]:
+        """Messages already here (status answers of earlier pulls are dropped)."""
+        msgs: list[Msg] = []
+        while len(msgs) < limit and not self._arrived.empty():
+            msg = self._arrived.get_nowait()
+            if _status(msg) is None:
+                msgs.append(msg)
+        return msgs
+
+    async def _deliveries(self, msgs: list[Msg]) -> list[Delivery]:
         deliveries: list[Delivery] = []
         for msg in msgs:
             try:
@@ -873,10 +943,23 @@ class NatsSubscription:
         return deliveries
 
     async def close(self) -> None:
-        """Stop fetching; the durable consumer and its position stay on the server."""
+        """Stop fetching; the durable consumer and its position stay on the server.
+
+        Messages that arrive for an open pull after this are redelivered after
+        their ack wait.
+        """
         # A lost connection has taken the subscription with it.
-        with contextlib.suppress(*_CLOSE_ERRORS):
-            await self._psub.unsubscribe()
+        if self._sub is not None:
+            with contextlib.suppress(*_CLOSE_ERRORS):
+                await self._sub.unsubscribe()
+
+
+def _status(msg: Msg) -> str | None:
+    """The status code of a server answer on a pull inbox; None for a message."""
+    if msg.data or not msg.headers:
+        return None
+    status = msg.headers.get("Status")
+    return None if status is None else str(status)
 
 
 _STREAM_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")

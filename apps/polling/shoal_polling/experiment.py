@@ -50,8 +50,10 @@ from psycopg.conninfo import make_conninfo
 from shoal import Pipeline, Shoal, ShoalError, SystemClock
 from shoal.db.embedded import free_port
 from shoal.db.usage import CallTimes
+from shoal.ingest.config import RuntimeConfig
 from shoal.ingest.pipeline import check_connection_budget
 from shoal.ingest.postgres import PostgresTransport
+from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import Transport
 from shoal_polling.domain import COLLECTION, MODE_KEY, OBSERVATIONS
 from shoal_polling.fleet import FleetSpec, create_fleet
@@ -428,7 +430,9 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
             return line
 
         async def switch_to_async() -> str:
-            await pipeline.config.set(MODE_KEY, "async")
+            # As `shoal-polling mode async` from another process would: not on the
+            # app's pool, which the sync polls keep exhausted.
+            await RuntimeConfig(IngestStore(carrier.db)).set(MODE_KEY, "async")
             return note("polling.ingest.mode set to async")
 
         async def kill_worker() -> str:
