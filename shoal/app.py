@@ -249,11 +249,25 @@ class App:
             # Before the start hooks: they, handlers and applies may publish on it.
             self._pipeline = await start_pipeline(boss, self.ingest_settings)
         try:
-            for hook in self.start_hooks:
-                await hook(boss)
-        except BaseException:
-            await self._close_pipeline()
-            raise
+            return await self._run_started(
+                boss, stop=stop, grace=grace, maintenance=maintenance, scheduler=scheduler
+            )
+        finally:
+            pipeline, self._pipeline = self._pipeline, None
+            if pipeline is not None:
+                await pipeline.close()
+
+    async def _run_started(
+        self,
+        boss: Shoal,
+        *,
+        stop: asyncio.Event,
+        grace: timedelta,
+        maintenance: bool,
+        scheduler: bool,
+    ) -> list[Worker]:
+        for hook in self.start_hooks:
+            await hook(boss)
         loops: list[asyncio.Task[None]] = []
         workers = [
             boss.work(s.queue, s.handler, concurrency=s.concurrency, batch_size=s.batch_size)
@@ -307,13 +321,7 @@ class App:
             for loop in loops:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
-            await self._close_pipeline()
         return workers
-
-    async def _close_pipeline(self) -> None:
-        pipeline, self._pipeline = self._pipeline, None
-        if pipeline is not None:
-            await pipeline.close()
 
 
 def _aggregate(batches: Batches) -> Handler:
