@@ -38,8 +38,8 @@ from shoal.queue.states import JobId, JobState
 from shoal.queue.store import ClaimedJob, Failure
 
 QUEUE_PREFIX = "topic."
-# (job id, attempt, message id to mark done or None, the marker's TTL)
-Ack = tuple[JobId, int, str | None, timedelta | None]
+# (job id, attempt, (message id, TTL) of the done-marker to write, or None)
+Ack = tuple[JobId, int, tuple[str, timedelta] | None]
 # (queue, encoded envelopes)
 Publish = tuple[str, list[str]]
 # Deliveries are never capped by the queue: the consumer decides (NSQ MaxAttempts=0).
@@ -83,11 +83,12 @@ class PgDelivery:
         return self._claim.attempt
 
     async def ack(self) -> None:
-        await self._sub.acks.submit((self._claim.id, self._claim.attempt, None, None))
+        await self._sub.acks.submit((self._claim.id, self._claim.attempt, None))
 
     async def ack_and_mark(self, ttl: timedelta) -> None:
         """Ack, and write the message's done-marker in the same statement."""
-        await self._sub.acks.submit((self._claim.id, self._claim.attempt, self.envelope.id, ttl))
+        mark = (self.envelope.id, ttl)
+        await self._sub.acks.submit((self._claim.id, self._claim.attempt, mark))
 
     async def nak(self, delay: timedelta) -> None:
         await self._sub.end(self._claim, JobState.RETRY, delay, "nak", "redelivery requested")
@@ -111,16 +112,11 @@ class PgSubscription:
         self._wake = boss.notifier.subscribe(queue) if boss.notifier is not None else None
 
     async def _ack_many(self, acks: Sequence[Ack]) -> list[None]:
-        by_ttl: dict[timedelta | None, list[Ack]] = {}
-        for ack in acks:
-            by_ttl.setdefault(ack[3], []).append(ack)
-        for ttl, group in by_ttl.items():
-            await self.store.ack(
-                [(job, attempt) for job, attempt, _, _ in group],
-                marks=[mark for _, _, mark, _ in group if mark is not None],
-                ttl=ttl,
-                now=self.boss.clock.sql_now(),
-            )
+        await self.store.ack(
+            [(job, attempt) for job, attempt, _ in acks],
+            marks={mark[0]: mark[1] for _, _, mark in acks if mark is not None},
+            now=self.boss.clock.sql_now(),
+        )
         return [None] * len(acks)
 
     async def end(

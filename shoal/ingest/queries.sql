@@ -108,18 +108,13 @@ SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
 -- The postgres transport's ack: an acknowledged message is deleted, fenced by
 -- the attempt it was delivered under (a redelivered copy is not the caller's
 -- to ack). No finished row is kept: the done-marker records what was applied,
--- and a delete writes no new row version and no index entries.
-DELETE FROM {schema}.job AS j
-USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS a(id, attempt)
-WHERE j.id = a.id AND j.attempt = a.attempt AND j.state = 'active'
-
--- name: ack_and_mark
--- The same ack, with the consumer's done-markers written by the same
--- statement: one round trip and one commit where there were two.
+-- and a delete writes no new row version and no index entries. The consumer's
+-- done-markers (id, TTL) are written by the same statement, so a message is
+-- acknowledged and marked, or neither (an empty list of marks writes none).
 WITH marked AS (
     INSERT INTO {schema}.ingest_done (message_id, expires_at)
-    SELECT id, coalesce(%(now)s::timestamptz, now()) + %(ttl)s::interval
-    FROM unnest(%(marks)s::text[]) AS id
+    SELECT m.id, coalesce(%(now)s::timestamptz, now()) + m.ttl
+    FROM unnest(%(marks)s::text[], %(ttls)s::interval[]) AS m(id, ttl)
     ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
 )
 DELETE FROM {schema}.job AS j

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -64,21 +64,25 @@ class IngestStore:
         self,
         done: Sequence[tuple[int, int]],
         *,
-        marks: Sequence[str] = (),
-        ttl: timedelta | None = None,
+        marks: Mapping[str, timedelta] | None = None,
         now: datetime | None = None,
     ) -> None:
         """Delete acknowledged messages, each fenced by (job id, attempt).
 
-        ``marks``: message ids whose done-markers (``ttl``) the same statement writes.
+        ``marks``: message id -> TTL of the done-markers the same statement writes.
         """
-        params = {"ids": [d[0] for d in done], "attempts": [d[1] for d in done]}
-        if not marks:
-            await self._rows("ack_messages", params)
-            return
-        # Sorted and unique, as mark_done: one row lock order, no row hit twice.
-        marked = {"marks": sorted(set(marks)), "ttl": ttl, "now": now}
-        await self._rows("ack_and_mark", params | marked)
+        # Sorted: concurrent markers of overlapping ids lock rows in one order.
+        ids = sorted(marks or {})
+        await self._rows(
+            "ack_messages",
+            {
+                "ids": [d[0] for d in done],
+                "attempts": [d[1] for d in done],
+                "marks": ids,
+                "ttls": [marks[i] for i in ids] if marks else [],
+                "now": now,
+            },
+        )
 
     # -- de-duplication markers ---------------------------------------------
 
