@@ -1,40 +1,79 @@
 """shoal: a Postgres-native engine for reliable background work."""
 
+import typing as _typing
+
 from shoal.app import App
+from shoal.batch.item import Item
+from shoal.batch.kinds import BatchKind
+from shoal.batch.service import Batches
+from shoal.batch.states import ItemStatus, TaskOutcome, TaskStatus
+from shoal.batch.views import Created, ItemsPage, Progress, TaskView
 from shoal.clock import Clock, FakeClock, SystemClock
 from shoal.db.embedded import EmbeddedPostgres
 from shoal.db.pool import Database
 from shoal.errors import (
     Cancel,
+    CannotConnect,
     Conflict,
     DeadlineExceeded,
+    ExpiredError,
+    IdempotencyMismatch,
     InvalidInput,
+    MigrationChanged,
     NotFound,
     PermanentError,
     ShoalError,
     Snooze,
+    StillCreating,
     TransientError,
 )
 from shoal.ingest.message import Message, Topic
-from shoal.ingest.pipeline import Pipeline, Submitted
+from shoal.ingest.pipeline import Pipeline, PipelineClosed, Submitted
 from shoal.ingest.transport import PublishError
 from shoal.queue.client import Shoal
 from shoal.queue.job import Job
-from shoal.queue.options import JobOptions
+from shoal.queue.options import JobOptions, SendOptions, SharedJobOptions
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import JobError, JobRecord
 from shoal.queue.worker import Worker
 
+if _typing.TYPE_CHECKING:
+    from shoal.ingest.nats import UnsafeDurability
+
+
+def __getattr__(name: str) -> type[ShoalError]:
+    # The nats transport's error, imported on first use: importing nats-py
+    # costs every process that never uses it a tenth of a second.
+    if name == "UnsafeDurability":
+        from shoal.ingest.nats import UnsafeDurability
+
+        return UnsafeDurability
+    raise AttributeError(f"module 'shoal' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), "UnsafeDurability"])
+
+
 __all__ = [
     "App",
+    "BatchKind",
+    "Batches",
     "Cancel",
+    "CannotConnect",
     "Clock",
     "Conflict",
+    "Created",
     "Database",
     "DeadlineExceeded",
     "EmbeddedPostgres",
+    "ExpiredError",
     "FakeClock",
+    "IdempotencyMismatch",
     "InvalidInput",
+    "Item",
+    "ItemStatus",
+    "ItemsPage",
     "Job",
     "JobError",
     "JobId",
@@ -42,16 +81,26 @@ __all__ = [
     "JobRecord",
     "JobState",
     "Message",
+    "MigrationChanged",
     "NotFound",
     "PermanentError",
     "Pipeline",
+    "PipelineClosed",
+    "Progress",
     "PublishError",
+    "SendOptions",
+    "SharedJobOptions",
     "Shoal",
     "ShoalError",
     "Snooze",
+    "StillCreating",
     "Submitted",
     "SystemClock",
+    "TaskOutcome",
+    "TaskStatus",
+    "TaskView",
     "Topic",
     "TransientError",
+    "UnsafeDurability",
     "Worker",
 ]

@@ -18,16 +18,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, Unpack
 
+from shoal._deprecation import retry_limit_from_max_attempts
 from shoal.batch.aggregator import (
     AGGREGATOR_CRON,
     AGGREGATOR_JOB_OPTIONS,
     AGGREGATOR_QUEUE,
     AGGREGATOR_SCHEDULE,
 )
+from shoal.batch.kind_worker import KindWorker
 from shoal.batch.kinds import (
     DEFAULT_CONCURRENCY as DEFAULT_BATCH_CONCURRENCY,
 )
@@ -41,23 +43,32 @@ from shoal.batch.kinds import (
     ItemHandler,
     TaskHook,
 )
-from shoal.batch.service import Batches, KindWorker
-from shoal.errors import ShoalError
+from shoal.batch.service import Batches
+from shoal.errors import InvalidInput, ShoalError
+from shoal.ingest.consumer import DEFAULT_CONCURRENCY as DEFAULT_CONSUMER_CONCURRENCY
 from shoal.ingest.consumer import Apply, WriteBatch
 from shoal.ingest.message import Topic
 from shoal.ingest.pipeline import Pipeline
+from shoal.ingest.postgres import QUEUE_PREFIX as TOPIC_QUEUE_PREFIX
+from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.runner import (
     ConsumerSpec,
     IngestSettings,
     SinkSpec,
+    TransportFactory,
     run_ingest,
     start_pipeline,
 )
 from shoal.queue.client import Shoal
 from shoal.queue.cron import check_cron, check_timezone
+from shoal.queue.history import HistorySampler
+from shoal.queue.inspect import QueueInspector
 from shoal.queue.job import Handler, Job
-from shoal.queue.options import check_queue_name, parse_options
+from shoal.queue.options import SendOptions, check_queue_name, parse_options
+from shoal.queue.registry import WorkerRegistry
+from shoal.queue.threaded import is_async_callable
 from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Worker
+from shoal.tracing import traced_apply
 
 log = logging.getLogger("shoal.app")
 
@@ -89,7 +100,10 @@ class ScheduleSpec:
 class App:
     """A registry of handlers and schedules, run by ``shoal worker --app module:attr``."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str | None = None) -> None:
+        # Owns the schedules this App declares (see :meth:`schedule`);
+        # ``shoal worker --app module:attr`` names an unnamed App by that spec.
+        self.name = name
         self.handlers: dict[str, HandlerSpec] = {}
         self.schedules: dict[str, ScheduleSpec] = {}
         self.start_hooks: list[StartHook] = []
@@ -106,7 +120,7 @@ class App:
         """Register a handler for ``queue``, running at most ``concurrency`` jobs at once."""
         check_queue_name(queue)
         if queue in self.handlers:
-            raise ValueError(f"queue {queue!r} already has a handler")
+            raise InvalidInput("queue", f"{queue!r} already has a handler")
 
         def register(fn: Handler) -> Handler:
             self.handlers[queue] = HandlerSpec(queue, fn, concurrency, batch_size)
@@ -122,9 +136,16 @@ class App:
         *,
         queue: str | None = None,
         tz: str = "UTC",
-        **options: Any,
+        **options: Unpack[SendOptions],
     ) -> None:
-        """Declare a cron schedule; it is created or updated when a worker starts."""
+        """Declare a cron schedule; it is created or updated when a worker starts.
+
+        A named App (``App(name=...)``, or run by ``shoal worker --app
+        module:attr``, which names it after that spec) owns the schedules it
+        declares: when it starts, a schedule it declared before and declares
+        no more is removed, so a schedule dropped from the code stops
+        firing. An unnamed App removes nothing.
+        """
         check_queue_name(name, field="name")
         check_cron(cron)
         check_timezone(tz)
@@ -153,7 +174,7 @@ class App:
         ...     return {"title": "..."}
         """
         if kind in self.kinds:
-            raise ValueError(f"batch kind {kind!r} is already declared")
+            raise InvalidInput("kind", f"batch kind {kind!r} is already declared")
 
         def register(fn: ItemHandler) -> ItemHandler:
             self.kinds[kind] = BatchKind(
@@ -182,7 +203,10 @@ class App:
         ...     ...
         """
 
+        _retry_limit_option(options)
+
         def register(fn: Apply[Any]) -> Apply[Any]:
+            _require_async(fn, "apply", topic.name)
             self.consumers.append(ConsumerSpec(topic, fn, dict(options)))
             return fn
 
@@ -193,7 +217,10 @@ class App:
     ) -> Callable[[WriteBatch[Any]], WriteBatch[Any]]:
         """Declare ``write(messages)`` as the batch sink of ``topic`` (a :class:`BatchConsumer`)."""
 
+        _retry_limit_option(options)
+
         def register(fn: WriteBatch[Any]) -> WriteBatch[Any]:
+            _require_async(fn, "write", topic.name)
             self.sinks.append(SinkSpec(topic, fn, dict(options)))
             return fn
 
@@ -208,7 +235,7 @@ class App:
         """The running worker's ingest pipeline, for applies that publish follow-up messages.
 
         Set when :meth:`run` starts (before the ``on_start`` hooks) in an app
-        with consumers or sinks, on the transport of :attr:`ingest_settings`.
+        with consumers or sinks, on the transport :meth:`run` was given.
         """
         if self._pipeline is None:
             raise ShoalError(
@@ -239,15 +266,27 @@ class App:
         grace: timedelta = DEFAULT_SHUTDOWN_GRACE,
         maintenance: bool = True,
         scheduler: bool = True,
+        transport: TransportFactory = PostgresTransport,
     ) -> list[Worker]:
-        """Run until ``stop`` is set, then shut down gracefully. Returns the stopped workers."""
+        """Run until ``stop`` is set, then shut down gracefully. Returns the stopped workers.
+
+        The topics are on ``transport`` unless :attr:`ingest_settings` names one.
+        """
         for spec in self.schedules.values():
             await boss.schedule(
                 spec.name, spec.cron, spec.data, queue=spec.queue, tz=spec.tz, **spec.options
             )
+        if self.name is not None:
+            removed = await QueueInspector(boss).adopt_schedules(self.name, list(self.schedules))
+            for name in removed:
+                log.warning("schedule %s: removed, app %s no longer declares it", name, self.name)
         if self.consumers or self.sinks:
             # Before the start hooks: they, handlers and applies may publish on it.
-            self._pipeline = await start_pipeline(boss, self.ingest_settings)
+            self._pipeline = await start_pipeline(
+                boss, self.ingest_settings, stop=stop, default_transport=transport
+            )
+            if self._pipeline is None:  # stopped while waiting for the transport
+                return []
         try:
             return await self._run_started(
                 boss, stop=stop, grace=grace, maintenance=maintenance, scheduler=scheduler
@@ -291,13 +330,18 @@ class App:
             loops.append(asyncio.create_task(boss.scheduler().run(), name="shoal-scheduler"))
         if maintenance:
             loops.append(asyncio.create_task(boss.maintenance().run(), name="shoal-maintenance"))
+            loops.append(asyncio.create_task(HistorySampler(boss).run(), name="shoal-history"))
         ingest_stop = asyncio.Event()
         ingest: asyncio.Task[None] | None = None
         if self._pipeline is not None:
+            # A span per apply when tracing is on by now (shoal.tracing).
+            consumers = [
+                replace(c, apply=traced_apply(c.topic.name, c.apply)) for c in self.consumers
+            ]
             ingest = asyncio.create_task(
                 run_ingest(
                     self._pipeline,
-                    self.consumers,
+                    consumers,
                     self.sinks,
                     self.ingest_settings,
                     ingest_stop,
@@ -308,6 +352,8 @@ class App:
             loops.append(ingest)
         queues = [w.queue for w in workers] + [k.worker.queue for k in kind_workers]
         log.info("running %d worker(s): %s", len(queues), ", ".join(queues))
+        registry = self._registry(boss, [*workers, *(k.worker for k in kind_workers)])
+        loops.append(asyncio.create_task(registry.run(), name="shoal-registry"))
         try:
             await stop.wait()
         finally:
@@ -321,7 +367,35 @@ class App:
             for loop in loops:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
+            try:
+                await registry.deregister()
+            except ShoalError as exc:  # the row goes by its timeout instead
+                log.warning("could not remove this worker from the registry: %s", exc)
         return workers
+
+    def _registry(self, boss: Shoal, workers: list[Worker]) -> WorkerRegistry:
+        """This process's registry row: what it serves, what it runs and has done."""
+        served = {w.queue: w.concurrency for w in workers}
+        for consumer in self.consumers:
+            queue = f"{TOPIC_QUEUE_PREFIX}{consumer.topic.name}"
+            served[queue] = int(consumer.options.get("concurrency", DEFAULT_CONSUMER_CONCURRENCY))
+        for sink in self.sinks:
+            served.setdefault(f"{TOPIC_QUEUE_PREFIX}{sink.topic.name}", 1)
+
+        def counters() -> tuple[int, int]:
+            running = sum(w.in_flight for w in workers)
+            done = sum(w.stats.completed + w.stats.failed for w in workers)
+            return running, done
+
+        return WorkerRegistry(boss, app=self.name or "", queues=served, counters=counters)
+
+
+def _retry_limit_option(options: dict[str, Any]) -> None:
+    """Turn a deprecated ``max_attempts=`` into ``retry_limit=``, warning at the caller's line."""
+    if "max_attempts" in options:
+        options["retry_limit"] = retry_limit_from_max_attempts(
+            options.get("retry_limit"), options.pop("max_attempts"), stacklevel=3
+        )
 
 
 def _aggregate(batches: Batches) -> Handler:
@@ -348,3 +422,11 @@ def _on_complete(batches: Batches, kind: BatchKind) -> Handler:
 
 
 __all__ = ["App", "HandlerSpec", "Job", "ScheduleSpec"]
+
+
+def _require_async(fn: object, field: str, topic: str) -> None:
+    """Ingest applies share the producer's event loop (sync mode): they must be ``async def``."""
+    if not is_async_callable(fn):
+        raise InvalidInput(
+            field, f"the consumer of topic {topic!r} must be an async def function, got {fn!r}"
+        )

@@ -6,6 +6,10 @@
     shoal status                      queue depths as a table
     shoal queue pause|resume NAME     stop or restart claiming from a queue, everywhere
     shoal queue redrive DLQ           send dead-lettered jobs back to their queues
+    shoal jobs [--queue Q] [--state S] list jobs, failed first; shoal job ID shows one
+    shoal job retry|cancel|rm ID      act on one job
+    shoal schedule list|pause|resume|rm [NAME]
+    shoal workers                     the worker processes and their heartbeats
     shoal demo                        the end-to-end demo
 
 The database is ``--database-url``, else ``DATABASE_URL``, else an embedded
@@ -20,28 +24,50 @@ import asyncio
 import importlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from shoal.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_DEADLINE_S
+from shoal.api.server import DEFAULT_HEADER_TIMEOUT_S
 from shoal.app import App
+from shoal.cli_console import add_commands as add_console_commands
 from shoal.db.embedded import EmbeddedPostgres, default_data_dir
 from shoal.db.migrate import migrate
-from shoal.db.pool import Database
+from shoal.db.pool import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, Database, check_schema_name
 from shoal.errors import InvalidInput, ShoalError
+from shoal.ingest.runner import DEFAULT_NATS_URL, TransportFactory, transport_factory
 from shoal.ingest.store import IngestStore, TopicState
+from shoal.logs import LOG_FORMATS
+from shoal.logs import configure as configure_logging
 from shoal.queue.client import Shoal
 from shoal.queue.states import JobState
+from shoal.queue.store import QueueStateCount
+
+if TYPE_CHECKING:
+    from shoal.metrics import WorkerMetrics
 
 EMBEDDED_DATABASE = "shoal"
 console = Console(stderr=True)
+
+
+def announce(args: argparse.Namespace, text: str, *, dim: bool = False) -> None:
+    """Tell the operator ``text``: a log record in JSON mode (every line stays JSON),
+    else a line on the console."""
+    if getattr(args, "log_format", DEFAULT_LOG_FORMAT) == "json":
+        logging.getLogger("shoal.cli").info(text)
+    else:
+        console.print(f"[dim]{escape(text)}[/dim]" if dim else escape(text))
 
 
 @contextmanager
@@ -54,24 +80,66 @@ def database_url(args: argparse.Namespace) -> Iterator[str]:
     data_dir = Path(os.environ.get("SHOAL_DATA_DIR") or default_data_dir())
     server = EmbeddedPostgres(data_dir)
     if not server.is_running():
-        console.print(f"[dim]starting embedded PostgreSQL in {data_dir}[/dim]")
+        announce(args, f"starting embedded PostgreSQL in {data_dir}", dim=True)
     server.start()
     try:
         yield server.ensure_database(EMBEDDED_DATABASE)
     finally:
         if server.started_here and server.stop_if_unused():
-            console.print("[dim]embedded PostgreSQL stopped[/dim]")
+            announce(args, "embedded PostgreSQL stopped", dim=True)
+
+
+TRANSPORT_ENV = "SHOAL_INGEST_TRANSPORT"
+
+
+def ingest_transport() -> TransportFactory:
+    """The ingest transport the environment names (``worker``, ``topic``; docs/cli.md).
+
+    ``SHOAL_INGEST_TRANSPORT``: ``postgres`` (the default) or ``nats``, on
+    ``SHOAL_NATS_URL`` with ``SHOAL_NATS_MONITOR_URL`` for its durability check.
+    """
+    kind = os.environ.get(TRANSPORT_ENV, "").strip() or "postgres"
+    try:
+        return transport_factory(
+            kind,
+            nats_url=os.environ.get("SHOAL_NATS_URL", "").strip() or DEFAULT_NATS_URL,
+            nats_monitor_url=os.environ.get("SHOAL_NATS_MONITOR_URL", "").strip() or None,
+        )
+    except InvalidInput:
+        raise InvalidInput(TRANSPORT_ENV, f"must be postgres or nats, got {kind!r}") from None
 
 
 def load_app(spec: str) -> App:
+    """The App that ``--app module:attribute`` names, imported from the working directory.
+
+    A module or attribute that is not there is one line naming it; an error
+    raised while the module itself runs (a missing dependency of its own) keeps
+    its traceback, since it is a bug in that module, not in ``--app``.
+    """
+    field = f"--app {spec}"
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"--app must look like module:attribute, got {spec!r}")
-    sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
-    app = getattr(module, attr, None)
+        raise InvalidInput(field, "expected the form module:attribute, e.g. myproject.tasks:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing != module_name and not module_name.startswith(f"{missing}."):
+            raise  # the module was found and failed to import something of its own
+        raise InvalidInput(field, f"no module named {missing!r}") from None
+    app: object = module
+    owner = f"module {module_name!r}"
+    for name in attr.split("."):
+        if not hasattr(app, name):
+            raise InvalidInput(field, f"{owner} has no attribute {name!r}")
+        app = getattr(app, name)
+        owner = f"{type(app).__name__} {name!r}"
     if not isinstance(app, App):
-        raise SystemExit(f"{spec} is not a shoal.App (got {type(app).__name__})")
+        raise InvalidInput(field, f"is not a shoal.App (it is of type {type(app).__name__})")
+    if app.name is None:
+        app.name = spec  # the owner of the schedules it declares
     return app
 
 
@@ -86,29 +154,96 @@ async def cmd_migrate(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
+def worker_pool_size(args: argparse.Namespace, app: App) -> int:
+    """``--pool-size``, else the default pool, grown to fit the app's consumers and sinks
+    beside the reserve (so a worker's defaults pass its own connection budget check)."""
+    from shoal.ingest.pipeline import pool_size_for
+    from shoal.ingest.runner import consumer_slots, sink_writers
+
+    if args.pool_size is not None:
+        return int(args.pool_size)
+    need = consumer_slots(app.consumers) + sink_writers(app.sinks)
+    if not need:
+        return DEFAULT_POOL_SIZE
+    return max(
+        DEFAULT_POOL_SIZE, pool_size_for(need, reserve=app.ingest_settings.connection_reserve)
+    )
+
+
+METRICS_EXTRA = "--metrics-port needs the prometheus-client package: pip install 'shoal[metrics]'"
+
+
+def metrics_class() -> type[WorkerMetrics]:
+    """:class:`~shoal.metrics.WorkerMetrics`, or one line naming the extra to install."""
+    try:
+        from shoal.metrics import WorkerMetrics
+    except ImportError as exc:
+        if not (exc.name or "").startswith("prometheus_client"):
+            raise
+        raise ShoalError(METRICS_EXTRA) from None
+    return WorkerMetrics
+
+
+def serve_metrics(args: argparse.Namespace) -> WorkerMetrics | None:
+    """With ``--metrics-port``, the process's metrics, already served on it."""
+    if args.metrics_port is None:
+        return None
+    metrics = metrics_class()()
+    try:
+        port = metrics.serve(args.metrics_host, args.metrics_port)
+    except OSError as exc:
+        raise InvalidInput(
+            "--metrics-port",
+            f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: "
+            f"{exc.strerror or exc}",
+        ) from None
+    logging.getLogger("shoal.metrics").info(
+        "metrics on http://%s:%d/metrics", args.metrics_host, port
+    )
+    return metrics
+
+
 async def cmd_worker(args: argparse.Namespace, url: str) -> int:
     app = load_app(args.app)
-    boss = await _connect(args, url, max_size=args.pool_size)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    transport = ingest_transport()
+    metrics = serve_metrics(args)
     try:
-        await app.run(boss, stop=stop, grace=timedelta(seconds=args.grace))
+        boss = await _connect(args, url, max_size=worker_pool_size(args, app))
+        if metrics is not None:
+            metrics.attach(boss)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await app.run(boss, stop=stop, grace=timedelta(seconds=args.grace), transport=transport)
+        finally:
+            await boss.close()
     finally:
-        await boss.close()
+        if metrics is not None:
+            metrics.close()
     return 0
 
 
 def api_token(args: argparse.Namespace) -> str | None:
-    """``--token``, else ``SHOAL_API_TOKEN``; refuses a non-loopback bind without one."""
+    """``--token``, else ``SHOAL_API_TOKEN``; refuses a blank one, and a non-loopback
+    bind without one."""
     from shoal.api.auth import TOKEN_ENV, is_loopback
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    if token is not None and not token.strip():
+        # Almost surely a slip (a quoted blank, an unexpanded variable): no
+        # client can send it, and it must not pass for "a token is set".
+        raise InvalidInput(
+            "--token" if args.token else TOKEN_ENV,
+            "the bearer token is only whitespace; set a real one (openssl rand -hex 32), "
+            "or leave it unset on a loopback bind",
+        )
     if token is None and not is_loopback(args.host):
-        raise SystemExit(
+        raise InvalidInput(
+            "--host",
             f"refusing to serve on {args.host!r} without a token: anyone who can reach it could "
-            f"create and cancel tasks. Set {TOKEN_ENV} (or --token), or bind to 127.0.0.1."
+            f"create and cancel tasks. Set {TOKEN_ENV} (or --token), or bind to 127.0.0.1.",
         )
     return token
 
@@ -117,6 +252,8 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
     import uvicorn
 
     from shoal.api import create_api
+    from shoal.api.console import LazyTransport
+    from shoal.api.server import DEFAULT_HEADER_TIMEOUT_S, api_config
 
     token = api_token(args)
     app = load_app(args.app)
@@ -125,27 +262,39 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
         "max_body_bytes": args.max_body_bytes,
         "request_deadline_s": args.request_deadline,
     }
+    # Topic redrives publish on the workers' transport, connected on first use.
+    make_transport = app.ingest_settings.transport or ingest_transport()
+    transport = LazyTransport(lambda: make_transport(boss))
     api = create_api(
         boss,
         app.batches(boss),
         token=token,
+        read_only=args.read_only,
+        transport=transport,
         **{name: value for name, value in limits.items() if value is not None},
     )
     for hook in app.api_hooks:
         await hook(api, boss, token)
     server = uvicorn.Server(
-        uvicorn.Config(
+        api_config(
             api,
             host=args.host,
             port=args.port,
-            log_level="debug" if args.verbose else "info",
+            log_level="debug" if args.verbose else args.log_level.lower(),
+            # JSON lines: uvicorn's loggers then go through the root's JSON handler.
+            **({"log_config": None} if args.log_format == "json" else {}),
             lifespan="off",
             server_header=False,
+            header_timeout_s=(
+                DEFAULT_HEADER_TIMEOUT_S if args.header_timeout is None else args.header_timeout
+            ),
         )
     )
-    console.print(
-        f"shoal API and dashboard on http://{args.host}:{args.port}/"
+    announce(
+        args,
+        f"shoal API and console on http://{args.host}:{args.port}/"
         + (" (bearer token required)" if token else "")
+        + (" read-only" if args.read_only else ""),
     )
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal
     # to the handler it found; a no-op one lets the pool (and an embedded
@@ -156,6 +305,7 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        await transport.close()
         await boss.close()
     return 0
 
@@ -163,11 +313,26 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
 async def cmd_status(args: argparse.Namespace, url: str) -> int:
     boss = await _connect(args, url, listen=False)
     try:
-        rows = await boss.stats()
-        paused = set(await boss.paused_queues())
-        topics = await IngestStore(boss.db).topic_states()
+        while True:
+            rows = await boss.stats()
+            paused = set(await boss.paused_queues())
+            topics = await IngestStore(boss.db).topic_states()
+            if args.watch:
+                Console().clear()
+            print_status(args, rows, paused, topics)
+            if not args.watch:
+                return 0
+            await asyncio.sleep(args.watch)  # until Ctrl-C
     finally:
         await boss.close()
+
+
+def print_status(
+    args: argparse.Namespace,
+    rows: list[QueueStateCount],
+    paused: set[str],
+    topics: list[TopicState],
+) -> None:
     states = list(JobState)
     table = Table(title=f"shoal queues (schema {args.schema})")
     table.add_column("queue")
@@ -193,7 +358,6 @@ async def cmd_status(args: argparse.Namespace, url: str) -> int:
     Console(width=max(120, Console().width)).print(table)
     if topics:
         print_topics(topics)
-    return 0
 
 
 def print_topics(topics: list[TopicState]) -> None:
@@ -215,13 +379,18 @@ def print_topics(topics: list[TopicState]) -> None:
 
 
 async def cmd_queue(args: argparse.Namespace, url: str) -> int:
+    from shoal.queue.inspect import QueueInspector
+
     boss = await _connect(args, url, listen=False)
     try:
+        # An unknown name is refused (listing the known ones), never created.
+        inspector = QueueInspector(boss)
+        await inspector.require_queue(args.name, "NAME")
         if args.action == "pause":
-            await boss.pause_queue(args.name)
+            await inspector.pause_queue(args.name)
             console.print(f"queue {args.name!r} paused in every process")
         elif args.action == "resume":
-            await boss.resume_queue(args.name)
+            await inspector.resume_queue(args.name)
             console.print(f"queue {args.name!r} resumed")
         else:
             moved = await boss.redrive(args.name)
@@ -233,10 +402,10 @@ async def cmd_queue(args: argparse.Namespace, url: str) -> int:
 
 async def cmd_topic(args: argparse.Namespace, url: str) -> int:
     from shoal.ingest.pipeline import Pipeline
-    from shoal.ingest.runner import transport_from_env
 
+    transport = ingest_transport()
     boss = await _connect(args, url, listen=False)
-    pipeline = Pipeline(boss, transport_from_env(boss))
+    pipeline = Pipeline(boss, transport(boss))
     try:
         if args.action == "redrive":
             await pipeline.start()
@@ -264,7 +433,7 @@ async def cmd_topic(args: argparse.Namespace, url: str) -> int:
 
 
 async def cmd_config(args: argparse.Namespace, url: str) -> int:
-    from shoal.ingest.config import RuntimeConfig
+    from shoal.ingest.config import RuntimeConfig, check_key_exists
     from shoal.ingest.store import IngestStore
 
     boss = await _connect(args, url, listen=False)
@@ -273,6 +442,9 @@ async def cmd_config(args: argparse.Namespace, url: str) -> int:
         if args.action == "set":
             if args.value is None:
                 raise InvalidInput("value", "config set needs a KEY and a VALUE")
+            if not args.new:
+                stored = [key for key, _, _ in await config.store.config_all()]
+                check_key_exists(args.key, stored)
             try:
                 value = json.loads(args.value)
             except ValueError:
@@ -302,7 +474,7 @@ async def cmd_demo(args: argparse.Namespace, url: str) -> int:
     )
 
 
-COMMANDS = {
+COMMANDS: dict[str, Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]] = {
     "migrate": cmd_migrate,
     "worker": cmd_worker,
     "api": cmd_api,
@@ -314,42 +486,282 @@ COMMANDS = {
 }
 
 
+def _console_command(name: str) -> Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]:
+    from shoal.cli_console import COMMANDS as CONSOLE_COMMANDS
+
+    async def run(args: argparse.Namespace, url: str) -> int:
+        boss = await _connect(args, url, listen=False)
+        try:
+            return await CONSOLE_COMMANDS[name](args, boss)
+        finally:
+            await boss.close()
+
+    return run
+
+
+COMMANDS.update({name: _console_command(name) for name in ("jobs", "job", "schedule", "workers")})
+
+
+N = TypeVar("N", int, float)
+
+
+def _argument(
+    text: str, convert: Callable[[str], N], accept: Callable[[N], bool], wanted: str
+) -> N:
+    """``text`` converted, or argparse's error saying what was ``wanted``."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not accept(value):
+        raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (argparse names the option on error)."""
+    return _argument(text, float, lambda s: 0 < s < math.inf, "a number of seconds > 0")
+
+
+def seconds_or_zero(text: str) -> float:
+    """An argparse type: a number of seconds >= 0."""
+    return _argument(text, float, lambda s: 0 <= s < math.inf, "a number of seconds >= 0")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    return _argument(text, int, lambda n: n >= 1, "a whole number >= 1")
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port 0-65535, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port 0-65535, got {text!r}")
+    return port
+
+
+def log_format(text: str) -> str:
+    """An argparse type: text or json."""
+    name = text.strip().lower()
+    if name not in LOG_FORMATS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_FORMATS)}, got {text!r}")
+    return name
+
+
+def log_level(text: str) -> str:
+    """An argparse type: a logging level name."""
+    name = text.strip().upper()
+    if name not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
+    return name
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+DEFAULT_GRACE_S = 30.0
+DEFAULT_PORT = 8000
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_LOG_LEVEL = "INFO"
+DEFAULT_LOG_FORMAT = "text"
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+# The settings a deployment sets through its environment: (the option's dest,
+# the commands that have it, the variable, its argparse type, the default).
+# Precedence: the flag, else the variable, else the default. The options'
+# parser default is None, so a flag given is told apart from one left out.
+ENV_SETTINGS: list[tuple[str, tuple[str, ...], str, Callable[[str], object], object]] = [
+    ("schema", (), "SHOAL_SCHEMA", str, DEFAULT_SCHEMA),
+    ("log_level", (), "SHOAL_LOG_LEVEL", log_level, DEFAULT_LOG_LEVEL),
+    ("pool_size", ("worker",), "SHOAL_POOL_SIZE", positive_int, None),
+    ("pool_size", ("api",), "SHOAL_POOL_SIZE", positive_int, DEFAULT_POOL_SIZE),
+    ("grace", ("worker",), "SHOAL_GRACE", seconds_or_zero, DEFAULT_GRACE_S),
+    ("host", ("api",), "SHOAL_HOST", str, DEFAULT_HOST),
+    ("port", ("api",), "SHOAL_PORT", port_number, DEFAULT_PORT),
+    ("log_format", ("worker", "api"), "SHOAL_LOG_FORMAT", log_format, DEFAULT_LOG_FORMAT),
+    ("metrics_port", ("worker",), "SHOAL_METRICS_PORT", port_number, None),
+    ("metrics_host", ("worker",), "SHOAL_METRICS_HOST", str, DEFAULT_METRICS_HOST),
+]
+
+
+def apply_environment(args: argparse.Namespace) -> None:
+    """Fill the options left out from their environment variables, else their defaults.
+
+    A variable whose value does not parse is InvalidInput naming the variable.
+    """
+    for dest, commands, variable, convert, default in ENV_SETTINGS:
+        if commands and args.command not in commands:
+            continue
+        if getattr(args, dest, None) is not None:
+            continue  # the flag wins
+        text = os.environ.get(variable, "")
+        if not text.strip():
+            setattr(args, dest, default)
+            continue
+        try:
+            setattr(args, dest, convert(text))
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise InvalidInput(variable, str(exc)) from None
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default; a help that states its own is kept."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        if "default" in help_text or action.default in (None, argparse.SUPPRESS):
+            return help_text
+        if action.nargs == 0 and action.default is False:  # a switch (store_true)
+            return f"{help_text} (default: off)"
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="shoal", description="Postgres-native background work.")
-    root.add_argument("--database-url", help="default: $DATABASE_URL, else embedded PostgreSQL")
-    root.add_argument("--schema", default=os.environ.get("SHOAL_SCHEMA", "shoal"))
+    root = argparse.ArgumentParser(
+        prog="shoal",
+        description="Postgres-native background work.",
+        formatter_class=HelpFormatter,
+        epilog="Environment variables: DATABASE_URL, SHOAL_DATA_DIR, SHOAL_SCHEMA, "
+        "SHOAL_LOG_LEVEL, SHOAL_LOG_FORMAT, SHOAL_POOL_SIZE, SHOAL_GRACE, SHOAL_HOST, "
+        "SHOAL_PORT, SHOAL_API_TOKEN, SHOAL_METRICS_PORT, SHOAL_METRICS_HOST, "
+        "SHOAL_INGEST_TRANSPORT, SHOAL_NATS_URL, SHOAL_NATS_MONITOR_URL "
+        "(a flag wins over its variable).",
+    )
+    root.add_argument(
+        "--database-url",
+        help="default: $DATABASE_URL, else an embedded PostgreSQL in $SHOAL_DATA_DIR "
+        "(default: under the user's data directory)",
+    )
+    root.add_argument(
+        "--schema",
+        help=f"the schema shoal's tables live in (env SHOAL_SCHEMA; default: {DEFAULT_SCHEMA})",
+    )
+    root.add_argument(
+        "--log-level",
+        type=log_level,
+        help=f"{', '.join(LOG_LEVELS)} (env SHOAL_LOG_LEVEL; default: {DEFAULT_LOG_LEVEL})",
+    )
     root.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = root.add_subparsers(dest="command", required=True)
-    sub.add_parser("migrate", help="create or upgrade the schema")
-    worker = sub.add_parser("worker", help="run an App's handlers until SIGTERM/SIGINT")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, formatter_class=HelpFormatter)
+
+    command("migrate", "create or upgrade the schema")
+    worker = command("worker", "run an App's handlers until SIGTERM/SIGINT")
     worker.add_argument("--app", required=True, help="module:attribute of a shoal.App")
-    worker.add_argument("--grace", type=float, default=30.0, help="seconds to finish running jobs")
-    worker.add_argument("--pool-size", type=int, default=10, help="database connections")
-    api = sub.add_parser("api", help="serve the HTTP API and dashboard until SIGTERM/SIGINT")
-    api.add_argument("--app", required=True, help="module:attribute of a shoal.App")
-    api.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    api.add_argument("--port", type=int, default=8000)
-    api.add_argument("--token", help="bearer token (prefer $SHOAL_API_TOKEN: arguments show in ps)")
-    api.add_argument("--pool-size", type=int, default=10, help="database connections")
-    api.add_argument("--max-body-bytes", type=int, help="request body cap (default 16 MiB)")
-    api.add_argument(
-        "--request-deadline", type=float, help="seconds to receive a request body (default 30)"
+    worker.add_argument(
+        "--grace",
+        type=seconds_or_zero,
+        help="seconds running jobs get to finish on SIGTERM/SIGINT "
+        f"(env SHOAL_GRACE; default: {DEFAULT_GRACE_S:g})",
     )
-    sub.add_parser("status", help="queue depths as a table")
-    queue = sub.add_parser("queue", help="control a queue")
+    worker.add_argument(
+        "--pool-size",
+        type=positive_int,
+        help=f"database connections (env SHOAL_POOL_SIZE; default: {DEFAULT_POOL_SIZE}, or more "
+        "to fit the app's ingest consumers and sinks beside a reserve of a quarter of the pool)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=port_number,
+        help="serve Prometheus metrics of this process on http://HOST:PORT/metrics "
+        "(env SHOAL_METRICS_PORT; needs shoal[metrics]; default: not served)",
+    )
+    worker.add_argument(
+        "--metrics-host",
+        help=f"address the metrics server binds (env SHOAL_METRICS_HOST; "
+        f"default: {DEFAULT_METRICS_HOST})",
+    )
+    api = command("api", "serve the HTTP API and dashboard until SIGTERM/SIGINT")
+    api.add_argument("--app", required=True, help="module:attribute of a shoal.App")
+    api.add_argument(
+        "--host",
+        help=f"bind address (env SHOAL_HOST; default: {DEFAULT_HOST}, loopback only; "
+        "any other needs a token)",
+    )
+    api.add_argument(
+        "--port", type=port_number, help=f"port (env SHOAL_PORT; default: {DEFAULT_PORT})"
+    )
+    api.add_argument(
+        "--token",
+        help="bearer token every request must carry (prefer env SHOAL_API_TOKEN: arguments "
+        "show in ps; default: none, allowed only on a loopback bind)",
+    )
+    api.add_argument(
+        "--pool-size",
+        type=positive_int,
+        help=f"database connections (env SHOAL_POOL_SIZE; default: {DEFAULT_POOL_SIZE})",
+    )
+    api.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        help=f"request body cap in bytes (default: {DEFAULT_MAX_BODY_BYTES})",
+    )
+    api.add_argument(
+        "--request-deadline",
+        type=positive_seconds,
+        help=f"seconds to receive a request body (default: {DEFAULT_REQUEST_DEADLINE_S:g})",
+    )
+    api.add_argument(
+        "--header-timeout",
+        type=positive_seconds,
+        help="seconds to receive each request's head, headers included; past it the client "
+        f"gets 408 and the connection closes (default: {DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    for long_running in (worker, api):
+        long_running.add_argument(
+            "--log-format",
+            type=log_format,
+            help="text, or json: one JSON object per line "
+            f"(env SHOAL_LOG_FORMAT; default: {DEFAULT_LOG_FORMAT})",
+        )
+    api.add_argument(
+        "--read-only",
+        action="store_true",
+        help="refuse every request that would change something (403): a console to look, "
+        "not to touch",
+    )
+    status = command("status", "queue depths as a table")
+    status.add_argument(
+        "--watch",
+        type=positive_seconds,
+        nargs="?",
+        const=2.0,
+        help="redraw every this many seconds (2 when given alone) until Ctrl-C "
+        "(default: print once)",
+    )
+    queue = command("queue", "control a queue")
     queue.add_argument("action", choices=["pause", "resume", "redrive"])
-    queue.add_argument("name")
-    topic = sub.add_parser("topic", help="an ingest topic's dead letters")
+    queue.add_argument("name", help="the queue (for redrive: the dead-letter queue)")
+    topic = command("topic", "an ingest topic's dead letters")
     topic.add_argument("action", choices=["dead", "redrive"])
     topic.add_argument("topic")
-    topic.add_argument("--limit", type=int, default=10_000)
-    config = sub.add_parser("config", help="run-time switches, e.g. ingest.mode sync|async")
+    topic.add_argument(
+        "--limit", type=positive_int, default=10_000, help="dead letters to list or redrive"
+    )
+    config = command("config", "run-time switches, e.g. ingest.mode sync|async")
     config.add_argument("action", choices=["get", "set", "list"])
-    config.add_argument("key", nargs="?", default="ingest.mode")
-    config.add_argument("value", nargs="?")
-    demo = sub.add_parser("demo", help="run the end-to-end demo")
-    demo.add_argument("--items", type=int, default=300, help="items in the demo task")
-    demo.add_argument("--port", type=int, default=8000, help="port of the dashboard")
+    config.add_argument("key", nargs="?", default="ingest.mode", help="the switch")
+    config.add_argument(
+        "value",
+        nargs="?",
+        help="for set: a JSON value or a bare word (default: none; set needs one)",
+    )
+    config.add_argument(
+        "--new",
+        action="store_true",
+        help="for set: create a key that is not stored yet (an unknown key is refused "
+        "as a likely typo)",
+    )
+    add_console_commands(command, positive_int)
+    demo = command("demo", "run the end-to-end demo")
+    demo.add_argument("--items", type=positive_int, default=300, help="items in the demo task")
+    demo.add_argument(
+        "--port", type=port_number, default=DEFAULT_PORT, help="port of the dashboard"
+    )
     demo.add_argument(
         "--stay", action="store_true", help="keep serving the dashboard after the task closes"
     )
@@ -358,22 +770,38 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+    level_given = args.log_level is not None or bool(os.environ.get("SHOAL_LOG_LEVEL", "").strip())
+    try:
+        apply_environment(args)
+    except InvalidInput as exc:
+        console.print("[red]error:[/red]", escape(str(exc)), soft_wrap=True)
+        return 2
+    configure_logging(
+        logging.DEBUG if args.verbose else args.log_level,
+        getattr(args, "log_format", DEFAULT_LOG_FORMAT),
     )
     logging.getLogger("psycopg.pool").setLevel(logging.WARNING)
-    if args.command == "demo" and not args.verbose:
+    if args.command == "demo" and not (args.verbose or level_given):
         # The demo's own output tells the story; expected failures need not shout.
         logging.getLogger("shoal").setLevel(logging.ERROR)
     command = COMMANDS[args.command]
-    if args.command == "api":
-        api_token(args)  # refuse an open non-loopback bind before starting anything
     try:
+        # Refused before anything starts (an embedded server, a pool).
+        check_schema_name(args.schema)
+        if args.command == "api":
+            api_token(args)  # refuse an open non-loopback bind before starting anything
+        if args.command in ("worker", "api"):
+            load_app(args.app)  # a bad --app before starting anything (imports are cached)
+        if args.command == "worker" and args.metrics_port is not None:
+            metrics_class()  # a missing extra, too
+        if args.command in ("worker", "topic"):
+            ingest_transport()  # a bad SHOAL_INGEST_TRANSPORT too
         with database_url(args) as url:
             return asyncio.run(command(args, url))
     except ShoalError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        # One line whatever the terminal's width, and the message's own
+        # brackets (a quoted name, say) are text, not markup.
+        console.print("[red]error:[/red]", escape(str(exc)), soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -15,6 +15,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from shoal.errors import InvalidInput
+
 
 class Clock(Protocol):
     """The seam through which shoal reads and waits on time."""
@@ -82,7 +84,7 @@ class FakeClock:
 
     def advance(self, delta: timedelta) -> None:
         if delta < timedelta(0):
-            raise ValueError("a clock does not go backwards")
+            raise InvalidInput("delta", f"a clock does not go backwards, got {delta}")
         self._now += delta
         if self._moved is not None:
             moved = self._moved

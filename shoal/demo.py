@@ -27,7 +27,8 @@ from rich.table import Table
 
 from shoal.app import App
 from shoal.batch.item import Item
-from shoal.batch.service import Batches, TaskView
+from shoal.batch.service import Batches
+from shoal.batch.views import TaskView
 from shoal.batch.watch import watch_task
 from shoal.errors import PermanentError
 from shoal.queue.client import Shoal
@@ -85,10 +86,11 @@ async def _serve_api(boss: Shoal, batches: Batches, port: int, console: Console)
         import uvicorn
 
         from shoal.api import create_api
+        from shoal.api.server import api_config
     except ImportError as exc:  # pragma: no cover - the api extra is missing
         console.print(f"[yellow]dashboard unavailable: {exc}[/yellow]")
         return None
-    config = uvicorn.Config(
+    config = api_config(
         create_api(boss, batches, token=None), host="127.0.0.1", port=port, log_level="warning"
     )
     server = uvicorn.Server(config)
@@ -101,7 +103,7 @@ async def _serve_api(boss: Shoal, batches: Batches, port: int, console: Console)
         console.print(f"[yellow]dashboard unavailable: port {port} is taken[/yellow]")
         return None
     _servers.append((server, task))
-    return f"http://127.0.0.1:{port}/"
+    return f"http://127.0.0.1:{port}/tasks"
 
 
 _servers: list[tuple[Any, asyncio.Task[None]]] = []

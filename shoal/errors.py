@@ -1,16 +1,31 @@
 """The errors shoal raises, named for what the caller should do.
 
-::
+Every exception shoal raises to its callers derives from :class:`ShoalError`
+and is importable from ``shoal``::
 
     ShoalError
-    ├── InvalidInput        fix the request: the message names the field and the bad value
-    ├── NotFound            the thing asked for does not exist
-    ├── Conflict            the request collides with the current state; nothing was written
-    ├── TransientError      try again later: lost connection, deadline, serialization failure
-    ├── PermanentError      a handler's way to say "failing again will not help"
-    └── DeadlineExceeded    (a TransientError) a database call passed shoal's own deadline
+    ├── InvalidInput          fix the request: the message names the field and the bad value
+    │                         (also a ValueError)
+    ├── CannotConnect         the first connection to the database failed; fix the URL or server
+    ├── NotFound              the thing asked for does not exist (also a LookupError)
+    ├── Conflict              the request collides with the current state; nothing was written
+    │   ├── IdempotencyMismatch   the idempotency key was used for a different request
+    │   └── StillCreating         an identical request with this key is still being created
+    ├── TransientError        try again later: lost connection, deadline, serialization failure
+    │   ├── DeadlineExceeded      a database call passed shoal's own deadline (also a TimeoutError)
+    │   └── PublishError          an ingest publish was not confirmed (shoal.ingest.transport)
+    ├── PermanentError        a handler's way to say "failing again will not help"
+    ├── ExpiredError          a handler ran past its ``expire_in`` (recorded on the job;
+    │                         also a TimeoutError)
+    ├── MigrationChanged      an applied migration's text differs from the code's
+    ├── PipelineClosed        a held submit met its pipeline's close (shoal.ingest.pipeline)
+    └── UnsafeDurability      the NATS server may lose acknowledged messages (shoal.ingest.nats)
 
-Handlers may also raise :class:`Snooze` or :class:`Cancel`, which are not failures.
+Handlers may also raise :class:`Snooze` or :class:`Cancel`: signals to the
+worker, not failures, so they derive from ``Exception`` only.
+
+The classes live here except the three defined next to the ingest code that
+raises them (named in brackets above); ``shoal`` exports them all.
 """
 
 from __future__ import annotations
@@ -31,12 +46,27 @@ class InvalidInput(ShoalError, ValueError):
         self.message = message
 
 
+class CannotConnect(ShoalError):
+    """The first connection to the database failed: no such database, credentials refused,
+    host unreachable. The message names the cause and the URL, never its password."""
+
+
 class NotFound(ShoalError, LookupError):
-    """The job, queue, schedule or task does not exist."""
+    """The job, queue, schedule, topic or task does not exist. ``field`` names the
+    request field that named it, when there is one."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Conflict(ShoalError):
-    """The request collides with the current state; nothing was written."""
+    """The request collides with the current state; nothing was written. ``field``
+    names the request field at fault, when there is one."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class TransientError(ShoalError):
@@ -49,6 +79,26 @@ class DeadlineExceeded(TransientError, TimeoutError):
 
 class PermanentError(ShoalError):
     """Raised by a handler: this job will not succeed by retrying; fail it now."""
+
+
+class IdempotencyMismatch(Conflict):
+    """The idempotency key was used before for a different request (HTTP 422)."""
+
+
+class StillCreating(Conflict):
+    """A request with this idempotency key is still being created (HTTP 409)."""
+
+
+class ExpiredError(ShoalError, TimeoutError):
+    """The handler ran past its job's ``expire_in`` without a heartbeat.
+
+    The worker records it as the run's error (``type`` ``ExpiredError``) and
+    retries the job like any other failure.
+    """
+
+
+class MigrationChanged(ShoalError):
+    """A migration's text differs from the one applied: the schema is not what the code expects."""
 
 
 class Snooze(Exception):

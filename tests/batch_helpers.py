@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -13,6 +12,8 @@ from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
 from shoal.batch.service import Batches
 from shoal.queue.worker import Worker
+
+from .conftest import wait_for
 
 Handler = Callable[[Item], Awaitable[Any]]
 
@@ -37,13 +38,15 @@ async def running(batches: Batches, kind: str = "test.kind") -> AsyncIterator[Wo
         await started.stop(grace=timedelta(seconds=5))
 
 
-async def settle(batches: Batches, task_id: str, timeout_s: float = 20.0) -> None:
-    """Run aggregator passes until the task is closed."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while (await batches.get(task_id)).status == "processing":
-        if loop.time() > deadline:
-            view = await batches.get(task_id)
-            raise AssertionError(f"task did not close: {view.progress}")
+async def settle(batches: Batches, task_id: str, timeout_s: float = 30.0) -> None:
+    """Run aggregator passes until the task is closed (a bound on failure, not a speed check)."""
+
+    async def closed_after_a_pass() -> bool:
         await batches.aggregator.run_once()
-        await asyncio.sleep(0.05)
+        return (await batches.get(task_id)).status != "processing"
+
+    try:
+        await wait_for(closed_after_a_pass, timeout_s=timeout_s)
+    except AssertionError:
+        view = await batches.get(task_id)
+        raise AssertionError(f"task did not close: {view.progress}") from None

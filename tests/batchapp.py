@@ -45,5 +45,5 @@ async def run_item(item: Item) -> dict[str, Any]:
             (item.id, item.attempt, os.getpid()),
         )
     data = item.data if isinstance(item.data, dict) else {}
-    await asyncio.sleep(data.get("sleep_ms", 0) / 1000)
+    await asyncio.sleep(data.get("sleep_ms", 0) / 1000)  # noqa: TID251 - simulated work in a worker process
     return {"pid": os.getpid()}

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,13 +38,36 @@ def with_dbname(url: str, dbname: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_root() -> Iterator[Path]:
+    """Where this run's PostgreSQL clusters keep their data, removed at the end.
+
+    Not under pytest's own temporary tree: every pytest session that starts on
+    the machine (another suite, or a test that runs pytest) resets
+    ``/tmp/pytest-of-<user>`` to mode 0700, and a cluster whose server runs as
+    another user (``shoal_postgres`` when the tests run as root) then loses its
+    data directory mid-run and shuts down.
+    """
+    root = Path(tempfile.mkdtemp(prefix=f"shoal-tests-{RUN_ID}-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_dir(pg_root: Path) -> Path:
+    """A folder of this test's own for PostgreSQL data directories (see ``pg_root``)."""
+    return Path(tempfile.mkdtemp(dir=pg_root))
+
+
+@pytest.fixture(scope="session")
+def pg_server(pg_root: Path) -> Iterator[str]:
     """A URL of the server tests may create databases on."""
     url = os.environ.get("DATABASE_URL")
     if url:
         yield url
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", fsync=False)
+    server = EmbeddedPostgres(pg_root / "shared" / "data", fsync=False)
     server.start()
     try:
         yield server.url()
@@ -153,9 +178,9 @@ async def fake_boss(db_url: str, clock: FakeClock) -> AsyncIterator[Shoal]:
 
 
 @pytest.fixture
-def throwaway_pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+def throwaway_pg(pg_dir: Path) -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL cluster of this test's own, to restart, freeze or kill."""
-    server = EmbeddedPostgres(tmp_path / "pg", fsync=False)
+    server = EmbeddedPostgres(pg_dir / "pg", fsync=False)
     server.start()
     try:
         yield server
@@ -164,7 +189,7 @@ def throwaway_pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
         server.stop("immediate")
 
 
-async def wait_for(predicate: object, timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
+async def wait_for(predicate: object, timeout_s: float = 30.0, interval_s: float = 0.02) -> None:
     """Await until ``predicate()`` (sync or async) is true, or fail after ``timeout_s``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -176,10 +201,29 @@ async def wait_for(predicate: object, timeout_s: float = 10.0, interval_s: float
             return
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s}s")
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(interval_s)  # noqa: TID251 - polls a condition; timeout_s bounds failure
 
 
 from shoal.ingest.natsd import NatsServer  # noqa: E402 - appended with the NATS fixture below
+
+
+@pytest.fixture(params=["postgres", "nats"])
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    """Each ingest transport in turn, for a test that must hold on both."""
+    return str(request.param)
+
+
+@pytest.fixture
+def nats(transport_kind: str, tmp_path: Path) -> Iterator[NatsServer | None]:
+    """A nats-server of the test's own when ``transport_kind`` is nats, else None."""
+    if transport_kind != "nats":
+        yield None
+        return
+    server = NatsServer(tmp_path / "nats").start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
@@ -190,3 +234,64 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+
+
+# -- browser tests: a loud line at the end when they did not run -------------
+
+# test_dashboard's `browser` fixture starts every skip reason with this; the
+# reason goes on to say what is missing and how to install it.
+BROWSER_SKIP = "browser test skipped: "
+
+
+# Tests that need a program from a Debian package (promtool, tesseract) skip
+# with this prefix when it is missing, and the run ends with one line naming
+# them. CI installs the packages and sets REQUIRE_PROGRAMS, which turns such a
+# skip into a failure: there, a missing program is a broken set-up.
+PROGRAM_SKIP = "program missing: "
+REQUIRE_PROGRAMS = "SHOAL_REQUIRE_SYSTEM_PACKAGES"
+
+
+def require_program(program: str, package: str) -> str:
+    """The path of ``program``; else skip (fail under REQUIRE_PROGRAMS) naming its package."""
+    path = shutil.which(program)
+    if path is None:
+        reason = f"{program} is missing: install it with `apt-get install -y {package}`"
+        if os.environ.get(REQUIRE_PROGRAMS):
+            pytest.fail(f"{reason} ({REQUIRE_PROGRAMS} is set)")
+        pytest.skip(PROGRAM_SKIP + reason)
+    return path
+
+
+def _skip_reasons(terminalreporter: pytest.TerminalReporter, prefix: str) -> list[str]:
+    return [
+        str(report.longrepr[2]).partition(prefix)[2]
+        for report in terminalreporter.stats.get("skipped", [])
+        if isinstance(report.longrepr, tuple) and prefix in str(report.longrepr[2])
+    ]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterator[None]:
+    """Say in one line each, after every other summary, which tests did not run and why.
+
+    A skip is easy to miss among hundreds of passes, and a missing Chromium
+    hides every check of the console and the workbench page. Outermost
+    wrapper: the lines come after the short summary, just above the result.
+    """
+    yield
+    reasons = _skip_reasons(terminalreporter, BROWSER_SKIP)
+    if reasons:
+        terminalreporter.write_line(
+            f"BROWSER TESTS SKIPPED ({len(reasons)}): {reasons[0]} (README: Browser tests)",
+            red=True,
+            bold=True,
+        )
+    programs = _skip_reasons(terminalreporter, PROGRAM_SKIP)
+    if programs:
+        terminalreporter.write_line(
+            f"TESTS SKIPPED FOR MISSING PROGRAMS ({len(programs)}): "
+            + "; ".join(sorted(set(programs)))
+            + " (README: Set-up)",
+            red=True,
+            bold=True,
+        )

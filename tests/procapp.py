@@ -102,7 +102,7 @@ async def slow(job: Job) -> dict[str, Any]:
         )
 
     await _boss.db.run(started)
-    await asyncio.sleep(sleep_s)
+    await asyncio.sleep(sleep_s)  # noqa: TID251 - simulated work in a worker process, to be killed
     await _boss.db.run(finished)
     return {"pid": PID}
 

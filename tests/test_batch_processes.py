@@ -71,7 +71,7 @@ async def test_sigkilled_worker_items_are_retried_and_each_result_recorded_once(
             if finished >= 8 and started and started[0][0] > finished:  # type: ignore[operator]
                 break
             assert loop.time() < deadline, "the first worker never got going"
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # noqa: TID251 - polls a worker process (killed below)
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
         killed_pid = first.pid
@@ -86,7 +86,7 @@ async def test_sigkilled_worker_items_are_retried_and_each_result_recorded_once(
                     "ON j.data->>'item' = i.id::text WHERE i.status NOT IN ('completed')",
                 )
                 raise AssertionError(f"the task never completed after the kill: {stuck}")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # noqa: TID251 - polls the restarted worker process
         view = await batches.get(created.task_id)
         assert view.progress.completed == 40 and view.progress.error == 0
         items = {i.id: i for i in await batches.export_rows(created.task_id)}

@@ -29,7 +29,7 @@ from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
 from shoal.batch.service import Batches
 
-from .conftest import wait_for
+from .conftest import BROWSER_SKIP, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -55,7 +55,7 @@ DASH_APP = App()
 async def work(item: Item) -> dict[str, Any]:
     """Sleeps ``sleep_ms`` so the bar has time to move; ``fail`` fails it for good."""
     data = item.data if isinstance(item.data, dict) else {}
-    await asyncio.sleep(data.get("sleep_ms", 0) / 1000)
+    await asyncio.sleep(data.get("sleep_ms", 0) / 1000)  # noqa: TID251 - simulated work the bar shows
     if data.get("fail"):
         raise PermanentError(f"{item.ref}: unreadable scan")
     return {"ref": item.ref}
@@ -91,7 +91,7 @@ async def serving(api: FastAPI) -> AsyncIterator[str]:
 
 def _skip_loudly(reason: str) -> None:
     print(f"\n*** test_dashboard SKIPPED: {reason} ***\n", file=sys.stderr)
-    pytest.skip(reason)
+    pytest.skip(BROWSER_SKIP + reason)  # conftest's summary names it at the end of the run
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ async def test_progress_bars_reach_100_percent_and_failed_items_show_their_error
     base, client = dashboard
     page = await browser.new_page()
     try:
-        await page.goto(base + "/")
+        await page.goto(base + "/tasks")
         # The API needs a token: the page asks for it, then shows the (empty) task list.
         await expect(page.locator("#auth")).to_be_visible(timeout=UI_TIMEOUT_MS)
         await page.fill("#token", TOKEN)

@@ -28,33 +28,33 @@ def shoal_cli(
     )
 
 
-def test_embedded_server_starts_on_demand_is_reused_and_stops(tmp_path: Path) -> None:
-    first = EmbeddedPostgres(tmp_path / "pg", fsync=False)
+def test_embedded_server_starts_on_demand_is_reused_and_stops(pg_dir: Path) -> None:
+    first = EmbeddedPostgres(pg_dir / "pg", fsync=False)
     url = first.start()
     assert first.started_here
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
-    second = EmbeddedPostgres(tmp_path / "pg")
+    second = EmbeddedPostgres(pg_dir / "pg")
     assert second.start() == url  # reused, not started twice
     assert not second.started_here
     with psycopg.connect(url):
         assert not first.stop_if_unused(), "stopped under a connected client"
     assert first.stop_if_unused()
     assert not first.is_running()
-    restarted = EmbeddedPostgres(tmp_path / "pg", fsync=False)
+    restarted = EmbeddedPostgres(pg_dir / "pg", fsync=False)
     restarted.start()  # the same data directory comes back
     restarted.stop()
 
 
-def test_cli_without_database_url_uses_the_embedded_server(tmp_path: Path) -> None:
-    env = {"SHOAL_DATA_DIR": str(tmp_path / "data"), "DATABASE_URL": ""}
+def test_cli_without_database_url_uses_the_embedded_server(pg_dir: Path) -> None:
+    env = {"SHOAL_DATA_DIR": str(pg_dir / "data"), "DATABASE_URL": ""}
     result = shoal_cli("migrate", env=env)
     assert result.returncode == 0, result.stderr
     every = [m.version for m in load_migrations()]
     assert f"applied {every}" in result.stderr
     again = shoal_cli("migrate", env=env)
     assert "up to date" in again.stderr
-    assert not EmbeddedPostgres(tmp_path / "data").is_running(), "left the server running"
+    assert not EmbeddedPostgres(pg_dir / "data").is_running(), "left the server running"
 
 
 def test_status_prints_queue_depths(db_url: str) -> None:

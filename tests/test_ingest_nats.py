@@ -1,8 +1,10 @@
 """The NATS JetStream transport against a real nats-server 2.15 (one per test).
 
-Redelivery delays are JetStream's own timers, so the tests that check them
-wait real time, kept to a second or two. Each asserts a lower bound (not
-before the delay) and waits for the event itself, never a fixed sleep.
+What every transport guarantees (publish, deliver, ack, nak with a delay,
+touch, term, depth, redelivery, leases) is tested on both transports in
+test_transport_conformance.py. Here: what is nats's own (the durability
+check, stream management, atomic batch publish, publishing through an
+outage, one durable consumer per group).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from shoal.errors import Conflict, TransientError
 from shoal.ingest.message import Envelope, new_envelope
 from shoal.ingest.nats import NatsTransport, UnsafeDurability, stream_name_for
 from shoal.ingest.natsd import NatsServer
-from shoal.ingest.transport import Delivery, Depth, PublishError, Subscription
+from shoal.ingest.transport import Delivery, PublishError, Subscription
+from tests.conftest import wait_for
 
 TOPIC = "card.ingest"
 GROUP = "writer"
@@ -49,14 +52,14 @@ async def transport(nats_server: NatsServer) -> AsyncIterator[NatsTransport]:
 
 
 def envelopes(n: int, *, prefix: str = "m") -> list[Envelope]:
-    now = datetime.now(UTC)
+    now = datetime.now(UTC)  # noqa: TID251 - a producer's publish stamp, read by the server
     return [
         new_envelope({"i": i, "who": "ü"}, published_at=now, id=f"{prefix}-{i}") for i in range(n)
     ]
 
 
 async def fetch_until(
-    sub: Subscription, count: int, *, timeout_s: float = 10.0, batch: int = 500
+    sub: Subscription, count: int, *, timeout_s: float = 30.0, batch: int = 500
 ) -> list[Delivery]:
     """Fetch until ``count`` deliveries arrived (or fail after ``timeout_s``)."""
     got: list[Delivery] = []
@@ -65,98 +68,6 @@ async def fetch_until(
         assert time.monotonic() < deadline, f"only {len(got)} of {count} deliveries arrived"
         got.extend(await sub.fetch(min(batch, count - len(got)), wait=timedelta(seconds=0.5)))
     return got
-
-
-async def depth_reaches(
-    transport: NatsTransport, ready: int, in_flight: int, *, timeout_s: float = 5.0
-) -> Depth:
-    """The group's depth once it reads (ready, in_flight).
-
-    Acks are sent without waiting for the server, so the consumer's counts
-    catch up a moment after ``ack()`` returns.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        depth = await transport.depth(TOPIC, GROUP)
-        if (depth.ready, depth.in_flight) == (ready, in_flight):
-            return depth
-        assert time.monotonic() < deadline, f"depth stuck at {depth}"
-        await asyncio.sleep(0.02)
-
-
-async def test_publish_then_fetch_preserves_id_time_and_body(transport: NatsTransport) -> None:
-    sent = envelopes(3)
-    await transport.publish(TOPIC, sent)
-    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
-    got = await fetch_until(sub, 3)
-    assert sorted((d.envelope.id, d.envelope.published_at, d.envelope.body) for d in got) == sorted(
-        (e.id, e.published_at, e.body) for e in sent
-    )
-    assert all(d.attempt == 1 for d in got)
-    for d in got:
-        await d.ack()
-    assert await sub.fetch(10, wait=timedelta(milliseconds=300)) == []
-    await sub.close()
-
-
-async def test_fetch_returns_empty_list_when_nothing_arrives(transport: NatsTransport) -> None:
-    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
-    assert await sub.fetch(5, wait=timedelta(milliseconds=200)) == []
-    assert await sub.fetch(1, wait=timedelta(0)) == []
-
-
-async def test_attempt_counts_each_redelivery(transport: NatsTransport) -> None:
-    await transport.publish(TOPIC, envelopes(1))
-    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
-    attempts = []
-    for _ in range(3):
-        (d,) = await fetch_until(sub, 1)
-        attempts.append(d.attempt)
-        await d.nak(timedelta(0))
-    assert attempts == [1, 2, 3]
-
-
-async def test_nak_with_delay_redelivers_not_before_the_delay(transport: NatsTransport) -> None:
-    await transport.publish(TOPIC, envelopes(1))
-    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
-    (first,) = await fetch_until(sub, 1)
-    nakked_at = time.monotonic()
-    await first.nak(timedelta(seconds=1))
-    (again,) = await fetch_until(sub, 1)
-    assert time.monotonic() - nakked_at >= 0.95
-    assert (again.envelope.id, again.attempt) == (first.envelope.id, 2)
-
-
-async def test_unacked_delivery_comes_back_after_ack_wait(transport: NatsTransport) -> None:
-    await transport.publish(TOPIC, envelopes(1))
-    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10, ack_wait=timedelta(seconds=1))
-    (first,) = await fetch_until(sub, 1)
-    fetched_at = time.monotonic()
-    (again,) = await fetch_until(sub, 1)
-    assert time.monotonic() - fetched_at >= 0.95
-    assert (again.envelope.id, again.attempt) == (first.envelope.id, 2)
-
-
-async def test_touch_extends_the_ack_wait(transport: NatsTransport) -> None:
-    await transport.publish(TOPIC, envelopes(1))
-    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10, ack_wait=timedelta(seconds=1))
-    (d,) = await fetch_until(sub, 1)
-    for _ in range(3):  # 1.8 s in all, past the 1 s ack wait
-        await asyncio.sleep(0.6)
-        await d.touch()
-    assert await sub.fetch(1, wait=timedelta(milliseconds=500)) == []
-    await d.ack()
-
-
-async def test_termed_message_is_never_delivered_again(transport: NatsTransport) -> None:
-    await transport.publish(TOPIC, envelopes(1))
-    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10, ack_wait=timedelta(seconds=1))
-    (d,) = await fetch_until(sub, 1)
-    await d.term()
-    # Longer than the ack wait: an unacked message would be back by now.
-    assert await sub.fetch(1, wait=timedelta(seconds=1.5)) == []
-    depth = await transport.depth(TOPIC, GROUP)
-    assert depth.total == 0
 
 
 async def test_each_group_gets_every_message(transport: NatsTransport) -> None:
@@ -170,30 +81,6 @@ async def test_each_group_gets_every_message(transport: NatsTransport) -> None:
             await d.ack()
 
 
-async def test_depth_reports_ready_and_in_flight(transport: NatsTransport) -> None:
-    assert (await transport.depth(TOPIC, GROUP)).total == 0
-    await transport.publish(TOPIC, envelopes(5))
-    before = await transport.depth(TOPIC, GROUP)  # no consumer yet: the whole stream is ready
-    assert (before.ready, before.in_flight, before.delayed) == (5, 0, 0)
-    assert before.oldest_age is not None
-
-    sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=10)
-    got = await fetch_until(sub, 2, batch=2)
-    depth = await transport.depth(TOPIC, GROUP)
-    assert (depth.ready, depth.in_flight, depth.delayed) == (3, 2, 0)
-    assert depth.oldest_age is not None and depth.oldest_age >= timedelta(0)
-
-    await got[0].ack()
-    await got[1].nak(timedelta(seconds=30))  # JetStream counts it as in flight until due
-    depth = await depth_reaches(transport, 3, 1)
-    assert depth.total == 4
-
-    rest = await fetch_until(sub, 3)
-    for d in rest:
-        await d.ack()
-    await depth_reaches(transport, 0, 1)
-
-
 async def test_publish_fails_within_its_timeout_while_the_server_is_down_and_is_not_buffered(
     nats_server: NatsServer, transport: NatsTransport
 ) -> None:
@@ -202,24 +89,28 @@ async def test_publish_fails_within_its_timeout_while_the_server_is_down_and_is_
 
     # Right after the kill (the client may not have noticed yet) and once it has.
     for attempt in ("lost-1", "lost-2"):
-        started = time.monotonic()
+        # PublishError, not the outer guard's TimeoutError: the publish's own timeout fired.
         with pytest.raises(PublishError):
-            await transport.publish(
-                TOPIC, envelopes(3, prefix=attempt), timeout=timedelta(seconds=1)
+            await asyncio.wait_for(
+                transport.publish(
+                    TOPIC, envelopes(3, prefix=attempt), timeout=timedelta(seconds=1)
+                ),
+                30,
             )
-        assert time.monotonic() - started < 1.5
-        await asyncio.sleep(0.3)
+        if attempt == "lost-1":
+            await wait_for(lambda: not _connected(transport), timeout_s=30)
 
     await asyncio.to_thread(nats_server.restart)
+
     # The same transport reconnects by itself; a publish succeeds again.
-    deadline = time.monotonic() + 10
-    while True:
+    async def published() -> bool:
         try:
             await transport.publish(TOPIC, envelopes(1, prefix="after"))
-            break
         except PublishError:
-            assert time.monotonic() < deadline, "no reconnect within 10 s"
-            await asyncio.sleep(0.1)
+            return False
+        return True
+
+    await wait_for(published, timeout_s=30)
 
     sub = await transport.subscribe(TOPIC, GROUP, max_in_flight=100)
     got = await fetch_until(sub, 2)
@@ -382,12 +273,17 @@ async def test_start_fails_within_connect_timeout_when_no_server_answers() -> No
         connect_timeout=timedelta(seconds=1),
         reconnect_wait=FAST_RECONNECT,
     )
-    started = time.monotonic()
+    # TransientError, not the outer guard's TimeoutError: the connect timeout fired.
     with pytest.raises(TransientError, match="cannot connect"):
-        await t.start()
-    assert time.monotonic() - started < 2
+        await asyncio.wait_for(t.start(), 30)
     with pytest.raises(PublishError):
         await t.publish(TOPIC, envelopes(1))
+
+
+def _connected(transport: NatsTransport) -> bool:
+    """Whether the transport's client still believes it is connected."""
+    nc = transport._nc
+    return nc is not None and nc.is_connected
 
 
 async def set_max_msgs(server: NatsServer, topic: str, max_msgs: int) -> None:
@@ -452,7 +348,7 @@ async def test_a_stream_made_without_atomic_publish_is_upgraded_in_place(
     old = transport_for(nats_server)
     nc = await nats.connect(nats_server.url)
     try:
-        config = dataclasses.replace(old._stream_config(TOPIC), allow_atomic=None)
+        config = dataclasses.replace(old._streams.config(TOPIC), allow_atomic=None)
         await nc.jetstream().add_stream(config)
         await nc.jetstream().publish(f"shoal.{TOPIC}", envelopes(1, prefix="old")[0].encode())
     finally:
@@ -478,7 +374,7 @@ async def add_async_persist_stream(server: NatsServer) -> None:
     nc = await nats.connect(server.url)
     try:
         config = dataclasses.replace(
-            transport_for(server)._stream_config(TOPIC),
+            transport_for(server)._streams.config(TOPIC),
             allow_atomic=None,
             persist_mode=PersistMode.ASYNC,
         )

@@ -28,7 +28,6 @@ from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.transport import Transport
 from tests.conftest import wait_for
 from tests.ingest_helpers import COLLECTION, READINGS, Reading, create_schema, scalar
-from tests.ingestapp import ACK_WAIT
 from tests.test_processes import WorkerProcesses
 
 READING_COUNT = 6000
@@ -104,23 +103,6 @@ async def _drained(pipeline: Pipeline, topic: str) -> bool:
     return (await pipeline.transport.depth(topic, "shoal")).total == 0
 
 
-@pytest.fixture(params=["postgres", "nats"])
-def transport_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def nats(transport_kind: str, tmp_path: Path) -> Iterator[NatsServer | None]:
-    if transport_kind != "nats":
-        yield None
-        return
-    server = NatsServer(tmp_path / "nats").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 async def make_setup(url: str, transport_kind: str, nats: NatsServer | None) -> Setup:
     db = await Database(url, max_size=10, application_name="shoal-test").open()
     await migrate(db)
@@ -137,7 +119,7 @@ async def make_setup(url: str, transport_kind: str, nats: NatsServer | None) -> 
             "SHOAL_NATS_MONITOR_URL": nats.monitor_url,
         }
     else:
-        transport = PostgresTransport(boss, ack_wait=ACK_WAIT)
+        transport = PostgresTransport(boss)
         env = {"SHOAL_INGEST_TRANSPORT": "postgres"}
     return Setup(boss, transport, env)
 
@@ -153,14 +135,14 @@ async def setup(db_url: str, transport_kind: str, nats: NatsServer | None) -> As
 
 
 @pytest.fixture
-def durable_pg(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+def durable_pg(pg_dir: Path) -> Iterator[EmbeddedPostgres]:
     """A cluster of the test's own with fsync and synchronous_commit on (the defaults).
 
     ``throwaway_pg`` turns them off for speed, and with them off a commit that
     was acknowledged can vanish in a crash: a consumer on another transport
     would then have acknowledged a message whose effect is gone.
     """
-    server = EmbeddedPostgres(tmp_path / "pg", fsync=True)
+    server = EmbeddedPostgres(pg_dir / "pg", fsync=True)
     server.start()
     try:
         yield server
@@ -225,7 +207,7 @@ async def test_nats_server_killed_mid_stream_loses_and_doubles_nothing(
         workers.start()
         await wait_for(lambda: _at_least(s.applied(), READING_COUNT // 4), 60)
         server.kill()
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # noqa: TID251 - the killed server stays down while workers retry
         server.restart()
         await s.wait_all_done(120)
         await s.check_exactly_once_in_effect()

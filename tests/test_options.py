@@ -1,6 +1,7 @@
 """Bad input gets an error naming the field, and nothing is written."""
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,7 +49,7 @@ async def test_send_rejects_bad_input_naming_the_field(
 
 async def test_pg_boss_spelling_gets_a_hint(boss: Shoal) -> None:
     with pytest.raises(InvalidInput, match="did you mean 'singleton_key'"):
-        await boss.send("ok_queue", None, singletonKey="a")
+        await boss.send("ok_queue", None, singletonKey="a")  # type: ignore[call-arg]
 
 
 async def test_payload_cap_is_configurable(db_url: str) -> None:
@@ -90,3 +91,26 @@ async def test_schedule_rejects_a_bad_cron_expression(boss: Shoal) -> None:
         await boss.schedule("nightly", "* * * * *", tz="Mars/Olympus")
     assert raised.value.field == "tz"
     assert await boss.schedules() == []
+
+
+def test_a_misspelled_option_is_a_type_error_where_it_is_written(tmp_path: Path) -> None:
+    from mypy import api
+
+    program = tmp_path / "sender.py"
+    program.write_text(
+        "from datetime import timedelta\n"
+        "from shoal import App, Shoal\n"
+        "async def go(boss: Shoal) -> None:\n"
+        "    await boss.send('q', {'id': 1}, retry_limit=3, expire_in=timedelta(minutes=5))\n"
+        "    await boss.send('q', {'id': 1}, retry_limt=3)\n"
+        "    await boss.insert_many('q', [1, 2], priority='high')\n"
+        "App().schedule('nightly', '0 3 * * *', retry_delay=60)\n"
+    )
+    out, _, status = api.run(
+        ["--strict", "--no-incremental", "--cache-dir=/dev/null", str(program)]
+    )
+    assert status == 1, out
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert len(errors) == 2, out
+    assert 'sender.py:5: error: Unexpected keyword argument "retry_limt"' in errors[0]
+    assert "sender.py:6: error:" in errors[1] and "priority" in errors[1]

@@ -55,10 +55,19 @@ def test_backoff_doubles_within_equal_jitter() -> None:
         assert low == full / 2 and full / 2 < high < full
 
 
-def test_finished_states_only_leave_by_explicit_command() -> None:
-    assert TRANSITIONS[JobState.COMPLETED] == frozenset()
-    for state in FINISHED_STATES:
-        assert JobState.ACTIVE not in TRANSITIONS[state]
+@given(policies, st.integers(1, 200), st.booleans(), st.integers(0, 2**32))
+def test_a_failed_attempt_leaves_active_by_an_allowed_edge_within_the_delay_cap(
+    policy: RetryPolicy, attempt: int, permanent: bool, seed: int
+) -> None:
+    step = after_failure(attempt, policy, NOW, random.Random(seed), permanent=permanent)
+    assert step.state in TRANSITIONS[JobState.ACTIVE]
+    if step.state in FINISHED_STATES:
+        # Finished by the policy: nothing brings it back but an explicit command.
+        assert step.start_after is None
+        assert JobState.ACTIVE not in TRANSITIONS[step.state]
+    else:
+        assert step.start_after is not None
+        assert NOW <= step.start_after <= NOW + policy.retry_delay_max
 
 
 class _Fixed:

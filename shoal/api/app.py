@@ -12,17 +12,36 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, FastAPI
 
-from shoal.api.auth import require_token
+from shoal.api.auth import refuse_writes, require_token
+from shoal.api.console import (
+    LazyTransport,
+    TransportSource,
+    history_router,
+    jobs_router,
+    queues_router,
+    schedules_router,
+    topics_router,
+    workers_router,
+)
 from shoal.api.dashboard import dashboard_router
 from shoal.api.errors import install_error_handlers
 from shoal.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_DEADLINE_S, RequestLimits
 from shoal.api.metrics import metrics_router
-from shoal.api.status import health_router, queues_router, ready_router
+from shoal.api.status import health_router, ready_router
 from shoal.api.tasks import tasks_router
 from shoal.batch.service import Batches
+from shoal.batch.states import TaskStatus
+from shoal.errors import InvalidInput
+from shoal.ingest.inspect import TopicInspector
+from shoal.ingest.postgres import PostgresTransport
 from shoal.queue.client import Shoal
+from shoal.queue.history import HistorySampler
+from shoal.queue.inspect import QueueInspector
+from shoal.queue.registry import WorkerRegistry
 
 API_VERSION = "1"
+# The overview counts open tasks up to this many (it says "500" for more).
+OPEN_TASKS_SHOWN = 500
 
 
 def create_api(
@@ -32,6 +51,8 @@ def create_api(
     token: str | None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S,
+    read_only: bool = False,
+    transport: TransportSource | None = None,
 ) -> FastAPI:
     """The HTTP API: ``/v1`` routes, ``/metrics``, health, and the dashboard at ``/``.
 
@@ -39,9 +60,12 @@ def create_api(
     <token>``; ``/healthz``, ``/readyz``, ``/`` and ``/openapi.json`` stay
     open. Bodies over ``max_body_bytes`` are answered 413, bodies not in after
     ``request_deadline_s`` 408. The OpenAPI document is at ``/openapi.json``.
+    With ``read_only`` every ``/v1`` route that would change something answers
+    403. A topic redrive publishes on ``transport()`` (default: the postgres
+    transport over ``boss``).
     """
     if token is not None and not token.strip():
-        raise ValueError("token must be None or a non-empty string")
+        raise InvalidInput("token", "must be None or a non-empty string")
     api = FastAPI(
         title="shoal",
         version=API_VERSION,
@@ -51,10 +75,24 @@ def create_api(
     )
     install_error_handlers(api)
     auth = [Depends(require_token(token))]
+    queues = QueueInspector(boss)
 
-    v1 = APIRouter(prefix="/v1", dependencies=auth)
+    v1 = APIRouter(prefix="/v1", dependencies=[*auth, Depends(refuse_writes(read_only))])
     v1.include_router(tasks_router(batches))
-    v1.include_router(queues_router(boss))
+    v1.include_router(queues_router(queues))
+    v1.include_router(jobs_router(queues))
+    v1.include_router(schedules_router(queues))
+    topics = TopicInspector(boss)
+    registry = WorkerRegistry(boss)
+    v1.include_router(
+        topics_router(topics, transport or LazyTransport(lambda: PostgresTransport(boss)), registry)
+    )
+    v1.include_router(workers_router(registry))
+
+    async def open_tasks() -> int:
+        return len(await batches.tasks(status=TaskStatus.PROCESSING, limit=OPEN_TASKS_SHOWN))
+
+    v1.include_router(history_router(queues, topics, registry, HistorySampler(boss), open_tasks))
     api.include_router(v1)
     api.include_router(metrics_router(boss, batches), dependencies=auth)
     api.include_router(health_router())

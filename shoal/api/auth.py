@@ -16,7 +16,7 @@ import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from shoal.api.errors import ApiError
@@ -79,4 +79,25 @@ def require_token(token: str | None) -> Callable[..., Awaitable[None]]:
     return check
 
 
-__all__ = ["TOKEN_ENV", "is_loopback", "require_token", "token_matches"]
+# Methods that change nothing: all a read-only API answers.
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def refuse_writes(read_only: bool) -> Callable[..., Awaitable[None]]:
+    """A FastAPI dependency: with ``read_only``, any request that could change
+    something (any method but GET, HEAD, OPTIONS) is answered 403."""
+
+    async def check(request: Request) -> None:
+        if read_only and request.method not in READ_METHODS:
+            raise ApiError(
+                403,
+                f"method: this API is read-only (shoal api --read-only); "
+                f"{request.method} {request.url.path!r:.200} changes state",
+                field="method",
+                code="read_only",
+            )
+
+    return check
+
+
+__all__ = ["TOKEN_ENV", "is_loopback", "refuse_writes", "require_token", "token_matches"]

@@ -1,7 +1,7 @@
 """The JSON shapes of the ``/v1`` routes, as documented in ``docs/api.md``.
 
 Requests are validated strictly (no "5" for 5, no unknown fields). The item
-list is checked by :func:`shoal.batch.service.parse_items`, the one place that
+list is checked by :func:`shoal.batch.inputs.parse_items`, the one place that
 knows the rules for refs, duplicates and payload sizes, so its messages name
 the exact entry (``items[3].ref``); the schema below only describes it.
 """
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from shoal.batch.service import MAX_KEY_LENGTH, MAX_REF_LENGTH
+from shoal.batch.inputs import MAX_KEY_LENGTH, MAX_REF_LENGTH
 
 # Ten years: the same bound the batch layer applies.
 MAX_DEADLINE_S = 10 * 365 * 86400
@@ -118,17 +118,6 @@ class Retried(BaseModel):
     task: TaskOut
 
 
-class QueueOut(BaseModel):
-    queue: str
-    counts: dict[str, int]
-    oldest_waiting_s: float | None
-    paused: bool
-
-
-class QueueList(BaseModel):
-    queues: list[QueueOut]
-
-
 class Health(BaseModel):
     status: str
 
@@ -140,8 +129,6 @@ __all__ = [
     "ItemOut",
     "ItemPage",
     "ProgressOut",
-    "QueueList",
-    "QueueOut",
     "Retried",
     "TaskList",
     "TaskOut",

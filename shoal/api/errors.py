@@ -36,8 +36,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from shoal.batch.service import IdempotencyMismatch, StillCreating
-from shoal.errors import Conflict, InvalidInput, NotFound, TransientError
+from shoal.errors import (
+    Conflict,
+    IdempotencyMismatch,
+    InvalidInput,
+    NotFound,
+    StillCreating,
+    TransientError,
+)
 
 log = logging.getLogger("shoal.api")
 
@@ -198,12 +204,12 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        field = _task_field(request)
+        field = getattr(exc, "field", None) or _task_field(request)
         message = str(exc) if field is None else f"{field}: {exc}"
         return error_response(404, message, field=field)
 
     async def conflict(request: Request, exc: Exception) -> JSONResponse:
-        field = _task_field(request)
+        field = getattr(exc, "field", None) or _task_field(request)
         message = str(exc) if field is None else f"{field}: {exc}"
         return error_response(409, message, field=field)
 

@@ -11,7 +11,8 @@ Two ways a client can hold a server's memory or a worker slot hostage:
   moment the request reaches the app until its last byte, however the bytes
   arrive. Past it the request is answered 408 and the connection closed.
 
-Slow *headers* are the server's to bound (uvicorn's h11 limits); once the body
+Slow *headers* are bounded before the app is called, by the protocol
+``shoal api`` runs (:mod:`shoal.api.server`); once the body
 is in, later ``receive`` calls (a streaming response listening for the client
 to go away) pass through untouched, so a long export is never cut by this.
 """
@@ -27,6 +28,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from shoal.api.errors import error_body
+from shoal.errors import InvalidInput
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -60,7 +62,8 @@ def _content_length(scope: Scope) -> int | str | None:
     for name, value in scope.get("headers", ()):
         if name.lower() == b"content-length":
             text = value.decode("latin-1").strip()
-            return int(text) if text.isdigit() and len(text) < 20 else text
+            # isdigit alone also accepts '²' (a latin-1 byte) that int() refuses.
+            return int(text) if text.isascii() and text.isdigit() and len(text) < 20 else text
     return None
 
 
@@ -125,9 +128,9 @@ class RequestLimits:
         request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S,
     ) -> None:
         if max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes!r}")
+            raise InvalidInput("max_body_bytes", f"must be >= 1, got {max_body_bytes!r}")
         if not request_deadline_s > 0:
-            raise ValueError(f"request_deadline_s must be > 0, got {request_deadline_s!r}")
+            raise InvalidInput("request_deadline_s", f"must be > 0, got {request_deadline_s!r}")
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.request_deadline_s = request_deadline_s

@@ -9,6 +9,7 @@ name                                           type     labels
 =============================================  =======  ===================================
 ``shoal_batch_items``                          gauge    ``kind``, ``state`` (unfinished tasks)
 ``shoal_batch_phantom_skips_total``            counter  (item jobs the phantom guard skipped)
+``shoal_batch_cancelled_skips_total``          counter  (item jobs skipped: their task was stopped)
 ``shoal_batch_zombies_reaped_total``           counter  (running items reaped by heartbeat)
 ``shoal_batch_completion_detection_seconds``   summary  ``kind``, ``quantile``
 ``shoal_queue_jobs``                           gauge    ``queue``, ``state``
@@ -37,7 +38,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from shoal.batch.aggregator import ZOMBIES_REAPED
-from shoal.batch.runner import PHANTOM_SKIPS
+from shoal.batch.runner import CANCELLED_SKIPS, PHANTOM_SKIPS
 from shoal.batch.service import Batches
 from shoal.batch.states import ItemStatus
 from shoal.db.usage import quantile
@@ -116,8 +117,15 @@ async def render(boss: Shoal, batches: Batches) -> str:
     out.family(
         "shoal_batch_phantom_skips_total",
         "counter",
-        "Item jobs that found their item no longer pending and did nothing (phantom-retry guard).",
+        "Item jobs that found their item already running or finished and did nothing "
+        "(phantom-retry guard).",
         [("", {}, counters.get(PHANTOM_SKIPS, 0))],
+    )
+    out.family(
+        "shoal_batch_cancelled_skips_total",
+        "counter",
+        "Item jobs that found their item cancelled (its task was stopped) and did nothing.",
+        [("", {}, counters.get(CANCELLED_SKIPS, 0))],
     )
     out.family(
         "shoal_batch_zombies_reaped_total",

@@ -1,4 +1,4 @@
-"""Liveness, readiness and queue stats: what operators and load balancers poll."""
+"""Liveness and readiness: what load balancers and orchestrators poll."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from shoal.api.contract import Health, QueueList
+from shoal.api.contract import Health
 from shoal.api.errors import ErrorBody, error_response
 from shoal.db.pool import AsyncConn
 from shoal.queue.client import Shoal
-from shoal.queue.states import JobState
 
 log = logging.getLogger("shoal.api")
 
@@ -60,39 +59,4 @@ def ready_router(boss: Shoal) -> APIRouter:
     return router
 
 
-def queues_router(boss: Shoal) -> APIRouter:
-    """``/v1/queues``: jobs per queue and state, the oldest wait, paused flags."""
-    router = APIRouter(tags=["queues"])
-
-    @router.get("/queues", response_model=QueueList, responses={401: {"model": ErrorBody}})
-    async def queues() -> dict[str, Any]:
-        rows = await boss.stats()
-        paused = set(await boss.paused_queues())
-        by_queue: dict[str, dict[str, Any]] = {}
-        for row in rows:
-            entry = by_queue.setdefault(
-                row.queue,
-                {
-                    "queue": row.queue,
-                    "counts": {state.value: 0 for state in JobState},
-                    "oldest_waiting_s": None,
-                    "paused": row.queue in paused,
-                },
-            )
-            entry["counts"][row.state.value] += row.count
-            if row.oldest_waiting is not None:
-                age = row.oldest_waiting.total_seconds()
-                entry["oldest_waiting_s"] = max(entry["oldest_waiting_s"] or 0.0, age)
-        for name in paused - by_queue.keys():
-            by_queue[name] = {
-                "queue": name,
-                "counts": {state.value: 0 for state in JobState},
-                "oldest_waiting_s": None,
-                "paused": True,
-            }
-        return {"queues": [by_queue[name] for name in sorted(by_queue)]}
-
-    return router
-
-
-__all__ = ["READY_TIMEOUT_S", "health_router", "queues_router", "ready_router"]
+__all__ = ["READY_TIMEOUT_S", "health_router", "ready_router"]

@@ -28,7 +28,8 @@ from shoal.api.contract import (
 )
 from shoal.api.errors import ErrorBody
 from shoal.api.storable import check_storable
-from shoal.batch.service import MAX_KEY_LENGTH, Batches
+from shoal.batch.inputs import MAX_KEY_LENGTH
+from shoal.batch.service import Batches
 from shoal.batch.states import TaskStatus
 from shoal.batch.store import ItemRow
 from shoal.errors import InvalidInput, NotFound

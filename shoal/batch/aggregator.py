@@ -36,7 +36,7 @@ log = logging.getLogger("shoal.aggregator")
 
 AGGREGATOR_QUEUE = "shoal.batch.aggregate"
 AGGREGATOR_SCHEDULE = "shoal.batch.aggregate"
-# Every second; the reference polled every 10 s. Workers also wake it the
+# Every second. Workers also wake it the
 # moment they finish a task's last items, so completion is noticed at once.
 AGGREGATOR_CRON = "* * * * * *"
 # One pass at a time across the cluster: a tick (or wake-up) that finds the
@@ -69,13 +69,15 @@ async def dispatch_items(
         groups.setdefault(key, []).append(item)
     sent = 0
     for group in groups.values():
+        options: dict[str, Any] = dict(group[0].job_options)
+        if delay:
+            options["start_after"] = delay
         ids = await boss.insert_many(
             group[0].queue,
             [{"item": d.id} for d in group],
             singleton_keys=[f"item-{d.id}:{d.attempt}" for d in group],
             conn=conn,
-            **group[0].job_options,
-            **({"start_after": delay} if delay else {}),
+            **options,
         )
         sent += sum(1 for job_id in ids if job_id is not None)
     return sent
@@ -175,4 +177,7 @@ class Aggregator:
         to_pending, to_error, resent = await self.reap_zombies()
         resent += await self.sweep_orphans()
         closed = await self.close_tasks()
-        return AggregatorReport(timed_out, to_pending, to_error, resent, tuple(closed))
+        report = AggregatorReport(timed_out, to_pending, to_error, resent, tuple(closed))
+        if self.boss.hooks:
+            self.boss.hooks.emit("aggregator_pass", report=report)
+        return report

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from shoal._deprecation import warn_renamed
 from shoal.batch.states import ItemId, TaskId
 from shoal.batch.store import GuardedItem
 from shoal.queue.job import Job
@@ -13,7 +14,9 @@ from shoal.queue.job import Job
 class Item:
     """One item, running under the phantom guard.
 
-    ``attempt`` is 1 on the first run. The worker keeps the item's sign of
+    ``attempt`` numbers this run: 1 on the first, at most ``retry_limit + 1``
+    (counted again from 1 when ``retry_failed`` reopens the item). ``fence``
+    is the fencing token of this claim, not a run number. The worker keeps the item's sign of
     life fresh on its own while the handler runs; a handler that may run past
     its kind's ``expire_in`` calls ``await item.heartbeat()`` to extend it.
     """
@@ -54,15 +57,33 @@ class Item:
 
     @property
     def attempt(self) -> int:
+        """Which run of the item this is: 1 on the first (the store's ``run``)."""
         return self._guarded.run
 
     @property
+    def retry_limit(self) -> int:
+        """How many runs may follow the first (the kind's ``retry_limit``)."""
+        return self._guarded.max_attempts - 1
+
+    @property
+    def is_last_attempt(self) -> bool:
+        """True when a transient failure of this run will not be retried."""
+        return self.attempt > self.retry_limit
+
+    @property
     def max_attempts(self) -> int:
+        """Deprecated: ``retry_limit + 1``."""
+        warn_renamed("Item.max_attempts", "Item.retry_limit + 1")
         return self._guarded.max_attempts
 
     @property
     def fence(self) -> int:
-        """The fencing token this run's final write is guarded by."""
+        """The fencing token of this claim: the item's claim counter (the store's ``attempt``).
+
+        It grows with every claim of the item, handed-back ones included, so
+        it may run ahead of :attr:`attempt`; the run's final write counts only
+        while the item row still holds it.
+        """
         return self._guarded.attempt
 
     async def heartbeat(self) -> bool:

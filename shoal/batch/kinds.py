@@ -7,14 +7,17 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from shoal._deprecation import warn_renamed
 from shoal.errors import InvalidInput, PermanentError
 from shoal.queue.options import check_queue_name
+from shoal.queue.threaded import as_async
 
 if TYPE_CHECKING:
     from shoal.batch.item import Item
-    from shoal.batch.service import TaskView
+    from shoal.batch.views import TaskView
 
-ItemHandler = Callable[["Item"], Awaitable[Any]]
+# An ``async def``, or a plain ``def`` run in a thread pool of its own.
+ItemHandler = Callable[["Item"], Any]
 TaskHook = Callable[["TaskView"], Awaitable[None]]
 Classifier = Callable[[BaseException], bool]
 
@@ -25,8 +28,8 @@ DEFAULT_RETRY_DELAY = timedelta(seconds=1)
 DEFAULT_EXPIRE_IN = timedelta(minutes=30)
 # How long a running item may go without a sign of life before the aggregator
 # reaps it. Workers send one every quarter of this while the handler runs, so
-# only a dead or frozen process misses it. The reference used 30 minutes with
-# no heartbeat; with one, a crash is noticed in a couple of minutes.
+# only a dead or frozen process misses it, and a crash is noticed in a couple
+# of minutes.
 DEFAULT_ZOMBIE_TIMEOUT = timedelta(minutes=2)
 
 
@@ -60,6 +63,9 @@ class BatchKind:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidInput(name, f"must be an integer >= 1, got {value!r}")
+        # A plain ``def`` item handler runs in threads of its own (shoal.queue.threaded).
+        handler = as_async(self.handler, threads=self.concurrency, name=self.queue)
+        object.__setattr__(self, "handler", handler)
         if not isinstance(self.retry_limit, int) or self.retry_limit < 0:
             raise InvalidInput("retry_limit", f"must be an integer >= 0, got {self.retry_limit!r}")
         for name in ("expire_in", "zombie_timeout"):
@@ -78,6 +84,8 @@ class BatchKind:
 
     @property
     def max_attempts(self) -> int:
+        """Deprecated: ``retry_limit + 1``, the most runs an item gets."""
+        warn_renamed("BatchKind.max_attempts", "BatchKind.retry_limit + 1")
         return self.retry_limit + 1
 
     @property

@@ -20,12 +20,14 @@ RETURNING id::text
 SELECT id::text, request_hash FROM {schema}.task WHERE idempotency_key = %(idempotency_key)s
 
 -- name: insert_items
--- The task's items and one job per item, in one statement; returns how many.
--- Items are numbered in input order. Each job carries only its item's id, with
--- the singleton key item-<id>:0 (see dispatch_items in aggregator.py). The job
--- columns are the queue's insert_jobs ones, for jobs that all share one set of
--- options: written here, the ids of 100,000 items never travel to the client
--- and back as 100,000 payloads. A NULL data entry (or none at all) is JSON null.
+-- The task's items and one job per item, in one statement; returns how many
+-- jobs were sent. Items are numbered in input order. The jobs are the queue's
+-- to write (insert_item_jobs_v1 in shoal/queue/migrations): each carries its
+-- item's id and its turn, and the singleton key item-<id>:0 (the key of an
+-- item's first run; see dispatch_items in aggregator.py). The options are
+-- the queue's insert_jobs ones, shared by every job of the task: written
+-- here, the ids of 100,000 items never travel to the client and back as
+-- 100,000 payloads. A NULL data entry (or none at all) is JSON null.
 WITH items AS (
     INSERT INTO {schema}.item (task_id, ref, data, updated_at)
     SELECT %(task_id)s::uuid, u.ref, coalesce(u.data::jsonb, 'null'),
@@ -33,54 +35,49 @@ WITH items AS (
     FROM unnest(%(refs)b::text[], %(data)b::text[]) WITH ORDINALITY AS u(ref, data, ord)
     ORDER BY u.ord
     RETURNING id
-), jobs AS (
-    INSERT INTO {schema}.job (
-        queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
-        expire_in, singleton_key, dead_letter, start_after, created_at)
-    SELECT %(queue)s, jsonb_build_object('item', items.id), %(priority)s, %(retry_limit)s,
-           %(retry_delay_s)s * interval '1 second', %(retry_backoff)s,
-           %(retry_delay_max_s)s * interval '1 second', %(expire_in_s)s * interval '1 second',
-           'item-' || items.id || ':0', %(dead_letter)s,
-           coalesce(%(start_at)s::timestamptz,
-                    coalesce(%(now)s::timestamptz, now())
-                    + coalesce(%(start_in_s)s::float8, 0) * interval '1 second'),
-           coalesce(%(now)s::timestamptz, now())
-    FROM items
-    RETURNING 1
 )
-SELECT count(*) FROM jobs
+SELECT {schema}.insert_item_jobs_v1(
+    ARRAY(SELECT id FROM items), ARRAY(SELECT 'item-' || id || ':0' FROM items),
+    %(queue)s::text, %(priority)s::int, %(retry_limit)s::int, %(retry_delay_s)s::float8,
+    %(retry_backoff)s::bool, %(retry_delay_max_s)s::float8, %(expire_in_s)s::float8,
+    %(dead_letter)s::text, %(start_at)s::timestamptz, %(start_in_s)s::float8,
+    %(now)s::timestamptz)
 
 -- name: guard_items
--- The phantom-retry guard for many items (see guard_items() in 0002_batch.sql):
--- each passed item's new fencing token and what its handler needs; an id
--- missing from the result was a phantom. Payloads come back as text, parsed
--- only when a handler reads them.
-SELECT id, attempt, run, ref, data::text, task_id::text, kind, params::text, max_attempts
-FROM {schema}.guard_items(%(ids)s::bigint[], %(now)s::timestamptz)
+-- The phantom-retry guard for many items (guard_items_v1 in
+-- migrations/0007_batch_functions_v1.sql): each passed item's new fencing
+-- token and what its handler needs, under the names of the guard columns of
+-- claim_items below; an id missing from the result was a phantom. Payloads
+-- come back as text, parsed only when a handler reads them.
+SELECT id AS item_id, attempt AS fence, run, ref, data::text AS item_data, task_id::text, kind,
+       params::text, max_attempts
+FROM {schema}.guard_items_v1(%(ids)s::bigint[], %(now)s::timestamptz)
 
 -- name: claim_items
 -- A worker's claim of item jobs with the guard of their items, in one round
--- trip (see claim_items() in 0002_batch.sql): one row per job taken, with the
--- columns of claim_jobs in shoal/queue/queries.sql, in its order, then the
--- columns of guard_items above for its item (all NULL for a phantom). The
--- function returns jobs and guarded items as rows of their own; they are
--- paired here, where the planner may hash them.
+-- trip (claim_items_v1 in migrations/0007_batch_functions_v1.sql): one row per
+-- job taken, with the queue's claim row under its own names, then the guard
+-- columns for its item (all NULL for a phantom). Read by name. The function
+-- returns jobs and guarded items as rows of their own; they are paired here,
+-- where the planner may hash them.
 WITH c AS MATERIALIZED (
-    SELECT * FROM {schema}.claim_items(%(queue)s, %(limit)s, %(now)s::timestamptz)
+    SELECT * FROM {schema}.claim_items_v1(%(queue)s, %(limit)s, %(now)s::timestamptz)
 )
-SELECT j.job_id, j.queue, j.job_data, j.priority, j.job_attempt, j.retry_limit, j.retry_delay_s,
-       j.retry_backoff, j.retry_delay_max_s, j.expire_in_s, j.singleton_key, j.dead_letter,
-       j.created_at, j.started_at, j.lease_expires_at,
-       g.item_id, g.fence, g.run, g.ref, g.data, g.task_id, g.kind, g.params, g.max_attempts
+SELECT j.job_id AS id, j.queue, j.job_data AS data, j.priority, j.job_attempt AS attempt,
+       j.retry_limit, j.retry_delay_s, j.retry_backoff, j.retry_delay_max_s, j.expire_in_s,
+       j.singleton_key, j.dead_letter, j.created_at, j.started_at, j.lease_expires_at,
+       g.item_id, g.fence, g.run, g.ref, g.data AS item_data, g.task_id, g.kind, g.params,
+       g.max_attempts
 FROM c j
 LEFT JOIN c g ON g.job_id IS NULL AND g.item_id = j.item_id
 WHERE j.job_id IS NOT NULL
 
 -- name: complete_items
--- Records finished runs and completes their jobs in one statement (see
--- complete_items() in 0002_batch.sql). Arrays come as text literals.
+-- Records finished runs and completes their jobs in one statement
+-- (complete_items_v1 in migrations/0007_batch_functions_v1.sql). Arrays come
+-- as text literals.
 SELECT what, id, task_id::text
-FROM {schema}.complete_items(
+FROM {schema}.complete_items_v1(
     %(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[], %(job_ids)s::bigint[],
     %(job_attempts)s::int[], %(now)s::timestamptz)
 
@@ -105,12 +102,16 @@ WHERE id = %(item_id)s AND status = 'running' AND attempt = %(attempt)s
 RETURNING id
 
 -- name: hand_back_items
--- running -> pending for items guarded but never started (a worker stopping),
--- fenced by attempt, each with an "Interrupted" entry appended; returns the
--- items handed back, as dispatches of a new job.
+-- running -> pending for runs our own shutdown stopped (guarded but never
+-- started, or cut off after the grace period), fenced by attempt. No attempt
+-- is spent: attempt (the fencing token) stays monotonic, and attempt_base
+-- moves up with it, so the runs counted (attempt - attempt_base) are as
+-- before the run. Not an error either: the item's error is left alone, and
+-- an "Interrupted" note is appended to its history. Returns the items handed
+-- back, as dispatches of a new job.
 UPDATE {schema}.item i
 SET status = 'pending',
-    error = %(message)s,
+    attempt_base = i.attempt_base + 1,
     errors = i.errors || jsonb_build_array(jsonb_build_object(
         'attempt', i.attempt - i.attempt_base, 'at', coalesce(%(now)s::timestamptz, now()),
         'type', 'Interrupted', 'message', %(message)s::text, 'traceback', NULL)),
@@ -120,6 +121,18 @@ FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt), {schema}.
 WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
   AND i.attempt = u.attempt AND t.id = i.task_id
 RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
+
+-- name: mark_handlers
+-- Marks running items whose handler runs now (on = true) and unmarks those
+-- whose handler ended before their result was recorded (on = false), fenced
+-- by attempt, in one statement; an item finished or reaped meanwhile is left
+-- alone. Returns the ids changed.
+UPDATE {schema}.item i
+SET in_handler = u.on_
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(on)s::boolean[]) AS u(id, attempt, on_)
+WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
+  AND i.attempt = u.attempt AND i.in_handler <> u.on_
+RETURNING i.id
 
 -- name: heartbeat_items
 -- Sign of life for running items, fenced by attempt; returns those still held.
@@ -169,26 +182,45 @@ WHERE i.id = stale.id AND t.id = i.task_id
 RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
 
 -- name: sweep_orphans
--- Pending items untouched for a zombie timeout may have lost their job (its
--- last attempt expired, say). Touch them and hand them back for a re-dispatch;
--- the job's singleton key makes that a no-op where a job is still waiting.
--- Tasks younger than a zombie timeout are skipped by their creation time, as in
--- reap_zombies: a big new task's pending items are not walked every second.
-WITH old AS (
-    SELECT i.id
+-- Pending items that truly have no job: no job of their queue with their
+-- singleton key (item-<id>:<attempt>, the key every dispatch of the item's
+-- current run uses) is waiting or active. Such an item is stranded (its job
+-- was cancelled or deleted through the queue's API, say); it is touched and
+-- handed back for a re-dispatch. A pending item whose job waits is not an
+-- orphan, however long it has waited: it is neither locked nor touched, so
+-- the sweep never queues behind a claim taking that job (see the lock order
+-- in migrations/0005_batch_fairness.sql). Each pass examines at most %(limit)s pending
+-- items older than a zombie timeout, in index order (a task's oldest items
+-- first), with one lookup in job_singleton each: a queue of 100,000 waiting
+-- items costs a pass no more than a small one, and an orphan deep in a queue
+-- is found once the items ahead of it have run (its task cannot close
+-- before). Tasks younger than a zombie timeout are skipped by their creation
+-- time, as in reap_zombies. The candidates carry their job's queue and key,
+-- and the probe is the queue's singleton_held_v1, a function the planner
+-- cannot inline, so job_singleton is searched by both for each candidate
+-- whatever the statistics say (as a NOT EXISTS, the planner compared every
+-- job of the queue with each item: a pass over a 50,000-item queue took
+-- 10-14 s).
+WITH candidates AS MATERIALIZED (
+    SELECT i.id, t.item_queue AS queue, 'item-' || i.id || ':' || i.attempt AS singleton_key
     FROM {schema}.task t
     JOIN {schema}.item i ON i.task_id = t.id AND i.status = 'pending'
     WHERE t.status = 'processing'
       AND t.created_at < coalesce(%(now)s::timestamptz, now()) - t.zombie_timeout
       AND i.updated_at < coalesce(%(now)s::timestamptz, now()) - t.zombie_timeout
-    ORDER BY i.updated_at
     LIMIT %(limit)s
+), orphans AS (
+    SELECT i.id
+    FROM candidates c
+    JOIN {schema}.item i ON i.id = c.id
+    WHERE i.status = 'pending'
+      AND NOT {schema}.singleton_held_v1(c.queue, c.singleton_key)
     FOR UPDATE OF i SKIP LOCKED
 )
 UPDATE {schema}.item i
 SET updated_at = coalesce(%(now)s::timestamptz, now())
-FROM old, {schema}.task t
-WHERE i.id = old.id AND t.id = i.task_id AND i.status = 'pending'
+FROM orphans, {schema}.task t
+WHERE i.id = orphans.id AND t.id = i.task_id AND i.status = 'pending'
 RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
 
 -- name: expire_deadlines
@@ -290,10 +322,21 @@ LIMIT %(limit)s
 -- items are not counted: they are the rest of the task's total (items are
 -- never deleted), and in a big task they are most of it, so a poll near the
 -- end reads little of the index, and no item rows.
-SELECT status::text, count(*)
-FROM {schema}.item
-WHERE task_id = %(task_id)s::uuid AND status IN ('pending', 'running', 'error', 'cancelled')
-GROUP BY status
+-- Running items no handler runs yet (claimed, in a worker's buffer) come as
+-- 'waiting', a second count over the task's few running items: they are
+-- shown as pending, so "running" means a handler is running it.
+-- (None when there are none: the row is left out.)
+WITH task AS (SELECT %(task_id)s::uuid AS id)
+SELECT i.status::text, count(*)
+FROM {schema}.item i
+WHERE i.task_id = (SELECT id FROM task)
+  AND i.status IN ('pending', 'running', 'error', 'cancelled')
+GROUP BY i.status
+UNION ALL
+SELECT 'waiting', count(*)
+FROM {schema}.item w
+WHERE w.task_id = (SELECT id FROM task) AND w.status = 'running' AND NOT w.in_handler
+HAVING count(*) > 0
 
 -- name: progress_many
 -- As progress, for many tasks.
@@ -302,6 +345,11 @@ FROM {schema}.item
 WHERE task_id = ANY(%(task_ids)s::uuid[])
   AND status IN ('pending', 'running', 'error', 'cancelled')
 GROUP BY task_id, status
+UNION ALL
+SELECT task_id::text, 'waiting', count(*)
+FROM {schema}.item
+WHERE task_id = ANY(%(task_ids)s::uuid[]) AND status = 'running' AND NOT in_handler
+GROUP BY task_id
 
 -- name: list_items
 -- A page of a task's items, optionally in one status, by id after a cursor.
@@ -322,11 +370,15 @@ ON CONFLICT (name) DO UPDATE SET value = {schema}.counter.value + excluded.value
 SELECT name, value FROM {schema}.counter ORDER BY name
 
 -- name: items_by_status
--- Items of unfinished and recent tasks by status, for /metrics.
-SELECT t.kind, i.status::text, count(*)
+-- Items of unfinished and recent tasks by status, for /metrics; running
+-- items no handler runs yet count as pending, as in progress.
+SELECT t.kind,
+       CASE WHEN i.status = 'running' AND NOT i.in_handler THEN 'pending'
+            ELSE i.status::text END AS status,
+       count(*)
 FROM {schema}.item i JOIN {schema}.task t ON t.id = i.task_id
 WHERE t.status = 'processing'
-GROUP BY t.kind, i.status
+GROUP BY 1, 2
 
 -- name: completion_latencies
 -- Seconds from the last item finishing to the task being closed, recent tasks.
@@ -343,3 +395,13 @@ SELECT t.id::text
 FROM unnest(%(task_ids)s::uuid[]) AS t(id)
 WHERE NOT EXISTS (
     SELECT 1 FROM {schema}.item i WHERE i.task_id = t.id AND i.status IN ('pending', 'running'))
+
+-- name: count_skip
+-- A delivery the guard turned away, counted by why: the item of a stopped
+-- task (cancelled) is no phantom; anything else (running, finished, gone)
+-- is. Returns the counter it added to.
+INSERT INTO {schema}.counter (name, value)
+SELECT CASE WHEN i.status = 'cancelled' THEN %(cancelled)s ELSE %(phantom)s END, 1
+FROM (SELECT (SELECT status FROM {schema}.item WHERE id = %(item)s) AS status) i
+ON CONFLICT (name) DO UPDATE SET value = {schema}.counter.value + excluded.value
+RETURNING name

@@ -2,7 +2,9 @@
 
 The guard is a conditional ``pending -> running`` update: a job delivered for
 an item that is already running, finished or cancelled (a duplicate or late
-delivery) does nothing and costs no handler call (counted as a phantom skip).
+delivery) does nothing and costs no handler call. It is counted as a phantom
+skip, unless its item was cancelled (its task was stopped before the item
+ran): that delivery was expected, and counts as a cancelled skip.
 It runs for a whole claimed batch in the statement that claims its jobs
 (``claim``). The worker writes only its own item row, never the task row. Each
 outcome is written fenced by the attempt the guard handed out:
@@ -14,13 +16,22 @@ outcome is written fenced by the attempt the guard handed out:
   the message (the job then completes: the item's outcome is recorded);
 - a transient error with attempts left: back to ``pending``, and the error is
   re-raised so the queue retries the job with backoff;
-- cancelled (shutdown, or the job's execution timeout): back to ``pending``;
-  the job is handed back or retried, and the aggregator's sweep re-dispatches
-  any item whose job is gone.
+- stopped by this worker's shutdown: handed back to ``pending`` with a new
+  job, without spending an attempt (an ``Interrupted`` note is appended to its
+  history, not an error);
+- cut off by the job's execution timeout (``expire_in``): back to ``pending``
+  with a new job, and the attempt counts, as a failure.
 
 While the handler runs, a heartbeat loop refreshes the item's ``updated_at``
 every quarter of the zombie timeout, so only a dead or frozen process lets an
 item go stale.
+
+A claimed item is ``running`` (fenced, heartbeated) from its claim on, but
+progress counts it as running only while a handler runs it: a mark loop sets
+the item's ``in_handler`` once its handler has run for ``MARK_AFTER`` (one
+statement for all such items), and clears it when the handler ends before the
+result is recorded. So what users see running is bounded by the kind's
+concurrency in each worker, whatever the worker holds in its buffer.
 """
 
 from __future__ import annotations
@@ -39,18 +50,26 @@ from shoal.clock import Clock
 from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
+from shoal.hooks import Hooks
 from shoal.queue.job import Completed, Job, Outcome, error_entry
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
+from shoal.queue.worker import is_shutdown
 
 log = logging.getLogger("shoal.batch")
 
 PHANTOM_SKIPS = "phantom_skips"
+CANCELLED_SKIPS = "cancelled_skips"
 # Attempts to record an outcome before giving up on it (the sweep recovers).
 FINAL_WRITE_TRIES = 5
 NO_DELAY = timedelta(0)
 HANDED_BACK = "handed back at shutdown before it ran"
+INTERRUPTED = "stopped by the worker's shutdown; handed back without spending an attempt"
+# A handler is marked as running once it has run this long. Shorter runs are
+# never marked (the many marks of fast items would cost a write each); the
+# running count users see lags a handler's start by about this much.
+MARK_AFTER = timedelta(milliseconds=50)
 
 
 class ItemDone(NamedTuple):
@@ -84,6 +103,7 @@ class ItemRunner:
         send: Send,
         jitter: Jitter = SYSTEM_JITTER,
         wake: Wake | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.store = store
         self.kind = kind
@@ -94,10 +114,18 @@ class ItemRunner:
         # Items running in this process, by id, with their fence. Written by
         # runs as they start and end, read by the heartbeat loop.
         self._held: dict[ItemId, int] = {}
+        # Items whose handler runs now, with their fence and the clock's
+        # monotonic start. Written by runs, read by the mark loop.
+        self._in_handler: dict[ItemId, tuple[int, float]] = {}
+        # Items marked in_handler in the database, with their fence. Written
+        # and read by the mark loop only.
+        self._marked: dict[ItemId, int] = {}
         # Guard results of claimed jobs not yet run, by job id (None: phantom).
         # Written by claim(), taken by the job's run.
         self._prepared: dict[JobId, GuardedItem | None] = {}
         self.phantom_skips = 0
+        # Observers of item outcomes (item_finished; shoal.metrics counts them).
+        self.hooks = hooks if hooks is not None else Hooks()
         # The guard and the completion of concurrent items share round trips.
         self._guard: Coalescer[ItemId, GuardedItem | None] = Coalescer(
             self._guard_many, name=f"shoal-guard:{kind.name}"
@@ -167,6 +195,8 @@ class ItemRunner:
         )
         for d in done:
             self._held.pop(d.item_id, None)
+            if self.hooks:
+                self._report(d.item_id, "completed" if d.item_id in recorded.items else "lost")
             if d.item_id not in recorded.items:
                 log.warning(
                     "item %s: a run lost its fence (reaped or cancelled meanwhile); "
@@ -190,38 +220,63 @@ class ItemRunner:
         if guarded is _UNCLAIMED:  # a job this runner did not claim (no claim=self.claim)
             guarded = await self._guard.submit(ItemId(int(job.data["item"])))
         if guarded is None:
+            item_id = ItemId(int(job.data["item"]))
+            counted = await self.store.count_skip(
+                item_id, phantom=PHANTOM_SKIPS, cancelled=CANCELLED_SKIPS
+            )
+            if counted == CANCELLED_SKIPS:
+                log.debug("item %s: cancelled, its delivery skipped (job %s)", item_id, job.id)
+                if self.hooks:
+                    self._report(item_id, "skipped_cancelled")
+                return {"skipped": "cancelled"}
             self.phantom_skips += 1
-            await self.store.count_event(PHANTOM_SKIPS)
-            log.info("item %s: phantom delivery skipped (job %s)", job.data["item"], job.id)
+            log.info("item %s: phantom delivery skipped (job %s)", item_id, job.id)
+            if self.hooks:
+                self._report(item_id, "phantom")
             return {"skipped": "phantom"}
         item = Item(guarded, job, self._heartbeat)
         if guarded.run > guarded.max_attempts:
             error = RuntimeError(f"no attempts left ({guarded.max_attempts} allowed)")
             await self._final(item, ItemStatus.ERROR, error)
+            if self.hooks:
+                self._report(item.id, "error")
             return {"item": "error"}
         # A job claim() took is complete already (a one-shot delivery): a run
         # that ends without a result sends its item a new job. Any other job
         # is retried, or handed back, by the queue.
         taken = job.claim.lease_expires_at is None
         self._held[guarded.id] = guarded.attempt
+        self._in_handler[guarded.id] = (guarded.attempt, self.clock.monotonic())
         try:
             result = await self.kind.handler(item)
-        except asyncio.CancelledError:
-            # Shutdown or execution timeout: give the item back for another run.
+        except asyncio.CancelledError as cancel:
             self._held.pop(guarded.id, None)
-            await self._final(
-                item,
-                ItemStatus.PENDING,
-                TimeoutError("run interrupted"),
-                resend=NO_DELAY if taken else None,
-            )
+            if is_shutdown(cancel):
+                # Our own shutdown stopped it: no attempt spent, no error.
+                await self._hand_back(item, resend=taken)
+                outcome = "released"
+            else:
+                # The execution timeout (expire_in) cut it off: a failed run.
+                await self._final(
+                    item,
+                    ItemStatus.PENDING,
+                    TimeoutError(f"run cut off by expire_in={self.kind.expire_in}"),
+                    resend=NO_DELAY if taken else None,
+                )
+                outcome = "retried"
+            if self.hooks:
+                self._report(item.id, outcome)
             raise
         except Exception as exc:
             self._held.pop(guarded.id, None)
             last = guarded.run >= guarded.max_attempts
             if self.kind.is_permanent(exc) or last:
                 await self._final(item, ItemStatus.ERROR, exc)
+                if self.hooks:
+                    self._report(item.id, "error")
                 return {"item": "error"}
+            if self.hooks:
+                self._report(item.id, "retried")
             if taken:
                 # The backoff the queue would apply, counted in runs of the item.
                 delay = retry_delay(guarded.run, job.claim.policy, self.jitter)
@@ -229,8 +284,43 @@ class ItemRunner:
                 return {"item": "retry", "in_s": delay.total_seconds()}
             await self._final(item, ItemStatus.PENDING, exc)
             raise
+        finally:
+            del self._in_handler[guarded.id]
         # Still held (heartbeats continue) until finalize records the result.
         return ItemDone(guarded.id, guarded.attempt, guarded.task_id, result)
+
+    def _report(self, item_id: ItemId, outcome: str) -> None:
+        self.hooks.emit(
+            "item_finished", self.kind.queue, kind=self.kind.name, item_id=item_id, outcome=outcome
+        )
+
+    async def _hand_back(self, item: Item, *, resend: bool) -> None:
+        """running -> pending for a run our shutdown stopped, costing no attempt.
+
+        With ``resend``, the item gets a new job due at once, in the same
+        transaction. Shielded from cancellation and retried when transient.
+        """
+
+        async def hand_back(conn: AsyncConn) -> None:
+            back = await self.store.hand_back_items(
+                conn, [(item.id, item.fence)], message=INTERRUPTED, now=self.clock.sql_now()
+            )
+            if back and resend:
+                await self.send(conn, back, NO_DELAY)
+            if not back:
+                log.warning(
+                    "item %s: run %d lost its fence before its hand-back", item.id, item.fence
+                )
+
+        for attempt in range(FINAL_WRITE_TRIES):
+            try:
+                await asyncio.shield(self.store.db.run(hand_back))
+                return
+            except TransientError as exc:
+                if attempt == FINAL_WRITE_TRIES - 1:
+                    raise
+                log.warning("item %s: handing back failed (%s); retrying", item.id, exc)
+                await self.clock.sleep(0.2 * 2**attempt)
 
     async def _final(
         self,
@@ -290,6 +380,52 @@ class ItemRunner:
         held = await self.store.heartbeat_items([(item.id, item.fence)], now=self.clock.sql_now())
         await item.job.heartbeat()
         return item.id in held
+
+    async def mark_handlers(self) -> int:
+        """Mark items whose handler has run for ``MARK_AFTER``; unmark ended ones.
+
+        One fenced statement. An item unmarked here had its handler end before
+        its result was recorded; one whose result is recorded (or whose run
+        failed) is no longer running, and needs no write. Because each
+        statement marks only handlers running when it is built, and unmarks
+        every earlier mark whose handler ended, no more items are marked than
+        the kind's concurrency. Returns how many marks were written.
+        """
+        now = self.clock.monotonic()
+        after = MARK_AFTER.total_seconds()
+        marks = [
+            (item_id, fence, True)
+            for item_id, (fence, at) in self._in_handler.items()
+            if item_id not in self._marked and now - at >= after
+        ]
+        for item_id, fence in list(self._marked.items()):
+            running = self._in_handler.get(item_id)
+            if running is not None and running[0] == fence:
+                continue
+            if self._held.get(item_id) == fence:  # ended, result not yet recorded
+                marks.append((item_id, fence, False))
+            else:  # recorded or failed: no longer running
+                del self._marked[item_id]
+        if not marks:
+            return 0
+        await self.store.mark_handlers(marks)
+        for item_id, fence, on in marks:
+            if on:
+                self._marked[item_id] = fence
+            else:
+                self._marked.pop(item_id, None)
+        return len(marks)
+
+    async def mark_loop(self) -> None:
+        """Keep the in-handler marks of this process's items current."""
+        while True:
+            await self.clock.sleep(MARK_AFTER.total_seconds())
+            try:
+                await self.mark_handlers()
+            except TransientError as exc:
+                log.warning("marking running items failed: %s", exc)
+            except Exception:  # loop boundary: marks must keep going
+                log.exception("marking running items failed")
 
     async def heartbeat_loop(self) -> None:
         """Refresh the sign of life of every item running in this process."""

@@ -3,36 +3,53 @@
 >>> batches = Batches(boss, {"extract": kind})                    # doctest: +SKIP
 >>> created = await batches.create("extract", ["doc-1", "doc-2"])  # doctest: +SKIP
 >>> (await batches.get(created.task_id)).progress.percent          # doctest: +SKIP
+
+The front door only: a request's inputs are checked in
+:mod:`shoal.batch.inputs`, answers are the read models of
+:mod:`shoal.batch.views`, a kind's running worker is
+:class:`~shoal.batch.kind_worker.KindWorker`. Those names are importable
+from here too.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import hashlib
-import json
-import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from shoal.batch.aggregator import Aggregator, dispatch_items
+from shoal.batch.inputs import (
+    MAX_KEY_LENGTH,
+    MAX_REF_LENGTH,
+    ParsedItems,
+    canonical_uuid,
+    check_idempotency_key,
+    parse_items,
+    positive_seconds,
+    request_hash,
+)
+from shoal.batch.kind_worker import KindWorker
 from shoal.batch.kinds import BatchKind
 from shoal.batch.runner import PHANTOM_SKIPS, ItemRunner
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
 from shoal.batch.store import BatchStore, ItemRow, NewTask, TaskRow
+from shoal.batch.views import Created, ItemsPage, Progress, TaskView, task_view
 from shoal.db.pool import AsyncConn
-from shoal.errors import Conflict, InvalidInput, NotFound, TransientError
+from shoal.errors import (
+    Conflict,
+    IdempotencyMismatch,
+    InvalidInput,
+    NotFound,
+    StillCreating,
+    TransientError,
+)
 from shoal.queue.client import Shoal
 from shoal.queue.options import encode_payload
 from shoal.queue.store import JobSettings
-from shoal.queue.worker import DEFAULT_POLL_INTERVAL, DEFAULT_SHUTDOWN_GRACE, Worker
+from shoal.queue.worker import DEFAULT_POLL_INTERVAL
 
 DEFAULT_MAX_ITEMS = 100_000
-MAX_REF_LENGTH = 512
-MAX_KEY_LENGTH = 255
 # How long a create waits for a concurrent identical create holding the same
 # idempotency key before answering "still being created" (HTTP 409).
 IDEMPOTENCY_WAIT = timedelta(seconds=5)
@@ -42,190 +59,6 @@ IDEMPOTENCY_WAIT = timedelta(seconds=5)
 # items took 4-5% off its run here. Claimed items wait in the worker's buffer
 # as running, and are handed back at shutdown.
 ITEM_CLAIM_BATCH = 1000
-
-
-class IdempotencyMismatch(Conflict):
-    """The idempotency key was used before for a different request (HTTP 422)."""
-
-
-class StillCreating(Conflict):
-    """A request with this idempotency key is still being created (HTTP 409)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Progress:
-    total: int
-    pending: int
-    running: int
-    completed: int
-    error: int
-    cancelled: int
-
-    @property
-    def finished(self) -> int:
-        return self.completed + self.error + self.cancelled
-
-    @property
-    def percent(self) -> float:
-        return round(100.0 * self.finished / self.total, 1) if self.total else 100.0
-
-    def as_dict(self) -> dict[str, float | int]:
-        return {
-            "total": self.total,
-            "pending": self.pending,
-            "running": self.running,
-            "completed": self.completed,
-            "error": self.error,
-            "cancelled": self.cancelled,
-            "percent": self.percent,
-        }
-
-    @classmethod
-    def of(cls, total: int, counts: Mapping[ItemStatus, int]) -> Progress:
-        """From counts by status; without a count of completed items, they are the rest."""
-        pending = counts.get(ItemStatus.PENDING, 0)
-        running = counts.get(ItemStatus.RUNNING, 0)
-        error = counts.get(ItemStatus.ERROR, 0)
-        cancelled = counts.get(ItemStatus.CANCELLED, 0)
-        completed = counts.get(ItemStatus.COMPLETED, total - pending - running - error - cancelled)
-        return cls(total, pending, running, completed, error, cancelled)
-
-
-@dataclass(frozen=True, slots=True)
-class TaskView:
-    """A task with its live progress (one GROUP BY status; completed items are the rest)."""
-
-    task_id: TaskId
-    kind: str
-    status: TaskStatus
-    outcome: TaskOutcome | None
-    progress: Progress
-    params: Any
-    created_at: datetime
-    completed_at: datetime | None
-    deadline_at: datetime | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "kind": self.kind,
-            "status": self.status.value,
-            "outcome": None if self.outcome is None else self.outcome.value,
-            "progress": self.progress.as_dict(),
-            "params": self.params,
-            "created_at": self.created_at.isoformat(),
-            "completed_at": None if self.completed_at is None else self.completed_at.isoformat(),
-            "deadline_at": None if self.deadline_at is None else self.deadline_at.isoformat(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Created:
-    task_id: TaskId
-    created: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ItemsPage:
-    items: tuple[ItemRow, ...]
-    next_cursor: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedItems:
-    """A task's items, validated: refs in input order and each item's data as JSON text.
-
-    ``data`` holds None for an item without data (JSON null), and is empty
-    when no item has any: the common ``["doc-1", "doc-2", ...]`` costs no
-    per-item encoding.
-    """
-
-    refs: list[str]
-    data: list[str | None]
-
-    def __len__(self) -> int:
-        return len(self.refs)
-
-
-def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> ParsedItems:
-    """``[ref | {"ref", "data"}]`` validated; InvalidInput names the bad entry.
-
-    The one check that a task's refs are unique: the item table has no unique
-    index on them (see 0002_batch.sql), and create is its only writer.
-    """
-    if not isinstance(items, Sequence) or isinstance(items, str | bytes):
-        raise InvalidInput("items", "must be a list of refs or {ref, data} objects")
-    if not items:
-        raise InvalidInput("items", "is empty: a task needs at least one item")
-    if len(items) > max_items:
-        raise InvalidInput("items", f"has {len(items)} entries, over the cap of {max_items}")
-    refs: list[str] = []
-    data: list[str | None] = []
-    seen: set[str] = set()
-    any_data = False
-    for i, entry in enumerate(items):
-        text: str | None = None
-        if isinstance(entry, str):
-            ref: object = entry
-        elif isinstance(entry, Mapping):
-            unknown = set(entry) - {"ref", "data"}
-            if unknown:
-                raise InvalidInput(f"items[{i}]", f"unknown field(s) {sorted(unknown)}")
-            ref, value = entry.get("ref"), entry.get("data")
-            if value is not None:
-                text = encode_payload(value, max_bytes=max_payload_bytes, field=f"items[{i}].data")
-                any_data = True
-        else:
-            ref = entry
-        if not isinstance(ref, str) or not ref or len(ref) > MAX_REF_LENGTH or "\x00" in ref:
-            raise InvalidInput(
-                f"items[{i}].ref",
-                f"must be a non-empty string of at most {MAX_REF_LENGTH} characters "
-                f"without NUL, got {ref!r:.80}",
-            )
-        if ref in seen:
-            raise InvalidInput(f"items[{i}].ref", f"duplicate ref {ref!r}")
-        seen.add(ref)
-        refs.append(ref)
-        data.append(text)
-    return ParsedItems(refs, data if any_data else [])
-
-
-def request_hash(kind: str, items: ParsedItems, params: str, deadline_s: float | None) -> str:
-    """A digest of everything a create request asks for (its idempotency fingerprint)."""
-    digest = hashlib.sha256()
-    digest.update(json.dumps([kind, params, deadline_s]).encode())
-    # One join and one encode for the whole list: per-item updates were a
-    # measurable share of creating 100,000 items. Item data is JSON text, "null"
-    # for none.
-    data = items.data or [None] * len(items.refs)
-    text = "".join(
-        [
-            f"\x00{ref}\x01{'null' if d is None else d}"
-            for ref, d in zip(items.refs, data, strict=True)
-        ]
-    )
-    digest.update(text.encode())
-    return digest.hexdigest()
-
-
-class KindWorker:
-    """The running worker of one batch kind: its queue worker and heartbeat loop."""
-
-    def __init__(self, worker: Worker, runner: ItemRunner) -> None:
-        self.worker = worker
-        self.runner = runner
-        self._heartbeats = asyncio.create_task(
-            runner.heartbeat_loop(), name=f"shoal-heartbeat:{runner.kind.name}"
-        )
-
-    async def stop(self, grace: timedelta = DEFAULT_SHUTDOWN_GRACE) -> None:
-        """Stop claiming, let running items finish within ``grace``, hand back the rest."""
-        await self.worker.stop(grace)
-        self._heartbeats.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._heartbeats
-        await self.runner.release_unstarted()
 
 
 class Batches:
@@ -252,6 +85,7 @@ class Batches:
                 send=functools.partial(dispatch_items, boss),
                 jitter=boss.jitter,
                 wake=self.aggregator.wake,
+                hooks=boss.hooks,
             )
             for name, kind in kinds.items()
         }
@@ -297,17 +131,8 @@ class Batches:
         Nothing is written when anything is invalid.
         """
         spec = self.kind(kind)
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str)
-            or not idempotency_key
-            or len(idempotency_key) > MAX_KEY_LENGTH
-            or "\x00" in idempotency_key
-        ):
-            raise InvalidInput(
-                "idempotency_key",
-                f"must be a non-empty string of at most {MAX_KEY_LENGTH} characters",
-            )
-        deadline_s = _seconds("deadline_s", deadline)
+        check_idempotency_key(idempotency_key)
+        deadline_s = positive_seconds("deadline_s", deadline)
         parsed = parse_items(
             items, max_items=self.max_items, max_payload_bytes=self.boss.max_payload_bytes
         )
@@ -319,7 +144,7 @@ class Batches:
             request_hash=digest,
             params=params_text,
             total=len(parsed),
-            max_attempts=spec.max_attempts,
+            max_attempts=spec.retry_limit + 1,
             zombie_timeout_s=spec.zombie_timeout.total_seconds(),
             deadline_s=deadline_s,
             item_queue=spec.queue,
@@ -367,12 +192,12 @@ class Batches:
     async def get(self, task_id: str) -> TaskView:
         row = await self._row(task_id)
         counts = await self.store.progress(row.id)
-        return _view(row, counts)
+        return task_view(row, counts)
 
     async def tasks(self, *, status: TaskStatus | None = None, limit: int = 50) -> list[TaskView]:
         rows = await self.store.list_tasks(status=status, before=None, limit=limit)
         counts = await self.store.progress_many([r.id for r in rows]) if rows else {}
-        return [_view(r, counts.get(r.id, {})) for r in rows]
+        return [task_view(r, counts.get(r.id, {})) for r in rows]
 
     async def items(
         self,
@@ -449,7 +274,7 @@ class Batches:
         return (await self.store.counters()).get(PHANTOM_SKIPS, 0)
 
     async def _row(self, task_id: str) -> TaskRow:
-        canonical = _canonical_uuid(task_id)
+        canonical = canonical_uuid(task_id)
         if canonical is None:
             raise NotFound(f"task {task_id!r} does not exist")
         row = await self.store.get_task(TaskId(canonical))
@@ -458,47 +283,22 @@ class Batches:
         return row
 
 
-def _view(row: TaskRow, counts: Mapping[ItemStatus, int]) -> TaskView:
-    return TaskView(
-        task_id=row.id,
-        kind=row.kind,
-        status=row.status,
-        outcome=row.outcome,
-        progress=Progress.of(row.total, counts),
-        params=row.params,
-        created_at=row.created_at,
-        completed_at=row.completed_at,
-        deadline_at=row.deadline_at,
-    )
-
-
-def _seconds(field: str, value: timedelta | float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise InvalidInput(field, f"must be a number of seconds, got {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not seconds > 0 or seconds != seconds or seconds > 10 * 365 * 86400:
-        raise InvalidInput(field, f"must be a positive number of seconds, got {value!r}")
-    return seconds
-
-
-def _canonical_uuid(value: object) -> str | None:
-    """The canonical spelling of a UUID (PostgreSQL refuses some Python accepts), or None."""
-    try:
-        return str(uuid.UUID(str(value)))
-    except ValueError:
-        return None
-
-
 __all__ = [
+    "DEFAULT_MAX_ITEMS",
+    "IDEMPOTENCY_WAIT",
+    "ITEM_CLAIM_BATCH",
+    "MAX_KEY_LENGTH",
+    "MAX_REF_LENGTH",
     "Batches",
     "Created",
     "IdempotencyMismatch",
     "ItemId",
     "ItemsPage",
     "KindWorker",
+    "ParsedItems",
     "Progress",
     "StillCreating",
     "TaskView",
+    "parse_items",
+    "request_hash",
 ]

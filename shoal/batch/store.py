@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
 from shoal.db.pool import AsyncConn, Database, translated
-from shoal.db.queries import load_queries
+from shoal.db.queries import fetch_named, int_array, load_queries, positions
 from shoal.queue.states import JobId
-from shoal.queue.store import ClaimedJob, JobSettings, claimed_job, int_array
+from shoal.queue.store import ClaimedJob, JobSettings, claim_reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +59,26 @@ class GuardedItem(NamedTuple):
         return json.loads(self.params_json)
 
 
-def _guarded(row: Sequence[Any], at: int = 0) -> GuardedItem:
-    """A guard_items row (or the guard columns of a claim_items row, from ``at``)."""
-    return GuardedItem._make(row[at : at + 9])
+# The guard columns, by name, in GuardedItem's order: the rows of guard_items
+# and the item half of each claim_items row (queries.sql).
+GUARD_COLUMNS = (
+    "item_id",
+    "fence",
+    "run",
+    "ref",
+    "item_data",
+    "task_id",
+    "kind",
+    "params",
+    "max_attempts",
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _guard_reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], GuardedItem]:
+    """Reads a GuardedItem from a row of a statement with these column names."""
+    pick = operator.itemgetter(*positions(columns, GUARD_COLUMNS, what="a guard"))
+    return lambda row: GuardedItem._make(pick(row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +159,21 @@ def _task(row: Sequence[Any]) -> TaskRow:
     )
 
 
+def _counts(rows: Iterable[tuple[str, int]]) -> dict[ItemStatus, int]:
+    """Counts by status from progress rows; 'waiting' (running, no handler yet) is pending."""
+    counts: dict[ItemStatus, int] = {}
+    waiting = 0
+    for status, count in rows:
+        if status == "waiting":
+            waiting = count
+        else:
+            counts[ItemStatus(status)] = count
+    if waiting:
+        counts[ItemStatus.RUNNING] = counts.get(ItemStatus.RUNNING, 0) - waiting
+        counts[ItemStatus.PENDING] = counts.get(ItemStatus.PENDING, 0) + waiting
+    return counts
+
+
 def _dispatch(row: Sequence[Any]) -> Dispatch:
     return Dispatch(ItemId(row[0]), row[1], ItemStatus(row[2]), row[3], row[4])
 
@@ -216,8 +250,12 @@ class BatchStore:
         self, ids: Sequence[ItemId], *, now: datetime | None
     ) -> dict[ItemId, GuardedItem]:
         """pending -> running for each id; the ones that passed (absent = phantom)."""
-        rows = await self._rows("guard_items", {"ids": list(ids), "now": now})
-        return {ItemId(r[0]): _guarded(r) for r in rows}
+        query, params = self.sql["guard_items"], {"ids": list(ids), "now": now}
+        columns, rows = await self.db.run(
+            lambda c: fetch_named(c, query, params), transaction=False
+        )
+        read = _guard_reader(columns)
+        return {item.id: item for item in map(read, rows)}
 
     async def claim_items(
         self, queue: str, limit: int, *, now: datetime | None
@@ -228,8 +266,15 @@ class BatchStore:
         None for a phantom (already running, finished or cancelled).
         Committed without waiting for its WAL flush, like a plain claim.
         """
-        rows = await self._rows("claim_items", {"queue": queue, "limit": limit, "now": now})
-        return [(claimed_job(r), None if r[15] is None else _guarded(r, 15)) for r in rows]
+        query = self.sql["claim_items"]
+        params = {"queue": queue, "limit": limit, "now": now}
+        columns, rows = await self.db.run(
+            lambda c: fetch_named(c, query, params), transaction=False
+        )
+        job, item = claim_reader(columns), _guard_reader(columns)
+        # A phantom's guard columns are all NULL.
+        passed = columns.index("item_id")
+        return [(job(r), None if r[passed] is None else item(r)) for r in rows]
 
     async def record_items(
         self,
@@ -357,6 +402,14 @@ class BatchStore:
     async def count_event(self, name: str, n: int = 1, conn: AsyncConn | None = None) -> None:
         await self._rows("count_event", {"name": name, "n": n}, conn)
 
+    async def count_skip(self, item_id: ItemId, *, phantom: str, cancelled: str) -> str:
+        """Count a delivery the guard turned away under ``cancelled`` when its item
+        is cancelled, else under ``phantom``; returns the name counted."""
+        rows = await self._rows(
+            "count_skip", {"item": item_id, "phantom": phantom, "cancelled": cancelled}
+        )
+        return str(rows[0][0])
+
     # -- the aggregator (inside its transactions) ----------------------------
 
     async def expire_deadlines(self, conn: AsyncConn, *, now: datetime | None) -> list[TaskId]:
@@ -440,18 +493,37 @@ class BatchStore:
         return [_task(r) for r in rows]
 
     async def progress(self, task_id: TaskId) -> dict[ItemStatus, int]:
-        """The task's items by status, but for completed ones: they are the rest of its total."""
+        """The task's items by status, but for completed ones: they are the rest of its total.
+
+        Running means a handler is running it: items claimed by a worker and
+        still waiting for a handler are counted as pending.
+        """
         rows = await self._rows("progress", {"task_id": task_id})
-        return {ItemStatus(r[0]): r[1] for r in rows}
+        return _counts((r[0], r[1]) for r in rows)
 
     async def progress_many(
         self, task_ids: Sequence[TaskId]
     ) -> dict[TaskId, dict[ItemStatus, int]]:
         rows = await self._rows("progress_many", {"task_ids": list(task_ids)})
-        found: dict[TaskId, dict[ItemStatus, int]] = {}
+        found: dict[TaskId, list[tuple[str, int]]] = {}
         for task_id, status, count in rows:
-            found.setdefault(TaskId(task_id), {})[ItemStatus(status)] = count
-        return found
+            found.setdefault(TaskId(task_id), []).append((status, count))
+        return {task_id: _counts(counts) for task_id, counts in found.items()}
+
+    async def mark_handlers(
+        self, marks: Sequence[tuple[ItemId, int, bool]], *, conn: AsyncConn | None = None
+    ) -> set[ItemId]:
+        """Set (True) or clear (False) running items' in-handler mark, fenced by attempt."""
+        rows = await self._rows(
+            "mark_handlers",
+            {
+                "ids": [m[0] for m in marks],
+                "attempts": [m[1] for m in marks],
+                "on": [m[2] for m in marks],
+            },
+            conn,
+        )
+        return {ItemId(r[0]) for r in rows}
 
     async def list_items(
         self, task_id: TaskId, *, status: ItemStatus | None, after_id: int, limit: int

@@ -7,7 +7,8 @@ import asyncio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from shoal.batch.service import Batches, TaskView
+from shoal.batch.service import Batches
+from shoal.batch.views import TaskView
 
 POLL_S = 0.2
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
@@ -28,10 +29,11 @@ import psycopg
 import psycopg_pool
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from shoal.db.usage import CallTimes
-from shoal.errors import Conflict, DeadlineExceeded, TransientError
+from shoal.errors import CannotConnect, Conflict, DeadlineExceeded, InvalidInput, TransientError
 
 log = logging.getLogger("shoal.db")
 
@@ -39,6 +41,14 @@ T = TypeVar("T")
 AsyncConn = psycopg.AsyncConnection[TupleRow]
 
 DEFAULT_SCHEMA = "shoal"
+# The schema's notification channel is "<schema>_jobs", and PostgreSQL names
+# hold 63 bytes: pg_notify refuses a longer channel ("channel name too long").
+MAX_SCHEMA_NAME = 63 - len("_jobs")
+# Only characters that are inert wherever shoal's SQL names the schema. The
+# first migration (released, so never edited) names its sequence inside a
+# string literal (nextval('{schema}.job_id_seq')), where a quote ends the
+# literal; function bodies are $$-quoted, where "$$" ends the body.
+SCHEMA_NAME = re.compile(rf"[A-Za-z0-9_\-]{{1,{MAX_SCHEMA_NAME}}}")
 DEFAULT_POOL_SIZE = 10
 # Long enough for a claim of a few hundred rows on a busy server, short enough
 # that a frozen peer is noticed well inside a job's lease.
@@ -59,6 +69,42 @@ TRANSIENT_SQLSTATES = {
     "57P03",  # cannot_connect_now
     "53300",  # too_many_connections
 }
+
+
+# What libpq says when a server refuses a connection for now but may take the
+# next one (it is starting up or shutting down, or its slots are full): the
+# first connection tries again within the connect timeout. Any other refusal
+# (no such database, role or password refused, host unreachable) ends it at once.
+CONNECT_LATER = (
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "too many clients already",
+    "remaining connection slots are reserved",
+)
+CONNECT_RETRY_PAUSE_S = 0.5
+
+
+def redacted_url(url: str) -> str:
+    """``url`` as ``postgresql://user@host:port/dbname``: what it points at, never a password."""
+    try:
+        info = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "an unparsable database URL"
+    user = info.get("user")
+    host = info.get("host") or info.get("hostaddr") or "localhost"
+    port = info.get("port") or "5432"
+    return f"postgresql://{f'{user}@' if user else ''}{host}:{port}/{info.get('dbname') or ''}"
+
+
+def connect_failure(exc: psycopg.Error, url: str) -> CannotConnect:
+    """One line naming why a connection to ``url`` failed, and where it was going."""
+    text = str(exc).strip()
+    text = text.removeprefix("connection failed:").strip()
+    # libpq's server refusal reads 'connection to server at ... failed: FATAL:  <cause>'.
+    _, fatal, cause = text.partition("FATAL:")
+    cause = " ".join((cause if fatal else text).split())
+    return CannotConnect(f"{cause} ({redacted_url(url)})")
 
 
 def translate(exc: BaseException) -> BaseException:
@@ -89,6 +135,23 @@ def translated() -> Iterator[None]:
         raise mapped from exc
 
 
+def check_schema_name(name: object) -> str:
+    """``name`` if shoal can keep its tables in a schema of that name, else InvalidInput.
+
+    >>> check_schema_name("shoal_v2")
+    'shoal_v2'
+    """
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise InvalidInput(
+            "schema",
+            f"{name!r} cannot be used: a schema name is 1-{MAX_SCHEMA_NAME} of "
+            "A-Z a-z 0-9 _ - (shoal's SQL names it inside string literals and "
+            "function bodies, and its notification channel <schema>_jobs must fit "
+            "PostgreSQL's 63-byte names)",
+        )
+    return name
+
+
 class Database:
     """A pool of connections to one database, and the schema shoal lives in.
 
@@ -112,7 +175,7 @@ class Database:
         application_name: str = "shoal",
     ) -> None:
         self.url = url
-        self.schema = schema
+        self.schema = check_schema_name(schema)
         self.deadline = deadline
         self.max_size = max_size
         # Attach a CallTimes to time every call's wait for a connection.
@@ -147,13 +210,44 @@ class Database:
             name=f"shoal:{schema}",
         )
 
-    async def open(self) -> Database:
+    async def open(self, *, check: bool = True) -> Database:
+        """Check that a connection can be made, then start the pool.
+
+        Raises :class:`CannotConnect` within the connect timeout when the first
+        connection fails (no such database, credentials refused, host
+        unreachable): a pool would only keep retrying in the background while
+        every call waits its timeout. Once open, the pool reconnects by itself
+        after a lost connection. ``check=False`` starts the pool without that
+        first connection, for a process that must start while its database is
+        away (an API reporting not-ready); its calls wait for a connection.
+        """
+        if check:
+            conn = await self._first_connection()
+            await conn.close()
         with translated():
             await self.pool.open(wait=False)
         return self
 
     async def close(self) -> None:
         await self.pool.close()
+
+    async def _first_connection(self) -> AsyncConn:
+        timeout_s = float(self._kwargs["connect_timeout"])
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout_s
+        while True:
+            try:
+                async with asyncio.timeout(timeout_s):  # not wait_for: see connect
+                    return await psycopg.AsyncConnection.connect(self.url, **self._kwargs)
+            except TimeoutError:
+                raise CannotConnect(
+                    f"no answer within the connect timeout of {timeout_s:g}s "
+                    f"({redacted_url(self.url)})"
+                ) from None
+            except psycopg.Error as exc:
+                if not any(text in str(exc) for text in CONNECT_LATER) or loop.time() >= give_up:
+                    raise connect_failure(exc, self.url) from exc
+            await asyncio.sleep(CONNECT_RETRY_PAUSE_S)
 
     async def __aenter__(self) -> Database:
         return await self.open()
@@ -163,11 +257,13 @@ class Database:
 
     async def connect(self) -> AsyncConn:
         """A connection of its own, outside the pool (LISTEN, advisory locks)."""
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+        # cancellation that arrives as the connect completes and returns the
+        # connection, so a cancelled LISTEN task (Notifier.stop) went on
+        # listening and its stop waited forever.
         with translated():
-            return await asyncio.wait_for(
-                psycopg.AsyncConnection.connect(self.url, **self._kwargs),
-                timeout=self.deadline.total_seconds(),
-            )
+            async with asyncio.timeout(self.deadline.total_seconds()):
+                return await psycopg.AsyncConnection.connect(self.url, **self._kwargs)
 
     async def run(
         self,

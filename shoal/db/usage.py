@@ -3,8 +3,7 @@
 A pool that is too small for the work in flight shows first as waiting:
 calls queue for a connection, and an ORM that times the whole call (GORM's
 slow-query log does, with its default threshold of 200 ms) reports each long
-wait as a slow statement, though the server ran it in a millisecond. The
-reference system's 138,000 slow-query alerts an hour were mostly that.
+wait as a slow statement, though the server ran it in a millisecond.
 :class:`CallTimes` records both views per call made through
 :class:`~shoal.db.pool.Database`, when one is attached (``db.call_times``).
 """

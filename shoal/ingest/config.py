@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +22,8 @@ log = logging.getLogger("shoal.ingest.config")
 
 DEFAULT_CACHE_TTL = timedelta(seconds=5)
 MODES = ("sync", "async")
+# The switch a pipeline reads its mode from (a pipeline may prefix its own).
+MODE_KEY = "ingest.mode"
 
 
 class RuntimeConfig:
@@ -68,9 +71,28 @@ class RuntimeConfig:
         self._reading.pop(key, None)  # a read already under way may predate the write
 
 
+def is_mode_key(key: str) -> bool:
+    """``ingest.mode``, or a pipeline's own mode key (``<prefix>.ingest.mode``)."""
+    return key == MODE_KEY or key.endswith(f".{MODE_KEY}")
+
+
 def check_config(key: str, value: Any) -> None:
     """Known keys are checked: a typo must not silently switch a pipeline."""
     if not isinstance(key, str) or not 1 <= len(key) <= 200 or "\x00" in key:
         raise InvalidInput("key", "a config key is 1-200 characters")
-    if key.endswith("ingest.mode") and value not in MODES:
+    if is_mode_key(key) and value not in MODES:
         raise InvalidInput(key, f"must be one of {', '.join(MODES)}; got {value!r}")
+
+
+def check_key_exists(key: str, stored: Iterable[str]) -> None:
+    """For an operator's ``set``: ``key`` is a mode key or one already stored (an
+    application's own setting, written by the application first). Anything
+    else is almost surely a typo (``ingest.mdoe``), refused listing the known
+    keys; ``shoal config set --new`` creates a key deliberately."""
+    known = sorted({MODE_KEY, *stored})
+    if not is_mode_key(key) and key not in known:
+        raise InvalidInput(
+            "key",
+            f"unknown config key {key!r}; known keys: {', '.join(known)} (or a pipeline's "
+            f"own <prefix>.{MODE_KEY}); pass --new to create a new key",
+        )

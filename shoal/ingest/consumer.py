@@ -1,18 +1,21 @@
 """Consumers: a fixed number of applies in flight, whatever the producers do.
 
-:class:`Consumer` applies one message at a time per slot (the reference's
-``card.ingest``: 30 slots). :class:`BatchConsumer` buffers messages and
-writes them in batches (``card.collection``: flush at 200 or after 1 s, one
-writer). Both take their messages from a :class:`Transport`, so the same
-code runs on the postgres and the nats transports.
+:class:`Consumer` applies one message at a time per slot (30 slots by
+default). :class:`BatchConsumer` buffers messages and writes them in batches
+(by default: flush at 200 or after 1 s, one writer). Both take their
+messages from a :class:`Transport`, so the same code runs on the postgres
+and the nats transports.
 
 What happens to a delivery:
 
 - already marked done (de-duplication): acknowledged, not applied;
+- another delivery of the same id in hand (a message published twice, a
+  redelivery while the first is still applied): it waits for that one to
+  finish, then goes through these cases itself (:class:`Consumer`);
 - applied without error: marked done, then acknowledged;
 - a retryable error: delivered again after the delay ladder's wait for this
-  attempt, without limit (ERROR logged from attempt 10), unless an attempt
-  cap is set, past which it is dead-lettered;
+  attempt, without limit (ERROR logged from attempt 10), unless a
+  ``retry_limit`` is set, past which it is dead-lettered;
 - any other error is a business error: acknowledged, logged as WARN, and kept
   in the dead-letter table so it can be replayed after a fix.
 """
@@ -27,11 +30,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, TypeVar
 
+from shoal._deprecation import check_retry_limit, retry_limit_from_max_attempts, warn_renamed
 from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.errors import InvalidInput
+from shoal.hooks import Hooks
 from shoal.ingest.dedupe import DoneStore
 from shoal.ingest.message import Message, Topic
-from shoal.ingest.postgres import PgDelivery, marker_ttl_on_ack
 from shoal.ingest.retry import DELAY_LADDER, LOUD_FROM_ATTEMPT, is_retryable, redelivery_delay
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import Delivery, Subscription, Transport
@@ -83,13 +87,16 @@ class _Base(Generic[T]):
         poll: timedelta,
         max_in_flight: int,
         retryable: tuple[type[BaseException], ...],
+        retry_limit: int | None,
         max_attempts: int | None,
         ladder: Sequence[timedelta],
         ack_wait: timedelta,
         clock: Clock,
+        hooks: Hooks | None,
     ) -> None:
-        if max_attempts is not None:
-            _positive("max_attempts", max_attempts)
+        # Past the cap (None: none), a retryable failure is dead-lettered.
+        retry_limit = retry_limit_from_max_attempts(retry_limit, max_attempts, stacklevel=3)
+        check_retry_limit(retry_limit)
         self.transport = transport
         self.topic = topic
         self.store = store
@@ -97,13 +104,21 @@ class _Base(Generic[T]):
         self.poll = poll
         self.max_in_flight = _positive("max_in_flight", max_in_flight)
         self.retryable = retryable
-        self.max_attempts = max_attempts
+        self.retry_limit = retry_limit
         self.ladder = tuple(ladder)
         self.ack_wait = ack_wait
         self.clock = clock
+        # Observers of applied and failed messages (shoal.testing.Probe).
+        self.hooks = hooks if hooks is not None else Hooks()
         self.stats = ConsumerStats()
         self._last_wait_record = -WAIT_RECORD_EVERY.total_seconds()
         self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def max_attempts(self) -> int | None:
+        """Deprecated: ``retry_limit + 1``."""
+        warn_renamed("max_attempts", "retry_limit")
+        return None if self.retry_limit is None else self.retry_limit + 1
 
     async def _subscribe(self, stop: asyncio.Event) -> Subscription | None:
         """Subscribe, retrying while the transport is unreachable; None once ``stop`` is set."""
@@ -117,7 +132,7 @@ class _Base(Generic[T]):
                 )
             except Exception as exc:
                 log.warning("topic %s: cannot subscribe yet: %s", self.topic.name, exc)
-                await _sleep_or_stop(stop, 1.0)
+                await sleep_or_stop(stop, 1.0, self.clock)
         return None
 
     def _message(self, delivery: Delivery) -> Message[T]:
@@ -133,12 +148,29 @@ class _Base(Generic[T]):
     def _note_applied(self, delivery: Delivery) -> None:
         """Keep the topic's wait time (now - published_at) fresh, without a write per message."""
         self.stats.applied += 1
+        if self.hooks:
+            self.hooks.emit(
+                "message_applied",
+                self.topic.name,
+                message_id=delivery.envelope.id,
+                attempt=delivery.attempt,
+            )
         mono = self.clock.monotonic()
         if mono - self._last_wait_record < WAIT_RECORD_EVERY.total_seconds():
             return
         self._last_wait_record = mono
         wait = self.clock.now() - delivery.envelope.published_at
         self._spawn(self.store.record_wait(self.topic.name, wait, now=self.clock.sql_now()))
+
+    def _report_failed(self, delivery: Delivery, settled: str) -> None:
+        if self.hooks:
+            self.hooks.emit(
+                "message_failed",
+                self.topic.name,
+                message_id=delivery.envelope.id,
+                attempt=delivery.attempt,
+                settled=settled,
+            )
 
     def _spawn(self, work: Awaitable[None]) -> None:
         async def run() -> None:
@@ -155,9 +187,10 @@ class _Base(Generic[T]):
         """A retryable failure: redeliver on the ladder, or dead-letter past the cap."""
         attempt = delivery.attempt
         message_id = delivery.envelope.id
-        if self.max_attempts is not None and attempt >= self.max_attempts:
+        if self.retry_limit is not None and attempt > self.retry_limit:
             await self._dead(delivery, "attempts", error)
             await delivery.term()
+            self._report_failed(delivery, "dead")
             return
         delay = redelivery_delay(attempt, self.ladder)
         level = logging.ERROR if attempt >= LOUD_FROM_ATTEMPT else logging.WARNING
@@ -173,6 +206,7 @@ class _Base(Generic[T]):
         )
         self.stats.redelivered += 1
         await delivery.nak(delay)
+        self._report_failed(delivery, "retry")
 
     async def _business(self, delivery: Delivery, error: BaseException) -> None:
         log.warning(
@@ -185,6 +219,7 @@ class _Base(Generic[T]):
         self.stats.business_errors += 1
         await self._dead(delivery, "business", error)
         await delivery.ack()
+        self._report_failed(delivery, "business")
 
     async def _dead(self, delivery: Delivery, reason: str, error: BaseException) -> None:
         envelope = delivery.envelope
@@ -231,11 +266,13 @@ class Consumer(_Base[T]):
         concurrency: int = DEFAULT_CONCURRENCY,
         max_in_flight: int | None = None,
         retryable: tuple[type[BaseException], ...] = (),
-        max_attempts: int | None = None,
+        retry_limit: int | None = None,
+        max_attempts: int | None = None,  # deprecated: retry_limit + 1
         ladder: Sequence[timedelta] = DELAY_LADDER,
         ack_wait: timedelta = timedelta(minutes=5),
         poll: timedelta = FETCH_WAIT,
         clock: Clock = SYSTEM_CLOCK,
+        hooks: Hooks | None = None,
     ) -> None:
         if max_in_flight is not None and max_in_flight < concurrency:
             raise InvalidInput("max_in_flight", f"must be >= concurrency ({concurrency})")
@@ -247,15 +284,16 @@ class Consumer(_Base[T]):
             poll=poll,
             max_in_flight=max_in_flight or 2 * _positive("concurrency", concurrency),
             retryable=retryable,
+            retry_limit=retry_limit,
             max_attempts=max_attempts,
             ladder=ladder,
             ack_wait=ack_wait,
             clock=clock,
+            hooks=hooks,
         )
         self.apply = apply
         self.dedupe = dedupe
         self.concurrency = concurrency
-        self._marker_ttl = marker_ttl_on_ack(transport, dedupe)
 
     async def run(self, stop: asyncio.Event, *, grace: timedelta = timedelta(seconds=30)) -> None:
         """Consume until ``stop`` is set; then let running applies finish within ``grace``.
@@ -270,17 +308,78 @@ class Consumer(_Base[T]):
             return
         ready: asyncio.Queue[Delivery | None] = asyncio.Queue()
         room = asyncio.Event()
-        held = 0  # buffered or being applied
+        held = 0  # buffered, being applied, or waiting behind another copy of its id
+        # The ids of the deliveries buffered or being applied, each with the
+        # later copies of that id fetched meanwhile (a message published twice,
+        # a redelivery while the first is still in hand). The done-marker check
+        # of a fetch cannot tell such copies apart: none of them has a marker
+        # yet. So a copy waits for the first to finish and is then checked
+        # again: acknowledged as a duplicate when the first was applied,
+        # applied itself when the first failed. Written by the fetch loop and
+        # the slots, each time without an await between reading and writing.
+        in_hand: dict[str, list[Delivery]] = {}
+
+        def release(count: int) -> None:
+            nonlocal held
+            held -= count
+            if held <= self.max_in_flight // 2:
+                room.set()
+
+        async def take(deliveries: Sequence[Delivery]) -> None:
+            """Queue the first copy of each id that is neither in hand nor marked done."""
+            firsts: list[Delivery] = []
+            for delivery in deliveries:
+                copies = in_hand.get(delivery.envelope.id)
+                if copies is None:
+                    in_hand[delivery.envelope.id] = []
+                    firsts.append(delivery)
+                else:
+                    copies.append(delivery)
+            fresh = {d.envelope.id for d in await self._unseen(firsts)}
+            for delivery in firsts:
+                if delivery.envelope.id in fresh:
+                    ready.put_nowait(delivery)
+                else:  # acknowledged as a duplicate
+                    release(1)
+                    await finished(delivery)
+
+        async def finished(delivery: Delivery) -> None:
+            """``delivery`` is settled (and marked, if applied): its copies' turn."""
+            copies = in_hand.pop(delivery.envelope.id, [])
+            if copies:
+                await take(copies)
+
+        async def put_back() -> None:
+            """Deliveries not yet started go back at once rather than after their ack wait."""
+            unstarted: list[Delivery] = []
+            while not ready.empty():
+                delivery = ready.get_nowait()
+                if delivery is not None:
+                    unstarted.append(delivery)
+            for copies in in_hand.values():
+                unstarted.extend(copies)
+                copies.clear()
+            for delivery in unstarted:
+                with contextlib.suppress(Exception):
+                    await delivery.nak(timedelta(0))
+            release(len(unstarted))
 
         async def slot() -> None:
-            nonlocal held
             while (delivery := await ready.get()) is not None:
                 try:
                     await self._handle(delivery)
-                finally:
-                    held -= 1
-                    if held <= self.max_in_flight // 2:
-                        room.set()
+                except Exception:
+                    # Loop boundary: a slot that died would hold its share of
+                    # max_in_flight for good, and with every slot gone the
+                    # fetch loop would wait for room forever. The delivery
+                    # comes back after its ack wait.
+                    log.exception(
+                        "topic %s message %s: unexpected error in a consumer slot",
+                        self.topic.name,
+                        delivery.envelope.id,
+                    )
+                release(1)
+                await finished(delivery)  # never raises: _unseen does not
 
         slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
         try:
@@ -293,31 +392,31 @@ class Consumer(_Base[T]):
                     deliveries = await sub.fetch(self.max_in_flight - held, wait=self.poll)
                 except Exception as exc:
                     log.warning("topic %s: fetch failed: %s", self.topic.name, exc)
-                    await _sleep_or_stop(stop, 1.0)
+                    await sleep_or_stop(stop, 1.0, self.clock)
                     continue
-                for delivery in await self._unseen(deliveries):
-                    held += 1
-                    ready.put_nowait(delivery)
+                if self.hooks:
+                    self.hooks.emit("fetched", self.topic.name, count=len(deliveries))
+                held += len(deliveries)
+                await take(deliveries)
         finally:
-            # Deliveries not yet started go back at once rather than after their ack wait.
-            while not ready.empty():
-                unstarted = ready.get_nowait()
-                if unstarted is not None:
-                    held -= 1
-                    with contextlib.suppress(Exception):
-                        await unstarted.nak(timedelta(0))
+            await put_back()
             for _ in slots:
                 ready.put_nowait(None)
             _, late = await asyncio.wait(slots, timeout=grace.total_seconds())
             for task in late:  # their deliveries come back after the ack wait
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+            await put_back()  # copies that waited behind a delivery a slot finished
             await self._drain_background()
             await sub.close()
 
     async def _unseen(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
-        """Acknowledge the deliveries already applied; return the rest."""
-        if self.dedupe is None:
+        """Acknowledge the deliveries already applied; return the rest.
+
+        Never raises: it runs in the fetch loop, and an error escaping it
+        would end the consumer while the process lives on.
+        """
+        if self.dedupe is None or not deliveries:
             return list(deliveries)
         try:
             seen = await self.dedupe.seen([d.envelope.id for d in deliveries])
@@ -328,10 +427,29 @@ class Consumer(_Base[T]):
         for delivery in deliveries:
             if delivery.envelope.id in seen:
                 self.stats.duplicates += 1
-                await delivery.ack()
+                if self.hooks:
+                    self.hooks.emit(
+                        "message_duplicate", self.topic.name, message_id=delivery.envelope.id
+                    )
+                await self._ack_duplicate(delivery)
             else:
                 fresh.append(delivery)
         return fresh
+
+    async def _ack_duplicate(self, delivery: Delivery) -> None:
+        try:
+            await delivery.ack()
+        except Exception as exc:
+            # The broker is away (nats-py refuses to send while it
+            # reconnects): the duplicate comes back after its ack wait and
+            # meets its marker again.
+            log.warning(
+                "topic %s message %s: duplicate not acknowledged (%s); it comes back after "
+                "its ack wait and is dropped then",
+                self.topic.name,
+                delivery.envelope.id,
+                exc,
+            )
 
     async def _handle(self, delivery: Delivery) -> None:
         try:
@@ -342,11 +460,9 @@ class Consumer(_Base[T]):
             await self._settle_failure(delivery, exc)
             return
         try:
-            if self._marker_ttl is not None and isinstance(delivery, PgDelivery):
-                await delivery.ack_and_mark(self._marker_ttl)
+            if self.dedupe is not None:
+                await delivery.ack_done(self.dedupe)
             else:
-                if self.dedupe is not None:
-                    await self.dedupe.mark(delivery.envelope.id)
                 await delivery.ack()
         except Exception as exc:
             log.warning(
@@ -385,11 +501,13 @@ class BatchConsumer(_Base[T]):
         writers: int = 1,
         max_in_flight: int = DEFAULT_BATCH_IN_FLIGHT,
         retryable: tuple[type[BaseException], ...] = (),
-        max_attempts: int | None = None,
+        retry_limit: int | None = None,
+        max_attempts: int | None = None,  # deprecated: retry_limit + 1
         ladder: Sequence[timedelta] = DELAY_LADDER,
         ack_wait: timedelta = timedelta(minutes=5),
         poll: timedelta = FETCH_WAIT,
         clock: Clock = SYSTEM_CLOCK,
+        hooks: Hooks | None = None,
     ) -> None:
         super().__init__(
             transport,
@@ -399,10 +517,12 @@ class BatchConsumer(_Base[T]):
             poll=poll,
             max_in_flight=max_in_flight,
             retryable=retryable,
+            retry_limit=retry_limit,
             max_attempts=max_attempts,
             ladder=ladder,
             ack_wait=ack_wait,
             clock=clock,
+            hooks=hooks,
         )
         self.write = write
         self.batch_size = _positive("batch_size", batch_size)
@@ -426,6 +546,14 @@ class BatchConsumer(_Base[T]):
             try:
                 async with slots:
                     await self._write(batch)
+            except Exception:
+                # Loop boundary (nobody awaits this task's result): logged, not lost.
+                log.exception(
+                    "topic %s: unexpected error writing a batch of %d; its messages come back "
+                    "after their ack wait",
+                    self.topic.name,
+                    len(batch),
+                )
             finally:
                 held -= len(batch)
 
@@ -452,8 +580,10 @@ class BatchConsumer(_Base[T]):
                     got = await sub.fetch(want, wait=min(wait, self.poll))
                 except Exception as exc:
                     log.warning("topic %s: fetch failed: %s", self.topic.name, exc)
-                    await _sleep_or_stop(stop, 1.0)
+                    await sleep_or_stop(stop, 1.0, self.clock)
                     continue
+                if self.hooks:
+                    self.hooks.emit("fetched", self.topic.name, count=len(got))
                 if got and not buffer:
                     first_at = self.clock.monotonic()
                 buffer.extend(got)
@@ -512,6 +642,7 @@ class BatchConsumer(_Base[T]):
         try:
             await self._dead(delivery, "poison", error)
             await delivery.term()
+            self._report_failed(delivery, "dead")
         except Exception as exc:
             log.warning("topic %s: could not dead-letter: %s", self.topic.name, exc)
 
@@ -525,7 +656,11 @@ async def _wait_either(first: asyncio.Event, second: asyncio.Event) -> None:
             wait.cancel()
 
 
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await stop.wait()
+async def sleep_or_stop(stop: asyncio.Event, seconds: float, clock: Clock) -> None:
+    """Wait ``seconds`` of ``clock``'s time, or until ``stop`` is set."""
+    waits = [asyncio.ensure_future(clock.sleep(seconds)), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waits:
+            waiter.cancel()

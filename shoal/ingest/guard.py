@@ -38,7 +38,7 @@ async def newer_than_applied(
     what: str = "observation",
 ) -> bool:
     """Lock ``table``'s row ``key_column = key``; True if ``observed_at`` is newer than its
-    ``applied_column`` (or that is NULL). False, logged at INFO, when it is not.
+    ``applied_column`` (or that is NULL). False, logged at DEBUG, when it is not.
 
     Raises :class:`NotFound` when the row does not exist (a business error:
     acknowledged, not retried).
@@ -54,7 +54,8 @@ async def newer_than_applied(
         raise NotFound(f"{table}: no row with {key_column} = {key!r}")
     applied: datetime | None = row[0]
     if applied is not None and observed_at <= applied:
-        log.info(
+        # DEBUG: out-of-order observations are routine, one line per message would flood.
+        log.debug(
             "%s for %s=%r observed at %s is not newer than the applied %s; ignored",
             what,
             key_column,

@@ -159,3 +159,11 @@ def check_topic_name(name: str) -> str:
     if name.startswith(".") or name.endswith(".") or ".." in name:
         raise InvalidInput("topic", f"{name!r}: dots separate non-empty parts")
     return name
+
+
+def check_group_name(name: str) -> str:
+    """Consumer group names follow the topic rules (a JetStream durable is named for its group)."""
+    try:
+        return check_topic_name(name)
+    except InvalidInput:
+        raise InvalidInput("group", f"{name!r}: use 1-100 of A-Z a-z 0-9 . _ -") from None

@@ -26,6 +26,7 @@ from datetime import timedelta
 
 from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.db.pool import AsyncConn
+from shoal.hooks import Hooks
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import Depth, Transport
 
@@ -60,6 +61,7 @@ class BacklogMonitor:
         pause_depth: int = DEFAULT_PAUSE_DEPTH,
         alert_wait: timedelta = DEFAULT_ALERT_WAIT,
         clock: Clock = SYSTEM_CLOCK,
+        hooks: Hooks | None = None,
     ) -> None:
         self.transport = transport
         self.store = store
@@ -69,6 +71,8 @@ class BacklogMonitor:
         self.pause_depth = pause_depth
         self.alert_wait = alert_wait
         self.clock = clock
+        # Observers of each sample (shoal.testing.Probe).
+        self.hooks = hooks if hooks is not None else Hooks()
         self.is_leader = False
 
     async def check(self) -> list[Reading]:
@@ -99,7 +103,10 @@ class BacklogMonitor:
                 "-" if wait is None else f"{wait.total_seconds():.1f}s",
                 ", PAUSED: producers hold off" if backlog.paused else "",
             )
-            readings.append(Reading(topic, depth, wait, backlog.paused, alerted))
+            reading = Reading(topic, depth, wait, backlog.paused, alerted)
+            readings.append(reading)
+            if self.hooks:
+                self.hooks.emit("monitor_sampled", topic, reading=reading)
         return readings
 
     async def prune(self) -> int:
@@ -127,7 +134,7 @@ class BacklogMonitor:
                 while self.is_leader and not stop.is_set():
                     await self.check()
                     await self.prune()
-                    await _wait(stop, self.interval)
+                    await _wait(stop, self.interval, self.clock)
                     await conn.execute("SELECT 1")  # still connected, so still the leader
             except Exception as exc:
                 log.warning("backlog monitor: %s", exc)
@@ -136,13 +143,20 @@ class BacklogMonitor:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
-            await _wait(stop, self.interval)
+            await _wait(stop, self.interval, self.clock)
 
     def _lock_name(self) -> str:
         return f"{self.store.db.schema}.ingest.monitor"
 
 
-async def _wait(stop: asyncio.Event, interval: timedelta) -> None:
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(interval.total_seconds()):
-            await stop.wait()
+async def _wait(stop: asyncio.Event, interval: timedelta, clock: Clock) -> None:
+    """Wait ``interval`` of ``clock``'s time, or until ``stop`` is set."""
+    waits = [
+        asyncio.ensure_future(clock.sleep(interval.total_seconds())),
+        asyncio.ensure_future(stop.wait()),
+    ]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waits:
+            waiter.cancel()

@@ -7,8 +7,10 @@ when one is given. A delivery is a claim: the job's attempt counter is the
 delivery count and its fencing token, ``ack`` completes the job, ``nak``
 fails it into ``retry`` with the given delay, and a consumer that dies
 leaves its lease to expire, after which maintenance makes the message
-deliverable again. There is one consumer group per topic (the queue itself);
-the group name is accepted for the interface and otherwise unused.
+deliverable again. The lease is the claiming consumer's ``ack_wait``,
+written by the claim (the same for ``touch``): what a message was published
+with plays no part. There is one consumer group per topic (the queue itself);
+the group name is checked as nats checks it and otherwise unused.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from datetime import timedelta
 
 from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
-from shoal.errors import ShoalError
+from shoal.errors import InvalidInput, ShoalError
 from shoal.ingest.dedupe import DoneStore, PostgresDoneStore
-from shoal.ingest.message import Envelope, check_topic_name
+from shoal.ingest.message import Envelope, check_group_name, check_topic_name
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import (
     DEFAULT_ACK_WAIT,
@@ -30,7 +32,6 @@ from shoal.ingest.transport import (
     Delivery,
     Depth,
     PublishError,
-    Transport,
 )
 from shoal.queue.client import Shoal
 from shoal.queue.job import event_entry
@@ -50,17 +51,17 @@ def topic_queue(topic: str) -> str:
     return QUEUE_PREFIX + check_topic_name(topic)
 
 
-def marker_ttl_on_ack(transport: Transport, dedupe: DoneStore | None) -> timedelta | None:
-    """The markers' TTL when ``dedupe`` keeps them in the database ``transport`` acks in.
+def marker_ttl(boss: Shoal, done: DoneStore) -> timedelta | None:
+    """The markers' TTL when ``done`` keeps them in ``boss``'s database, else None.
 
-    A consumer then writes each done-marker with its ack, in one statement
-    (:meth:`PgDelivery.ack_and_mark`), instead of a statement for each.
+    An ack then writes the done-marker in its own statement
+    (:meth:`PgDelivery.ack_done`) instead of a statement for each.
     """
-    if not isinstance(transport, PostgresTransport) or not isinstance(dedupe, PostgresDoneStore):
+    if not isinstance(done, PostgresDoneStore):
         return None
-    ours, theirs = transport.boss.db, dedupe.store.db
+    ours, theirs = boss.db, done.store.db
     if ours is theirs or (ours.url, ours.schema) == (theirs.url, theirs.schema):
-        return dedupe.ttl
+        return done.ttl
     return None
 
 
@@ -85,8 +86,13 @@ class PgDelivery:
     async def ack(self) -> None:
         await self._sub.acks.submit((self._claim.id, self._claim.attempt, None))
 
-    async def ack_and_mark(self, ttl: timedelta) -> None:
-        """Ack, and write the message's done-marker in the same statement."""
+    async def ack_done(self, done: DoneStore) -> None:
+        """Ack, with the done-marker in the same statement when ``done`` is in this database."""
+        ttl = self._sub.marker_ttl(done)
+        if ttl is None:
+            await done.mark(self.envelope.id)
+            await self.ack()
+            return
         mark = (self.envelope.id, ttl)
         await self._sub.acks.submit((self._claim.id, self._claim.attempt, mark))
 
@@ -103,13 +109,23 @@ class PgDelivery:
 
 
 class PgSubscription:
-    def __init__(self, boss: Shoal, store: IngestStore, queue: str) -> None:
+    def __init__(self, boss: Shoal, store: IngestStore, queue: str, *, ack_wait: timedelta) -> None:
         self.boss = boss
         self.store = store
         self.queue = queue
+        # The lease of every delivery this subscription claims (and of each touch).
+        self.ack_wait = ack_wait
         # Acks of many deliveries go out as one statement, with their markers.
         self.acks: Coalescer[Ack, None] = Coalescer(self._ack_many, name=f"shoal-acks-{queue}")
         self._wake = boss.notifier.subscribe(queue) if boss.notifier is not None else None
+        # The done store last acked with, and its markers' TTL on ack (a
+        # subscription's consumer has one store: worked out once).
+        self._done: tuple[DoneStore, timedelta | None] | None = None
+
+    def marker_ttl(self, done: DoneStore) -> timedelta | None:
+        if self._done is None or self._done[0] is not done:
+            self._done = (done, marker_ttl(self.boss, done))
+        return self._done[1]
 
     async def _ack_many(self, acks: Sequence[Ack]) -> list[None]:
         await self.store.ack(
@@ -129,17 +145,26 @@ class PgSubscription:
         await self.boss.store.fail([failure], now=self.boss.clock.sql_now())
 
     async def fetch(self, limit: int, *, wait: timedelta) -> Sequence[Delivery]:
-        claims = await self.boss.store.claim(self.queue, limit, now=self.boss.clock.sql_now())
+        if limit < 1:
+            raise InvalidInput("limit", f"{limit}: at least 1")
+        # Cleared before the claim: a NOTIFY during the claim must still end the wait.
+        if self._wake is not None:
+            self._wake.clear()
+        claims = await self._claim(limit)
         if not claims and wait > timedelta(0):
             if self._wake is not None:
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait.total_seconds()):
                         await self._wake.wait()
             else:
                 await self.boss.clock.sleep(wait.total_seconds())
-            claims = await self.boss.store.claim(self.queue, limit, now=self.boss.clock.sql_now())
+            claims = await self._claim(limit)
         return [PgDelivery(self, claim) for claim in claims]
+
+    async def _claim(self, limit: int) -> list[ClaimedJob]:
+        return await self.store.claim(
+            self.queue, limit, ack_wait=self.ack_wait, now=self.boss.clock.sql_now()
+        )
 
     async def close(self) -> None:
         await self.acks.close()
@@ -151,10 +176,10 @@ class PostgresTransport:
     """Topics on shoal's job table: nothing else to run, as durable as the database."""
 
     name = "postgres"
+    in_database = True
 
-    def __init__(self, boss: Shoal, *, ack_wait: timedelta = DEFAULT_ACK_WAIT) -> None:
+    def __init__(self, boss: Shoal) -> None:
         self.boss = boss
-        self.ack_wait = ack_wait
         self.store = IngestStore(boss.db)
         # Small publishes of concurrent producers go out together, one statement
         # and one commit for many (hundreds of polls each publishing one message).
@@ -216,7 +241,8 @@ class PostgresTransport:
                         texts[start : start + PUBLISH_CHUNK],
                         conn=c,
                         retry_limit=UNLIMITED_ATTEMPTS,
-                        expire_in=self.ack_wait,
+                        # Replaced by each claim with its consumer's ack wait.
+                        expire_in=DEFAULT_ACK_WAIT,
                     )
 
         statements = sum(-(-len(texts) // PUBLISH_CHUNK) for texts in by_queue.values())
@@ -226,9 +252,22 @@ class PostgresTransport:
     async def subscribe(
         self, topic: str, group: str, *, max_in_flight: int, ack_wait: timedelta = DEFAULT_ACK_WAIT
     ) -> PgSubscription:
-        return PgSubscription(self.boss, self.store, topic_queue(topic))
+        """Take ``topic``'s messages, each under a lease of ``ack_wait`` from its claim.
+
+        A delivery neither acked nor nakked within ``ack_wait`` (its consumer
+        died, or hung without ``touch``) is delivered again once the queue's
+        maintenance sees the lease expired: the lease is this subscriber's,
+        whatever the publisher's settings.
+        """
+        if max_in_flight < 1:
+            raise InvalidInput("max_in_flight", f"{max_in_flight}: at least 1")
+        if ack_wait <= timedelta(0):
+            raise InvalidInput("ack_wait", f"{ack_wait}: must be positive")
+        check_group_name(group)  # unused here, but refused where nats would refuse it
+        return PgSubscription(self.boss, self.store, topic_queue(topic), ack_wait=ack_wait)
 
     async def depth(self, topic: str, group: str) -> Depth:
+        check_group_name(group)
         return await self.store.queue_depth(topic_queue(topic), now=self.boss.clock.sql_now())
 
 

@@ -104,6 +104,17 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.up
 -- name: config_all
 SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
 
+-- name: claim_messages
+-- The postgres transport's delivery: claims up to %(limit)s waiting messages of
+-- one topic's queue under a lease of the consumer's ack wait
+-- (claim_messages_v1 in migrations/0008_ingest_functions_v1.sql): the queue's
+-- claim row, read by name as a ClaimedJob.
+SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
+       retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
+       lease_expires_at
+FROM {schema}.claim_messages_v1(
+    %(queue)s, %(limit)s, %(now)s::timestamptz, %(ack_wait)s::interval)
+
 -- name: ack_messages
 -- The postgres transport's ack: an acknowledged message is deleted, fenced by
 -- the attempt it was delivered under (a redelivered copy is not the caller's

@@ -1,16 +1,14 @@
 """What ``shoal worker`` runs for an app's topics: consumers, sinks and the monitor.
 
-The transport comes from the app (``App.ingest(transport=...)``) or the
-environment: ``SHOAL_INGEST_TRANSPORT=postgres`` (the default) or ``nats``
-with ``SHOAL_NATS_URL`` (and ``SHOAL_NATS_MONITOR_URL`` for the durability
-check at start-up).
+The transport comes from the app (``app.ingest_settings.transport``), else from
+the caller of :func:`start_pipeline` (``shoal worker`` builds it with
+:func:`transport_factory` from its environment), else it is postgres.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,12 +16,19 @@ from typing import Any
 
 from psycopg import sql
 
-from shoal.errors import InvalidInput
-from shoal.ingest.consumer import Apply, WriteBatch
+from shoal.clock import Clock
+from shoal.errors import InvalidInput, TransientError
+from shoal.ingest.consumer import (
+    DEFAULT_CONCURRENCY,
+    Apply,
+    BatchConsumer,
+    Consumer,
+    WriteBatch,
+    sleep_or_stop,
+)
 from shoal.ingest.message import Topic
 from shoal.ingest.monitor import DEFAULT_INTERVAL
 from shoal.ingest.pipeline import (
-    DEFAULT_CONNECTION_RESERVE,
     DEFAULT_MODE_KEY,
     Pipeline,
     check_connection_budget,
@@ -35,6 +40,14 @@ from shoal.queue.client import Shoal
 log = logging.getLogger("shoal.ingest")
 
 TransportFactory = Callable[[Shoal], Transport]
+# Before a consumer that ended on an error runs again (see _keep_running).
+RESTART_PAUSE = timedelta(seconds=1)
+# A worker whose transport cannot be reached at start tries again after these
+# pauses, doubling (start_pipeline). The cap keeps a worker that waited long
+# for its broker at most 30 s behind it once it is back.
+START_RETRY_FIRST = timedelta(seconds=1)
+START_RETRY_MAX = timedelta(seconds=30)
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,19 +71,32 @@ class IngestSettings:
     monitor: bool = True
     monitor_interval: timedelta = DEFAULT_INTERVAL
     monitor_options: dict[str, Any] = field(default_factory=dict)
-    connection_reserve: int = DEFAULT_CONNECTION_RESERVE
+    # None: a quarter of the pool, at least 2 (pipeline.default_connection_reserve).
+    connection_reserve: int | None = None
 
 
-def transport_from_env(boss: Shoal) -> Transport:
-    kind = os.environ.get("SHOAL_INGEST_TRANSPORT", "postgres")
+def transport_factory(
+    kind: str = "postgres",
+    *,
+    nats_url: str = DEFAULT_NATS_URL,
+    nats_monitor_url: str | None = None,
+) -> TransportFactory:
+    """What builds the ``kind`` transport (``postgres`` or ``nats``) for a client.
+
+    ``nats_url`` is the server to connect to, ``nats_monitor_url`` its
+    monitoring endpoint for the durability check at start-up.
+    """
     if kind == "postgres":
-        return PostgresTransport(boss)
+        return PostgresTransport
     if kind == "nats":
-        from shoal.ingest.nats import NatsTransport
 
-        url = os.environ.get("SHOAL_NATS_URL", "nats://127.0.0.1:4222")
-        return NatsTransport(url, monitor_url=os.environ.get("SHOAL_NATS_MONITOR_URL"))
-    raise InvalidInput("SHOAL_INGEST_TRANSPORT", f"must be postgres or nats, got {kind!r}")
+        def nats(_: Shoal) -> Transport:
+            from shoal.ingest.nats import NatsTransport
+
+            return NatsTransport(nats_url, monitor_url=nats_monitor_url)
+
+        return nats
+    raise InvalidInput("kind", f"must be postgres or nats, got {kind!r}")
 
 
 async def check_commit_durability(boss: Shoal, transport: Transport) -> bool:
@@ -78,7 +104,7 @@ async def check_commit_durability(boss: Shoal, transport: Transport) -> bool:
     outlive its apply: with ``synchronous_commit`` off, a commit that returned
     can vanish in a database crash after the transport took the ack. ERROR then.
     """
-    if isinstance(transport, PostgresTransport):
+    if transport.in_database:
         return True  # the ack commits with (or after) the apply, in the same database
     rows = await boss.db.fetch(
         sql.Composed([sql.SQL("SELECT current_setting('synchronous_commit')")]), {}
@@ -93,13 +119,59 @@ async def check_commit_durability(boss: Shoal, transport: Transport) -> bool:
     return True
 
 
-async def start_pipeline(boss: Shoal, settings: IngestSettings) -> Pipeline:
-    """The worker's pipeline on the configured transport, started and checked."""
-    transport = (settings.transport or transport_from_env)(boss)
+async def start_pipeline(
+    boss: Shoal,
+    settings: IngestSettings,
+    *,
+    stop: asyncio.Event,
+    default_transport: TransportFactory = PostgresTransport,
+) -> Pipeline | None:
+    """The worker's pipeline on the app's transport, else ``default_transport``'s, started
+    and checked.
+
+    A transport that cannot be reached yet (a worker started a moment before
+    its nats-server) is tried again, with a WARN each time, after pauses that
+    double from :data:`START_RETRY_FIRST` to :data:`START_RETRY_MAX`, for as
+    long as it takes: the consumers wait the same way for a broker that goes
+    away later. Returns None when ``stop`` is set before it could start. A
+    refusal that waiting cannot cure (:class:`~shoal.ingest.nats.UnsafeDurability`,
+    a conflicting stream) is raised at once.
+    """
+    transport = (settings.transport or default_transport)(boss)
     pipeline = Pipeline(boss, transport, mode_key=settings.mode_key)
-    await pipeline.start()
+    pause = START_RETRY_FIRST
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            await pipeline.start()
+            break
+        except TransientError as exc:
+            log.warning(
+                "ingest: the %s transport cannot be reached yet (try %d: %s); trying again in %g s",
+                transport.name,
+                tries,
+                exc,
+                pause.total_seconds(),
+            )
+        await sleep_or_stop(stop, pause.total_seconds(), boss.clock)
+        if stop.is_set():
+            await pipeline.close()
+            return None
+        pause = min(pause * 2, START_RETRY_MAX)
+    if tries > 1:
+        log.info("ingest: the %s transport is reachable after %d tries", transport.name, tries)
     await check_commit_durability(boss, transport)
     return pipeline
+
+
+def consumer_slots(consumers: list[ConsumerSpec]) -> int:
+    """Connections the consumers may hold at once: one per apply in flight."""
+    return sum(c.options.get("concurrency", DEFAULT_CONCURRENCY) for c in consumers)
+
+
+def sink_writers(sinks: list[SinkSpec]) -> int:
+    return sum(s.options.get("writers", 1) for s in sinks)
 
 
 async def run_ingest(
@@ -118,18 +190,20 @@ async def run_ingest(
     boss, transport = pipeline.boss, pipeline.transport
     check_connection_budget(
         pool_size=boss.db.max_size,
-        consumers=sum(c.options.get("concurrency", 30) for c in consumers),
-        writers=sum(s.options.get("writers", 1) for s in sinks),
+        consumers=consumer_slots(consumers),
+        writers=sink_writers(sinks),
         reserve=settings.connection_reserve,
     )
-    tasks = [
-        asyncio.create_task(pipeline.consumer(c.topic, c.apply, **c.options).run(stop, grace=grace))
+    runs: list[tuple[str, Consumer[Any] | BatchConsumer[Any]]] = [
+        (f"consumer of {c.topic.name}", pipeline.consumer(c.topic, c.apply, **c.options))
         for c in consumers
     ] + [
-        asyncio.create_task(
-            pipeline.batch_consumer(s.topic, s.write, **s.options).run(stop, grace=grace)
-        )
+        (f"sink of {s.topic.name}", pipeline.batch_consumer(s.topic, s.write, **s.options))
         for s in sinks
+    ]
+    tasks = [
+        asyncio.create_task(_keep_running(what, c, stop, grace=grace, clock=pipeline.clock))
+        for what, c in runs
     ]
     if settings.monitor:
         topics = [(c.topic.name, c.options.get("group", "shoal")) for c in consumers] + [
@@ -145,3 +219,34 @@ async def run_ingest(
         ", ".join(c.topic.name for c in consumers) + " " + ", ".join(s.topic.name for s in sinks),
     )
     await asyncio.gather(*tasks)
+
+
+async def _keep_running(
+    what: str,
+    consumer: Consumer[Any] | BatchConsumer[Any],
+    stop: asyncio.Event,
+    *,
+    grace: timedelta,
+    clock: Clock,
+) -> None:
+    """Run ``consumer`` until ``stop``; should it end on an error, log it and run it again.
+
+    A consumer keeps itself going through broker and database outages; this
+    is the last guard, for a bug. Without it the worker would live on with
+    that topic unconsumed and nothing in its log until shutdown.
+    """
+    while True:
+        try:
+            await consumer.run(stop, grace=grace)
+            return
+        except Exception:
+            if stop.is_set():
+                raise
+            log.exception(
+                "ingest: the %s stopped on an error; starting it again in %g s",
+                what,
+                RESTART_PAUSE.total_seconds(),
+            )
+        await sleep_or_stop(stop, RESTART_PAUSE.total_seconds(), clock)
+        if stop.is_set():
+            return

@@ -11,8 +11,9 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database
-from shoal.db.queries import load_queries
+from shoal.db.queries import fetch_named, load_queries
 from shoal.ingest.transport import Depth
+from shoal.queue.store import ClaimedJob, claim_reader
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,26 @@ class IngestStore:
         return await self.db.fetch(self.sql[name], params, conn)
 
     # -- the postgres transport ------------------------------------------------
+
+    async def claim(
+        self, queue: str, limit: int, *, ack_wait: timedelta, now: datetime | None
+    ) -> list[ClaimedJob]:
+        """Claim up to ``limit`` messages of ``queue``, each leased for ``ack_wait`` from now.
+
+        The lease is the claiming consumer's, whatever the message was
+        published with: a message it never acknowledges is redelivered once
+        ``ack_wait`` has passed (by the queue's maintenance), and a touch
+        extends it by ``ack_wait`` again. Not flushed before returning, like
+        the queue's claim: a claim lost to a crash only redelivers.
+        """
+        query = self.sql["claim_messages"]
+        params = {"queue": queue, "limit": limit, "ack_wait": ack_wait, "now": now}
+
+        columns, rows = await self.db.run(
+            lambda c: fetch_named(c, query, params), transaction=False
+        )
+        read = claim_reader(columns)
+        return [read(r) for r in rows]
 
     async def ack(
         self,

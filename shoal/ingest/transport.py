@@ -11,10 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.ingest.message import Envelope
+
+if TYPE_CHECKING:  # dedupe -> store -> this module (Depth)
+    from shoal.ingest.dedupe import DoneStore
 
 DEFAULT_PUBLISH_TIMEOUT = timedelta(seconds=5)
 # How long a delivery may stay unacknowledged before it is delivered again.
@@ -50,6 +54,15 @@ class Delivery(Protocol):
 
     async def ack(self) -> None: ...
 
+    async def ack_done(self, done: DoneStore) -> None:
+        """Mark the message done in ``done``, then ack (an applied message).
+
+        The marker comes first, so a redelivery after a lost ack meets it. A
+        transport whose messages live in the database ``done`` keeps its
+        markers in writes both in one statement.
+        """
+        ...
+
     async def nak(self, delay: timedelta) -> None: ...
 
     async def term(self) -> None:
@@ -71,6 +84,10 @@ class Subscription(Protocol):
 
 class Transport(Protocol):
     name: str
+    # The messages are rows of shoal's own database: ``publish`` can join the
+    # caller's transaction (``conn``), and an ack commits in the database the
+    # applies write to, after them.
+    in_database: bool
 
     async def start(self) -> None:
         """Connect, create what is missing, and check durability settings (raise if unsafe)."""
@@ -84,12 +101,24 @@ class Transport(Protocol):
         envelopes: Sequence[Envelope],
         *,
         timeout: timedelta = DEFAULT_PUBLISH_TIMEOUT,  # noqa: ASYNC109 - a deadline the transport owns
+        conn: AsyncConn | None = None,
     ) -> None:
-        """Store every envelope durably, or raise :class:`PublishError`: never buffer silently."""
+        """Store every envelope durably, or raise :class:`PublishError`: never buffer silently.
+
+        With ``conn`` (only where :attr:`in_database`), inside that transaction.
+        """
         ...
 
     async def subscribe(
         self, topic: str, group: str, *, max_in_flight: int, ack_wait: timedelta = DEFAULT_ACK_WAIT
-    ) -> Subscription: ...
+    ) -> Subscription:
+        """Take deliveries of ``topic`` for ``group``.
+
+        ``ack_wait`` is the lease of each delivery: one neither acked nor
+        nakked within it (its consumer died or hung) is delivered again, and
+        ``touch`` extends it by another ``ack_wait``. It is the subscriber's,
+        whatever the publisher's transport was built with.
+        """
+        ...
 
     async def depth(self, topic: str, group: str) -> Depth: ...

@@ -8,15 +8,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Unpack
 
 from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.db.migrate import migrate
 from shoal.db.pool import AsyncConn, Database
 from shoal.errors import InvalidInput, NotFound
+from shoal.hooks import Hooks
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.job import Handler, Job, error_entry
 from shoal.queue.maintenance import Maintenance, MaintenanceReport
@@ -24,6 +26,8 @@ from shoal.queue.notifier import Notifier
 from shoal.queue.options import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     JobOptions,
+    SendOptions,
+    SharedJobOptions,
     check_queue_name,
     encode_payload,
     parse_options,
@@ -39,6 +43,7 @@ from shoal.queue.store import (
     QueueStateCount,
     ScheduleRow,
 )
+from shoal.queue.threaded import as_async
 from shoal.queue.worker import (
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
@@ -46,9 +51,12 @@ from shoal.queue.worker import (
     Finalize,
     Worker,
 )
+from shoal.tracing import carrier, traced_handler, with_carrier
 
 MAX_INSERT = 100_000
 SETTINGS_CACHE_SIZE = 1024
+
+log = logging.getLogger("shoal.cron")
 
 
 def _settings_for(queue: str, defaults: JobOptions, overrides: Mapping[str, Any]) -> JobSettings:
@@ -67,8 +75,12 @@ class Shoal:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         defaults: JobOptions | None = None,
         listen: bool = True,
+        hooks: Hooks | None = None,
     ) -> None:
         self.db = db
+        # Observers of everything this client's workers, aggregator and
+        # consumers do (shoal.testing.Probe registers here).
+        self.hooks = hooks if hooks is not None else Hooks()
         self.clock = clock
         self.jitter = jitter
         self.max_payload_bytes = max_payload_bytes
@@ -109,9 +121,16 @@ class Shoal:
     # -- enqueue -----------------------------------------------------------
 
     def _new_job(
-        self, queue: object, data: object, options: Mapping[str, Any], field: str
+        self,
+        queue: object,
+        data: object,
+        options: Mapping[str, Any],
+        field: str,
+        trace: Mapping[str, str] | None = None,
     ) -> NewJob:
         name = check_queue_name(queue, field=f"{field}queue")
+        if trace is not None:
+            data = with_carrier(data, trace)
         try:
             parsed = parse_options(options) if options else {}
         except InvalidInput as exc:
@@ -127,14 +146,19 @@ class Shoal:
         return NewJob(settings, payload, singleton_key)
 
     async def send(
-        self, queue: str, data: Any = None, *, conn: AsyncConn | None = None, **options: Any
+        self,
+        queue: str,
+        data: Any = None,
+        *,
+        conn: AsyncConn | None = None,
+        **options: Unpack[SendOptions],
     ) -> JobId | None:
         """Enqueue one job; its id, or None when its ``singleton_key`` is taken.
 
         With ``conn``, the job is written in the caller's open transaction and
         commits (and wakes workers) with it.
         """
-        job = self._new_job(queue, data, options, "")
+        job = self._new_job(queue, data, options, "", carrier())
         (job_id,) = await self.store.insert([job], now=self.clock.sql_now(), conn=conn)
         return job_id
 
@@ -147,6 +171,7 @@ class Shoal:
         validated first; one bad job writes nothing.
         """
         new_jobs = []
+        trace = carrier()
         for i, spec in enumerate(jobs):
             if not isinstance(spec, Mapping):
                 raise InvalidInput(f"jobs[{i}]", f"expected a mapping, got {type(spec).__name__}")
@@ -157,7 +182,9 @@ class Shoal:
             )
             if "queue" not in spec:
                 raise InvalidInput(f"jobs[{i}].queue", "missing")
-            new_jobs.append(self._new_job(spec["queue"], spec.get("data"), options, f"jobs[{i}]."))
+            new_jobs.append(
+                self._new_job(spec["queue"], spec.get("data"), options, f"jobs[{i}].", trace)
+            )
             if len(new_jobs) > MAX_INSERT:
                 raise InvalidInput("jobs", f"more than {MAX_INSERT} jobs in one insert")
         return await self.store.insert(new_jobs, now=self.clock.sql_now(), conn=conn)
@@ -169,7 +196,7 @@ class Shoal:
         *,
         singleton_keys: Sequence[str | None] | None = None,
         conn: AsyncConn | None = None,
-        **options: Any,
+        **options: Unpack[SharedJobOptions],
     ) -> list[JobId | None]:
         """Enqueue many jobs of one queue sharing ``options``, in one statement.
 
@@ -188,13 +215,18 @@ class Shoal:
             raise InvalidInput("singleton_key", "use singleton_keys=[...] with insert_many")
         template = self._new_job(queue, None, options, "")
         keys = singleton_keys or [None] * len(payloads)
+        trace = carrier()
         for i, key in enumerate(keys):
             if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
                 raise InvalidInput(f"singleton_keys[{i}]", "must be a non-empty string")
         jobs = [
             NewJob(
                 template.settings,
-                encode_payload(payload, max_bytes=self.max_payload_bytes, field=f"payloads[{i}]"),
+                encode_payload(
+                    payload if trace is None else with_carrier(payload, trace),
+                    max_bytes=self.max_payload_bytes,
+                    field=f"payloads[{i}]",
+                ),
                 key,
             )
             for i, (payload, key) in enumerate(zip(payloads, keys, strict=True))
@@ -207,7 +239,7 @@ class Shoal:
         payloads: Sequence[str],
         *,
         conn: AsyncConn | None = None,
-        **options: Any,
+        **options: Unpack[SharedJobOptions],
     ) -> list[JobId | None]:
         """:meth:`insert_many` for payloads that are already JSON text, checked by the caller.
 
@@ -258,12 +290,13 @@ class Shoal:
             raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise InvalidInput("batch_size", f"must be an integer >= 1, got {batch_size!r}")
+        handler = as_async(handler, threads=concurrency, name=queue)
         if self.notifier is not None:
             self.notifier.start()
         worker = Worker(
             self.store,
             queue,
-            handler,
+            traced_handler(queue, handler),
             concurrency=concurrency,
             batch_size=batch_size,
             poll_interval=poll_interval,
@@ -273,6 +306,7 @@ class Shoal:
             claim=claim,
             finalize=finalize,
             store_output=store_output,
+            hooks=self.hooks,
         )
         worker.start()
         self._workers.append(worker)
@@ -399,7 +433,7 @@ class Shoal:
         *,
         queue: str | None = None,
         tz: str = "UTC",
-        **options: Any,
+        **options: Unpack[SendOptions],
     ) -> None:
         """Create or replace a cron schedule (5 fields, or 6 with seconds first).
 
@@ -427,11 +461,14 @@ class Shoal:
             options=encoded,
             now=self.clock.sql_now(),
         )
+        # Once per call (a worker's start), unlike the DEBUG line of each tick.
+        log.info("schedule %s: %r (%s) sends to %s", name, cron, tz, target)
 
     async def unschedule(self, name: str) -> bool:
         return await self.store.delete_schedule(name)
 
     async def schedules(self) -> list[ScheduleRow]:
+        """The schedules that tick (a paused one is listed by the console only)."""
         return await self.store.list_schedules(now=self.clock.sql_now())
 
     def scheduler(self) -> Scheduler:

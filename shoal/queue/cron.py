@@ -20,6 +20,7 @@ from croniter import croniter
 
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
+from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, TransientError
 from shoal.queue.store import JobStore, NewJob, ScheduleRow
 
@@ -78,6 +79,10 @@ class Scheduler:
         self.store = store
         self.clock = clock
         self._build_job = build_job
+        # The console shows each schedule's latest job: the tick records it.
+        self._record_tick = load_queries("shoal.queue", store.db.schema, file="inspect.sql")[
+            "record_tick_job"
+        ]
 
     async def run_once(self) -> tuple[list[Tick], float]:
         """Enqueue every due tick; return them and the seconds until the next one."""
@@ -99,12 +104,14 @@ class Scheduler:
         async def claim_tick(conn: AsyncConn) -> bool:
             if not await self.store.advance_schedule(conn, row.name, tick):
                 return False
-            await self.store.insert([job], now=self.clock.sql_now(), conn=conn)
+            ids = await self.store.insert([job], now=self.clock.sql_now(), conn=conn)
+            await conn.execute(self._record_tick, {"name": row.name, "job_id": ids[0]})
             return True
 
         won = await self.store.db.run(claim_tick)
         if won:
-            log.info("schedule %s: enqueued tick %s on %s", row.name, tick.isoformat(), row.queue)
+            # DEBUG: routine, and a schedule ticking every second would fill the log.
+            log.debug("schedule %s: enqueued tick %s on %s", row.name, tick.isoformat(), row.queue)
         return won
 
     async def run(self) -> None:

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from shoal.errors import Cancel, PermanentError, Snooze
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
+from shoal.tracing import TRACE_KEY
 
 
 class Job:
@@ -22,7 +24,7 @@ class Job:
     which case the handler should stop.
     """
 
-    __slots__ = ("_claim", "_data", "_heartbeat")
+    __slots__ = ("_claim", "_data", "_heartbeat", "_trace")
 
     def __init__(
         self, claim: ClaimedJob, heartbeat: Callable[[Job], Awaitable[bool]] | None = None
@@ -30,6 +32,7 @@ class Job:
         self._claim = claim
         self._heartbeat = heartbeat
         self._data: Any = _UNREAD
+        self._trace: dict[str, str] | None = None
 
     @property
     def id(self) -> JobId:
@@ -41,10 +44,23 @@ class Job:
 
     @property
     def data(self) -> Any:
-        """The payload, parsed from JSON on first read."""
+        """The payload, parsed from JSON on first read.
+
+        A trace context the sender's tracing put in (``shoal.tracing``) is
+        taken out: handlers see the payload they were sent.
+        """
         if self._data is _UNREAD:
-            self._data = self._claim.data
+            data = self._claim.data
+            if type(data) is dict and TRACE_KEY in data:
+                trace = data.pop(TRACE_KEY)
+                self._trace = trace if isinstance(trace, dict) else None
+            self._data = data
         return self._data
+
+    @property
+    def trace_headers(self) -> dict[str, str] | None:
+        """The sender's trace context (propagation headers), once ``data`` was read."""
+        return self._trace
 
     @property
     def attempt(self) -> int:
@@ -79,7 +95,11 @@ class Job:
         return f"Job(id={self.id}, queue={self.queue!r}, attempt={self.attempt})"
 
 
-Handler = Callable[[Job], Awaitable[Any]]
+# What the worker awaits for each job.
+AsyncHandler = Callable[[Job], Awaitable[Any]]
+# What an application registers: an ``async def``, or a plain ``def`` that
+# runs in a thread pool of its own (shoal.queue.threaded).
+Handler = Callable[[Job], Any]
 _UNREAD = object()
 
 
@@ -135,3 +155,12 @@ class Interrupted:
 
 
 Outcome = Completed | Failed | Cancelled | Snoozed | Interrupted
+
+
+def outcome_of(error: Exception) -> Outcome:
+    """What a handler meant by raising ``error`` (see ``shoal.errors``)."""
+    if isinstance(error, Snooze):
+        return Snoozed(error.delay)
+    if isinstance(error, Cancel):
+        return Cancelled(error)
+    return Failed(error, isinstance(error, PermanentError))

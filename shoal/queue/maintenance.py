@@ -86,6 +86,14 @@ class Maintenance:
                     )
                 )
             states = await self.store.fail(failures, now=now_sql, expired_only=True, conn=conn)
+            # Retries due now wake idle workers when this commits, as an insert
+            # does: a worker waiting for its poll would otherwise wait it out.
+            due = {f.id for f in failures if not f.retry_in}
+            wake = sorted(
+                {e.queue for e in expired if e.id in due and states.get(e.id) is JobState.RETRY}
+            )
+            if wake:
+                await self.store.notify(conn, wake)
             retried = sum(1 for s in states.values() if s is JobState.RETRY)
             return retried, len(states) - retried
 

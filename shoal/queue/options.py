@@ -7,11 +7,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from shoal.errors import InvalidInput
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,127}$")
+# Matched whole (fullmatch): with match(), "$" also matches before a final
+# newline, which would let "q\n" through.
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,127}")
 
 DEFAULT_RETRY_LIMIT = 2
 DEFAULT_RETRY_DELAY = timedelta(0)
@@ -49,6 +51,32 @@ class JobOptions:
         return replace(self, **parse_options(overrides))
 
 
+class SharedJobOptions(TypedDict, total=False):
+    """Keyword options many jobs can share (``insert_many``); see :class:`JobOptions`.
+
+    Durations are a ``timedelta`` or seconds.
+    """
+
+    retry_limit: int
+    retry_delay: timedelta | float
+    retry_backoff: bool
+    retry_delay_max: timedelta | float
+    expire_in: timedelta | float
+    start_after: datetime | timedelta | float | None
+    priority: int
+    dead_letter: str | None
+
+
+class SendOptions(SharedJobOptions, total=False):
+    """Keyword options of one job (``send``): the shared ones and its ``singleton_key``.
+
+    Typed, so a type checker catches ``retry_limt=3`` where it is written;
+    at run time an unknown name is refused with :class:`InvalidInput`.
+    """
+
+    singleton_key: str | None
+
+
 OPTION_NAMES = frozenset(f.name for f in fields(JobOptions))
 _PG_BOSS_SPELLINGS = {
     "retryLimit": "retry_limit",
@@ -65,7 +93,7 @@ _PG_BOSS_SPELLINGS = {
 def check_queue_name(name: object, field: str = "queue") -> str:
     if isinstance(name, str) and name in _GOOD_NAMES:
         return name
-    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidInput(
             field,
             f"{name!r} is not a valid queue name: 1-128 letters, digits, "
@@ -86,7 +114,7 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 # Built once: json.dumps with any non-default option builds an encoder per call,
-# which was half the cost of validating a 10,000-job insert.
+# which would be half the cost of validating a 10,000-job insert.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 
 

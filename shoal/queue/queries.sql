@@ -16,7 +16,7 @@ WITH opts AS (
     ) WITH ORDINALITY AS o(queue, priority, retry_limit, retry_delay_s, retry_backoff,
                           retry_delay_max_s, expire_in_s, dead_letter, start_at, start_in_s, k)
 ), input AS MATERIALIZED (
-    SELECT nextval('{schema}.job_id_seq') AS id, u.ord, u.data, u.singleton_key, o.*
+    SELECT nextval({job_id_seq}) AS id, u.ord, u.data, u.singleton_key, o.*
     FROM unnest(%(option_set)b::int[], %(data)b::text[], %(singleton_key)b::text[])
         WITH ORDINALITY AS u(k, data, singleton_key, ord)
     JOIN opts o USING (k)
@@ -39,18 +39,17 @@ WITH opts AS (
 SELECT inserted.id FROM input LEFT JOIN inserted USING (id) ORDER BY input.ord
 
 -- name: claim_jobs
--- Claims up to %(limit)s waiting jobs of one queue (see claim_jobs() in 0001_queue.sql).
--- The payload comes back as text: it is parsed only if a handler reads it.
-SELECT id, queue, data::text, priority, attempt, retry_limit,
-       extract(epoch FROM retry_delay)::float8, retry_backoff,
-       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
-       singleton_key, dead_letter, created_at, started_at, lease_expires_at
-FROM {schema}.claim_jobs(%(queue)s, %(limit)s, %(now)s::timestamptz)
+-- Claims up to %(limit)s waiting jobs of one queue (claim_jobs_v1 in
+-- migrations/0006_queue_functions_v1.sql): the claim row, read by name.
+SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
+       retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
+       lease_expires_at
+FROM {schema}.claim_jobs_v1(%(queue)s, %(limit)s, %(now)s::timestamptz)
 
 -- name: complete_jobs
--- active -> completed, each fenced by the attempt its worker was handed (see
--- complete_jobs() in 0001_queue.sql).
-SELECT id FROM {schema}.complete_jobs(
+-- active -> completed, each fenced by the attempt its worker was handed
+-- (complete_jobs_v1 in migrations/0006_queue_functions_v1.sql).
+SELECT id FROM {schema}.complete_jobs_v1(
     %(ids)s::bigint[], %(attempts)s::int[], %(outputs)s::jsonb[], %(now)s::timestamptz)
 
 -- name: fail_jobs
@@ -126,7 +125,7 @@ RETURNING j.id, j.lease_expires_at
 -- Active jobs whose lease has passed: their worker died or hung. Locked so
 -- that two rescuers never judge the same job.
 SELECT id, attempt, retry_limit, extract(epoch FROM retry_delay)::float8, retry_backoff,
-       extract(epoch FROM retry_delay_max)::float8, lease_expires_at
+       extract(epoch FROM retry_delay_max)::float8, lease_expires_at, queue
 FROM {schema}.job
 WHERE state = 'active' AND lease_expires_at <= coalesce(%(now)s::timestamptz, now())
 ORDER BY lease_expires_at
@@ -174,7 +173,7 @@ WITH picked AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), copies AS (
-    SELECT nextval('{schema}.job_id_seq') AS new_id, d.*
+    SELECT nextval({job_id_seq}) AS new_id, d.*
     FROM {schema}.job d JOIN picked USING (id)
 ), inserted AS (
     INSERT INTO {schema}.job (
@@ -287,9 +286,11 @@ SET queue = excluded.queue, cron = excluded.cron, timezone = excluded.timezone,
 DELETE FROM {schema}.schedule WHERE name = %(name)s RETURNING name
 
 -- name: list_schedules
+-- The schedules that tick: a paused one is left out until it is resumed.
 SELECT name, queue, cron, timezone, data, options, last_tick,
        coalesce(%(now)s::timestamptz, now())
 FROM {schema}.schedule
+WHERE paused_at IS NULL
 ORDER BY name
 
 -- name: advance_schedule

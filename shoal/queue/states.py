@@ -8,6 +8,13 @@
        │                 │ └──lease expired──> retry | failed
        │                 └──snooze / hand back──> created
        └──resume()── cancelled <──cancel()── created | retry | active
+
+    created | retry ──take (one-shot delivery) / redrive──> completed
+
+A take completes a waiting job in the step that delivers it, without a lease:
+the batch layer's claim of item jobs (take_item_jobs_v1), whose item rows
+record the run and its outcome instead. ``redrive()`` completes the waiting
+copies in a dead-letter queue it sends back as new jobs.
 """
 
 from __future__ import annotations
@@ -20,13 +27,16 @@ JobId = NewType("JobId", int)
 
 class JobState(StrEnum):
     CREATED = "created"
-    """Inserted by send/insert, resume, snooze or shutdown hand-back; left by claim or cancel."""
+    """Inserted by send/insert, resume, snooze or hand-back; left by claim, take or cancel."""
     RETRY = "retry"
-    """A failed attempt with attempts left (or a manual retry); left by a claim or cancel."""
+    """A failed attempt with attempts left (or a manual retry); left by claim, take or cancel."""
     ACTIVE = "active"
     """Claimed under a lease; left by complete, fail, cancel, snooze or lease expiry."""
     COMPLETED = "completed"
-    """The handler returned. Terminal."""
+    """Done with, by the queue's account. Terminal. Reached from active when the handler
+    returned, or straight from created | retry when the job was taken (a one-shot delivery
+    whose run another layer records: a batch item job's outcome is its item's) or redriven
+    (a dead-letter copy sent back as a new job); ``output`` says which."""
     CANCELLED = "cancelled"
     """cancel(), or a handler raised Cancel. Left only by resume()."""
     FAILED = "failed"
@@ -46,8 +56,8 @@ FINISHED_STATES = frozenset({JobState.COMPLETED, JobState.CANCELLED, JobState.FA
 
 # Every edge a job may take; docs/queue.md draws its diagram from this mapping.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.CREATED: frozenset({JobState.ACTIVE, JobState.CANCELLED}),
-    JobState.RETRY: frozenset({JobState.ACTIVE, JobState.CANCELLED}),
+    JobState.CREATED: frozenset({JobState.ACTIVE, JobState.COMPLETED, JobState.CANCELLED}),
+    JobState.RETRY: frozenset({JobState.ACTIVE, JobState.COMPLETED, JobState.CANCELLED}),
     JobState.ACTIVE: frozenset(
         {
             JobState.COMPLETED,

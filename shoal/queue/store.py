@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple, TypeVar
 from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database, Pending
-from shoal.db.queries import load_queries
+from shoal.db.queries import fetch_named, int_array, load_queries, positions
 from shoal.queue.options import JobOptions
 from shoal.queue.retry import RetryPolicy
 from shoal.queue.states import JobId, JobState
@@ -112,7 +113,7 @@ class NewJob:
 class ClaimedJob(NamedTuple):
     """A job a worker holds under a lease. ``attempt`` is its fencing token.
 
-    A job taken by ``take_jobs()`` (complete already, a one-shot delivery) has
+    A job taken by ``take_item_jobs_v1()`` (complete already, a one-shot delivery) has
     no lease: ``lease_expires_at`` is None, and its heartbeats only push back
     the worker's local execution deadline.
 
@@ -196,6 +197,7 @@ class ExpiredLease:
     attempt: int
     policy: RetryPolicy
     lease_expires_at: datetime
+    queue: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,33 +226,58 @@ def _policy(limit: int, delay_s: float, backoff: bool, max_s: float) -> RetryPol
     return RetryPolicy(limit, timedelta(seconds=delay_s), backoff, timedelta(seconds=max_s))
 
 
-def int_array(values: Iterable[int]) -> str:
-    """``values`` as the text of a PostgreSQL array, to bind where a statement
-    casts it (``%(ids)s::bigint[]``).
+# The claim row: the columns every claim of jobs returns, by these names
+# (claim_jobs_v1 in migrations/0006_queue_functions_v1.sql). Other layers'
+# claims (item jobs, ingest messages) return them too, and read them with
+# claim_reader.
+CLAIM_COLUMNS = (
+    "id",
+    "queue",
+    "data",
+    "priority",
+    "attempt",
+    "retry_limit",
+    "retry_delay_s",
+    "retry_backoff",
+    "retry_delay_max_s",
+    "expire_in_s",
+    "singleton_key",
+    "dead_letter",
+    "created_at",
+    "started_at",
+    "lease_expires_at",
+)
 
-    A bound value like any other, made ten times faster than psycopg's dump
-    of a list (about 0.15 against 1.5 microseconds an element): a worker
-    binds a few arrays of hundreds of ids for every batch it records.
+
+@functools.lru_cache(maxsize=64)
+def claim_reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
+    """Reads a ClaimedJob from a row of a statement with these column names.
+
+    The statement may return other columns too (a batch claim adds its
+    item's); the claim row's are found by name once per statement shape, and
+    each row is then read by position, as cheaply as a plain tuple.
     """
-    return "{" + ",".join(map(str, values)) + "}"
+    pick = operator.itemgetter(*positions(columns, CLAIM_COLUMNS, what="a claim"))
 
+    def read(row: Sequence[Any]) -> ClaimedJob:
+        (id_, queue, data, priority, attempt, limit, delay, backoff, delay_max, expire_in,
+         key, dead_letter, created_at, started_at, lease) = pick(row)  # fmt: skip
+        return ClaimedJob(
+            id_,
+            queue,
+            data,
+            priority,
+            attempt,
+            _policy(limit, delay, backoff, delay_max),
+            expire_in,
+            key,
+            dead_letter,
+            created_at,
+            started_at,
+            lease,
+        )
 
-def claimed_job(row: Sequence[Any]) -> ClaimedJob:
-    """A claimed job from the first 15 columns of a claim_jobs row (see queries.sql)."""
-    return ClaimedJob(
-        row[0],
-        row[1],
-        row[2],
-        row[3],
-        row[4],
-        _policy(row[5], row[6], row[7], row[8]),
-        row[9],
-        row[10],
-        row[11],
-        row[12],
-        row[13],
-        row[14],
-    )
+    return read
 
 
 def _record(row: Sequence[Any]) -> JobRecord:
@@ -286,7 +313,7 @@ class JobStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.sql = load_queries("shoal.queue", db.schema)
+        self.sql = load_queries("shoal.queue", db.schema, regclasses=["job_id_seq"])
         # One notification channel per schema, so two shoal installs in one
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
@@ -348,13 +375,11 @@ class JobStore:
         """
         query = self.sql["claim_jobs"]
         params = {"queue": queue, "limit": limit, "now": now}
-
-        async def run(c: AsyncConn) -> list[tuple[Any, ...]]:
-            cur = await c.execute(query, params)
-            return await cur.fetchall()
-
-        rows = await self.db.run(run, transaction=False)
-        return [claimed_job(r) for r in rows]
+        columns, rows = await self.db.run(
+            lambda c: fetch_named(c, query, params), transaction=False
+        )
+        read = claim_reader(columns)
+        return [read(r) for r in rows]
 
     async def send_complete(
         self, conn: AsyncConn, done: Sequence[tuple[JobId, int, Any]], *, now: datetime | None
@@ -508,7 +533,8 @@ class JobStore:
     ) -> list[ExpiredLease]:
         rows = await self._rows("lock_expired_leases", {"limit": limit, "now": now}, conn)
         return [
-            ExpiredLease(JobId(r[0]), r[1], _policy(r[2], r[3], r[4], r[5]), r[6]) for r in rows
+            ExpiredLease(JobId(r[0]), r[1], _policy(r[2], r[3], r[4], r[5]), r[6], r[7])
+            for r in rows
         ]
 
     async def archive_finished(

@@ -25,24 +25,25 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
-from shoal.errors import Cancel, PermanentError, Snooze, TransientError
+from shoal.errors import ExpiredError, InvalidInput, TransientError
+from shoal.hooks import Hooks
 from shoal.queue.job import (
-    Cancelled,
+    AsyncHandler,
     Completed,
     Failed,
-    Handler,
     Interrupted,
     Job,
     Outcome,
     Snoozed,
     error_entry,
+    outcome_of,
 )
 from shoal.queue.notifier import Notifier
 from shoal.queue.retry import Jitter, after_failure
@@ -65,6 +66,16 @@ MAX_RECORD_BATCH = 500
 WATCHDOG_MAX_SLEEP_S = 0.25
 # Backoff of the fetcher and completer after a failed database call.
 ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+# The message of the cancellation that stop() sends to handlers still running
+# after the grace period. A handler (the batch layer's runner) tells by it a
+# run stopped by our own shutdown, which costs no attempt, from one cut off by
+# its execution timeout, which does.
+SHUTDOWN = "shoal: worker shutdown"
+
+
+def is_shutdown(error: BaseException) -> bool:
+    """Whether ``error`` is the cancellation of a run by the worker's shutdown."""
+    return isinstance(error, asyncio.CancelledError) and SHUTDOWN in error.args
 
 
 class Claim(Protocol):
@@ -93,10 +104,6 @@ Finalize = Callable[
 ]
 
 
-class ExpiredError(TimeoutError):
-    """The handler ran past its job's ``expire_in`` without a heartbeat."""
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerStats:
     claimed: int
@@ -114,7 +121,7 @@ class Worker:
         self,
         store: JobStore,
         queue: str,
-        handler: Handler,
+        handler: AsyncHandler,
         *,
         concurrency: int,
         batch_size: int | None,
@@ -125,9 +132,10 @@ class Worker:
         claim: Claim | None = None,
         finalize: Finalize | None = None,
         store_output: bool = True,
+        hooks: Hooks | None = None,
     ) -> None:
         if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
+            raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
         self.store = store
         self.queue = queue
         self.handler = handler
@@ -140,6 +148,8 @@ class Worker:
         self.claim = claim or store.claim
         self.finalize = finalize
         self.store_output = store_output
+        # Observers of fetches, outcomes and idleness (shoal.testing.Probe).
+        self.hooks = hooks if hooks is not None else Hooks()
 
         # Claimed, not yet started. Written by the fetcher, read by runners.
         self._buffer: deque[ClaimedJob] = deque()
@@ -161,6 +171,9 @@ class Worker:
         self._completer_should_exit = False
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
+        # Set by the fetcher while it waits on an empty queue; read when
+        # reporting idleness.
+        self._fetch_idle = False
         self._claimed = self._completed = self._failed = self._retried = 0
         self._released = self._lost = self._finished = 0
         # Prefetch sizing (fetcher only): jobs/s finished and seconds per claim.
@@ -172,8 +185,11 @@ class Worker:
     # -- lifecycle -------------------------------------------------------
 
     def start(self) -> None:
-        if self.notifier is not None:
-            self._wake = self.notifier.subscribe(self.queue)
+        # Set by a NOTIFY about this queue, or by this worker's own retries
+        # that are due at once; with no notifier, only by the latter.
+        self._wake = (
+            self.notifier.subscribe(self.queue) if self.notifier is not None else asyncio.Event()
+        )
         self._fetcher = asyncio.create_task(self._fetch_loop(), name=f"shoal-fetch:{self.queue}")
         self._watchdog = asyncio.create_task(self._watch_deadlines(), name="shoal-deadlines")
         self._tasks = [
@@ -208,7 +224,7 @@ class Worker:
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=grace.total_seconds())
             for task in pending:
-                task.cancel()
+                task.cancel(SHUTDOWN)
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -228,6 +244,26 @@ class Worker:
     @property
     def in_flight(self) -> int:
         return len(self._buffer) + len(self._running)
+
+    async def run_inline(self) -> int:
+        """One round in the calling task, for tests: claim, run each handler, record.
+
+        Claims up to ``batch_size`` available jobs, runs them one after the
+        other through the same outcome logic as the runners, and writes their
+        outcomes before returning how many it claimed (0: none available).
+        Use it on a worker that was never started (``shoal.testing.drain``).
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        claimed = await self.claim(self.queue, self.batch_size, now=self.clock.sql_now())
+        self._claimed += len(claimed)
+        if self.hooks:
+            self.hooks.emit("fetched", self.queue, count=len(claimed))
+        batch = [(claim, await self._run_one(claim, task)) for claim in claimed]
+        if batch:
+            # Not retried here: a database error fails the caller (the test) at once.
+            await self._write(batch)
+        return len(claimed)
 
     # -- fetcher ---------------------------------------------------------
 
@@ -260,22 +296,30 @@ class Worker:
         while not self._stopping:
             # Outcomes waiting beyond one full write mean the completer is
             # falling behind: they count as held, so claiming slows down
-            # instead of piling up active jobs. (Counting every unrecorded
-            # outcome starved fast queues: the write in flight is usually big.)
+            # instead of piling up active jobs. The write in flight does not
+            # count: it is usually big, and counting it would starve fast
+            # queues.
             backlog = max(0, self._unrecorded - MAX_RECORD_BATCH)
             held = len(self._buffer) + len(self._running) + backlog
             target = self.concurrency + self._prefetch()
             room = target - held
             # A runner about to go idle gets jobs at once. Otherwise the
-            # fetcher waits until half the target is free: refilling each
-            # finished job as it went made claims of a few dozen jobs back to
-            # back, and every claim has a fixed cost (about 1 ms of server
-            # time here, as much as 30 claimed rows).
+            # fetcher waits until half the target is free: every claim has a
+            # fixed cost (about 1 ms of server time, as much as 30 claimed
+            # rows), so refilling each finished job as it goes would make
+            # claims of a few dozen jobs back to back.
             starving = not self._buffer and len(self._running) < self.concurrency
             if room < 1 or (room < target // 2 and not starving):
                 self._room.clear()
                 await self._wait_for(self._room)
                 continue
+            # Cleared before the claim, never after: a NOTIFY that arrives
+            # while the claim runs must still wake the idle wait below, since
+            # its job may have committed after the claim's snapshot (cleared
+            # after the claim, it would wait for the next poll, and forever
+            # on a clock that never moves).
+            if self._wake is not None:
+                self._wake.clear()
             started = self.clock.monotonic()
             try:
                 claimed = await self.claim(
@@ -285,7 +329,13 @@ class Worker:
             except TransientError as exc:
                 delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
                 errors += 1
-                log.warning("claim from %s failed (%s); retrying in %.1fs", self.queue, exc, delay)
+                log.warning(
+                    "claim from %s failed (%s); retrying in %.1fs",
+                    self.queue,
+                    exc,
+                    delay,
+                    extra={"queue": self.queue},
+                )
                 await self._wait_for(asyncio.Event(), delay)
                 continue
             now = self.clock.monotonic()
@@ -294,18 +344,41 @@ class Worker:
                 rate = (self._finished - last_finished) / (now - last_at)
                 self._rate = 0.7 * self._rate + 0.3 * rate
                 last_at, last_finished = now, self._finished
+            if self.hooks:
+                self.hooks.emit("fetched", self.queue, count=len(claimed))
             if claimed:
                 self._claimed += len(claimed)
                 self._buffer.extend(claimed)
                 self._has_jobs.set()
             if len(claimed) < min(room, self.batch_size):
-                await self._idle_wait()
+                self._fetch_idle = True
+                self._report_idle()
+                try:
+                    await self._idle_wait(started)
+                finally:
+                    self._fetch_idle = False
 
-    async def _idle_wait(self) -> None:
-        """Wait for a NOTIFY about this queue, or the poll interval."""
-        wake = self._wake or asyncio.Event()
-        wake.clear()
-        await self._wait_for(wake, self.poll_interval.total_seconds())
+    def _report_idle(self) -> None:
+        """Report ``worker_idle`` when the queue looked empty and nothing is left to do."""
+        if (
+            self.hooks
+            and self._fetch_idle
+            and not self._buffer
+            and not self._running
+            and not self._unrecorded
+        ):
+            self.hooks.emit("worker_idle", self.queue)
+
+    async def _idle_wait(self, claim_began: float) -> None:
+        """Wait for a NOTIFY about this queue (since the last claim began), or the poll interval.
+
+        The interval counts from when the empty claim began, not from now: a
+        clock that moved while the claim ran (a test's ``advance``, a long
+        stall) may already have passed it, and then the next claim is due.
+        """
+        elapsed = self.clock.monotonic() - claim_began
+        remaining = max(0.0, self.poll_interval.total_seconds() - elapsed)
+        await self._wait_for(self._wake or asyncio.Event(), remaining)
 
     # -- runners ---------------------------------------------------------
 
@@ -330,26 +403,37 @@ class Worker:
 
     async def _run_one(self, claim: ClaimedJob, task: asyncio.Task[Any]) -> Outcome:
         job = Job(claim, self._heartbeat)
-        self._deadline_at[claim.id] = self.clock.monotonic() + claim.expire_in_s
+        started = self.clock.monotonic()
+        self._deadline_at[claim.id] = started + claim.expire_in_s
+        outcome: Outcome
         try:
             output = await self.handler(job)
         except asyncio.CancelledError:
             if claim.id in self._expired and not self._stopping:
                 task.uncancel()
-                return Failed(ExpiredError(f"handler ran past expire_in={claim.expire_in}"), False)
-            raise
-        except Snooze as snooze:
-            return Snoozed(snooze.delay)
-        except Cancel as cancel:
-            return Cancelled(cancel)
-        except PermanentError as exc:
-            return Failed(exc, True)
+                outcome = Failed(
+                    ExpiredError(f"handler ran past expire_in={claim.expire_in}"), False
+                )
+            else:
+                raise
         except Exception as exc:
-            return Failed(exc, False)
+            outcome = outcome_of(exc)
+        else:
+            outcome = Completed(output)
         finally:
             self._deadline_at.pop(claim.id, None)
             self._expired.discard(claim.id)
-        return Completed(output)
+        if self.hooks:
+            self.hooks.emit(
+                "job_ran",
+                self.queue,
+                job_id=claim.id,
+                attempt=claim.attempt,
+                run_s=self.clock.monotonic() - started,
+                created_at=claim.created_at,
+                started_at=claim.started_at,
+            )
+        return outcome
 
     async def _watch_deadlines(self) -> None:
         """Cancel handlers that ran past their execution deadline."""
@@ -360,7 +444,11 @@ class Worker:
                 if at <= now:
                     task = self._running.get(job_id)
                     if task is not None and job_id not in self._expired:
-                        log.warning("job %s ran past its expire_in; cancelling it", job_id)
+                        log.warning(
+                            "job %s ran past its expire_in; cancelling it",
+                            job_id,
+                            extra={"queue": self.queue, "job_id": job_id},
+                        )
                         self._expired.add(job_id)
                         task.cancel()
                 else:
@@ -417,16 +505,24 @@ class Worker:
                 self._outcomes[:0] = batch  # keep order; try again
                 delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
                 errors += 1
-                log.warning("recording %d outcomes failed (%s); retrying", len(batch), exc)
+                log.warning(
+                    "recording %d outcomes failed (%s); retrying",
+                    len(batch),
+                    exc,
+                    extra={"queue": self.queue},
+                )
                 await self.clock.sleep(delay)
             except Exception:  # loop boundary: log every job id, keep the loop alive
                 log.exception(
                     "recording outcomes of jobs %s failed; their leases will expire",
                     [c.id for c, _ in batch],
+                    extra={"queue": self.queue},
                 )
             finally:
                 self._recording = 0
                 self._room.set()
+            if not self._outcomes:
+                self._report_idle()
 
     async def _write(self, batch: list[tuple[ClaimedJob, Outcome]]) -> None:
         """Record a batch of outcomes: one fenced statement per kind of outcome.
@@ -441,6 +537,7 @@ class Worker:
         completed: list[tuple[ClaimedJob, Outcome]] = []
         failures: dict[JobId, Failure] = {}
         released: list[tuple[ClaimedJob, timedelta]] = []
+        snoozed: set[JobId] = set()
         cancels: list[tuple[ClaimedJob, BaseException]] = []
         for claim, outcome in batch:
             if isinstance(outcome, Completed):
@@ -464,13 +561,20 @@ class Worker:
                     error_entry(claim.attempt, outcome.error, at),
                 )
             elif isinstance(outcome, Snoozed | Interrupted):
-                delay = outcome.delay if isinstance(outcome, Snoozed) else timedelta(0)
-                released.append((claim, delay))
+                if isinstance(outcome, Snoozed):
+                    snoozed.add(claim.id)
+                    released.append((claim, outcome.delay))
+                else:
+                    released.append((claim, timedelta(0)))
             else:
                 cancels.append((claim, outcome.error))
 
-        def recorded(claims: set[JobId]) -> None:
+        def recorded(claims: set[JobId], outcomes: Mapping[JobId, str] | None = None) -> None:
             batch[:] = [(c, o) for c, o in batch if c.id not in claims]
+            if self.hooks:
+                for job_id in claims:
+                    outcome = outcomes.get(job_id, "lost") if outcomes is not None else "cancelled"
+                    self.hooks.emit("job_finished", self.queue, job_id=job_id, outcome=outcome)
 
         async def record(conn: AsyncConn) -> None:
             if completed:
@@ -485,7 +589,7 @@ class Worker:
                     won = await (await self.store.send_complete(conn, done, now=now_sql)).result()
                 self._completed += len(won)
                 self._lost += len(completed) - len(won)
-                recorded({c.id for c, _ in completed})
+                recorded({c.id for c, _ in completed}, dict.fromkeys(won, "completed"))
             if failures:
                 states = await (
                     await self.store.send_fail(conn, list(failures.values()), now=now_sql)
@@ -498,11 +602,22 @@ class Worker:
                             job_id,
                             self.queue,
                             failures[job_id].error["message"],
+                            extra={"queue": self.queue, "job_id": job_id},
                         )
                     else:
                         self._retried += 1
+                        if not failures[job_id].retry_in and self._wake is not None:
+                            # Due now: claim it again without waiting for the
+                            # poll (a retry sends no NOTIFY).
+                            self._wake.set()
                 self._lost += len(failures) - len(states)
-                recorded(set(failures))
+                recorded(
+                    set(failures),
+                    {
+                        job_id: "failed" if state is JobState.FAILED else "retried"
+                        for job_id, state in states.items()
+                    },
+                )
             if released:
                 back = await (
                     await self.store.send_release(
@@ -511,7 +626,10 @@ class Worker:
                 ).result()
                 self._released += len(back)
                 self._lost += len(released) - len(back)
-                recorded({c.id for c, _ in released})
+                recorded(
+                    {c.id for c, _ in released},
+                    {i: "snoozed" if i in snoozed else "released" for i in back},
+                )
             for claim, error in cancels:
                 await self.store.cancel_active(
                     claim.id,

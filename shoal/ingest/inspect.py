@@ -1,0 +1,129 @@
+"""The ingest layer's console: topics, their dead letters, and redrive.
+
+What ``shoal api``'s topic routes call. An unknown topic is
+:class:`~shoal.errors.NotFound` naming the field and listing the known ones;
+nothing is written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shoal.db.pool import AsyncConn
+from shoal.db.queries import load_queries
+from shoal.errors import InvalidInput, NotFound
+from shoal.ingest.message import Envelope
+from shoal.ingest.postgres import PostgresTransport
+from shoal.ingest.store import DeadLetter
+from shoal.ingest.transport import Transport
+from shoal.queue.client import Shoal
+from shoal.queue.inspect import known_list
+
+MAX_PAGE = 500
+MAX_REDRIVE = 10_000
+_CURSOR = re.compile(r"[1-9][0-9]{0,18}")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSummary:
+    topic: str
+    depth: int
+    ready: int
+    in_flight: int
+    delayed: int
+    oldest_age_s: float | None
+    wait_s: float | None
+    paused: bool
+    checked_at: datetime | None  # when the backlog monitor last looked
+    dead: int  # dead letters waiting for a redrive
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPage:
+    letters: list[DeadLetter]
+    next_cursor: str | None
+
+
+class TopicInspector:
+    def __init__(self, boss: Shoal) -> None:
+        self.boss = boss
+        self.clock = boss.clock
+        self.sql = load_queries("shoal.ingest", boss.db.schema, file="inspect.sql")
+
+    async def _rows(
+        self, name: str, params: dict[str, Any], conn: AsyncConn | None = None
+    ) -> list[tuple[Any, ...]]:
+        return await self.boss.db.fetch(self.sql[name], params, conn)
+
+    async def topics(self) -> list[TopicSummary]:
+        return [TopicSummary(*r) for r in await self._rows("topics", {})]
+
+    async def require_topic(self, topic: str, field: str = "name") -> str:
+        if not (await self._rows("topic_known", {"topic": topic}))[0][0]:
+            names = [r[0] for r in await self._rows("topic_names", {})]
+            raise NotFound(f"no topic {topic!r:.130}; {known_list('topic', names)}", field=field)
+        return topic
+
+    async def dead(
+        self,
+        topic: str,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        include_redriven: bool = False,
+    ) -> DeadPage:
+        """A page of ``topic``'s dead letters, oldest first."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput("limit", f"must be 1 to {MAX_PAGE}, got {limit}")
+        if cursor is not None and not _CURSOR.fullmatch(cursor):
+            raise InvalidInput("cursor", f"{cursor!r:.80} is not a cursor this list returned")
+        await self.require_topic(topic)
+        rows = await self._rows(
+            "dead_page",
+            {
+                "topic": topic,
+                "all": include_redriven,
+                "after_id": None if cursor is None else int(cursor),
+                "limit": limit + 1,
+            },
+        )
+        letters = [DeadLetter(*r) for r in rows[:limit]]
+        more = len(rows) > limit
+        return DeadPage(letters, str(letters[-1].id) if more else None)
+
+    async def redrive(
+        self,
+        topic: str,
+        transport: Transport,
+        *,
+        ids: Sequence[int] | None = None,
+        limit: int = MAX_REDRIVE,
+    ) -> int:
+        """Publish ``topic``'s waiting dead letters again (those of ``ids``, or up
+        to ``limit``); how many. A failed publish leaves them waiting."""
+        await self.require_topic(topic)
+        params = {
+            "topic": topic,
+            "ids": None if ids is None else list(ids),
+            "limit": limit,
+            "now": self.clock.sql_now(),
+        }
+
+        async def run(conn: AsyncConn) -> int:
+            cur = await conn.execute(self.sql["take_dead_letters"], params)
+            envelopes = [Envelope.decode(r[0]) for r in await cur.fetchall()]
+            if envelopes:
+                if isinstance(transport, PostgresTransport):
+                    await transport.publish(topic, envelopes, conn=conn)
+                else:
+                    await transport.publish(topic, envelopes)
+            return len(envelopes)
+
+        return await self.boss.db.run(run)
+
+
+__all__ = ["DeadPage", "TopicInspector", "TopicSummary"]

@@ -1,0 +1,156 @@
+"""History for the console's charts: samples of every queue every 10 s and 5 min.
+
+Every worker process runs a :class:`HistorySampler` (with maintenance), but
+one sample is taken per interval in the whole cluster, whatever the number of
+processes: a sampler first takes a transaction advisory lock (the others skip
+the round) and writes only when the latest sample is older than the current
+slot. A sample per queue, plus one for all queues (queue ``*``), holds:
+
+- ``completed``, ``failed``: jobs that finished in the interval;
+- ``waiting``, ``running``, ``retrying``: jobs created, active, retry at the sample;
+- ``run_p50_s``/``run_p95_s`` (start to finish) and ``wait_p50_s``/``wait_p95_s``
+  (created to start of the last attempt) of the jobs that finished in the
+  interval, computed in the database from the job rows, not from any one
+  process's memory.
+
+Retention: 10 s samples for 24 hours, 5 min samples for 30 days.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shoal.db.pool import AsyncConn
+from shoal.db.queries import load_queries
+from shoal.errors import InvalidInput, TransientError
+from shoal.queue.client import Shoal
+
+log = logging.getLogger("shoal.history")
+
+FINE_S = 10
+COARSE_S = 300
+# How long each resolution is kept.
+RETENTION_S = {FINE_S: 24 * 3600, COARSE_S: 30 * 86400}
+# The console's windows: seconds, and the resolution drawn for each.
+WINDOWS = {"15m": (900, FINE_S), "1h": (3600, FINE_S), "24h": (86400, COARSE_S)}
+SERIES = (
+    "completed",
+    "failed",
+    "waiting",
+    "running",
+    "retrying",
+    "run_p50_s",
+    "run_p95_s",
+    "wait_p50_s",
+    "wait_p95_s",
+)
+ALL_QUEUES = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: datetime
+    completed: int
+    failed: int
+    waiting: int
+    running: int
+    retrying: int
+    run_p50_s: float | None
+    run_p95_s: float | None
+    wait_p50_s: float | None
+    wait_p95_s: float | None
+
+    def value(self, series: str) -> Any:
+        return getattr(self, series)
+
+
+def parse_window(window: str) -> tuple[int, int]:
+    """``15m``, ``1h`` or ``24h`` as (seconds, resolution), or InvalidInput naming ``window``."""
+    if window not in WINDOWS:
+        raise InvalidInput("window", f"{window!r:.40} is not one of {', '.join(WINDOWS)}")
+    return WINDOWS[window]
+
+
+def parse_series(text: str | None) -> list[str]:
+    """A comma-separated list of series names (all when empty), or InvalidInput."""
+    if text is None or not text.strip():
+        return list(SERIES)
+    names = [part.strip() for part in text.split(",")]
+    for name in names:
+        if name not in SERIES:
+            raise InvalidInput("series", f"{name!r:.40} is not one of {', '.join(SERIES)}")
+    return names
+
+
+class HistorySampler:
+    """Writes samples into the history table; see the module docstring."""
+
+    def __init__(self, boss: Shoal) -> None:
+        self.boss = boss
+        self.clock = boss.clock
+        self.sql = load_queries("shoal.queue", boss.db.schema, file="history.sql")
+        self._lock_key = f"shoal.history:{boss.db.schema}"
+
+    async def sample_once(self) -> dict[int, int]:
+        """Take the due samples (10 s and 5 min) and prune old ones; rows written
+        per resolution (0 when another process took it, or it exists)."""
+        now = self.clock.sql_now()
+
+        async def run(conn: AsyncConn) -> dict[int, int]:
+            cur = await conn.execute(self.sql["try_lead"], {"key": self._lock_key})
+            row = await cur.fetchone()
+            if not (row and row[0]):
+                return {FINE_S: 0, COARSE_S: 0}
+            written = {}
+            for resolution, keep_s in RETENTION_S.items():
+                cur = await conn.execute(self.sql["sample"], {"now": now, "resolution": resolution})
+                written[resolution] = cur.rowcount
+                await conn.execute(
+                    self.sql["prune_history"],
+                    {"now": now, "resolution": resolution, "keep_s": keep_s},
+                )
+            return written
+
+        return await self.boss.db.run(run)
+
+    async def run(self) -> None:
+        """Sample every 10 s until cancelled."""
+        while True:
+            try:
+                await self.sample_once()
+            except TransientError as exc:
+                log.warning("history sample failed: %s", exc)
+            except Exception:  # loop boundary: the sampler must keep running
+                log.exception("history sample failed")
+            now = self.clock.now().timestamp()
+            await self.clock.sleep(FINE_S - now % FINE_S + 0.05)
+
+    async def history(self, *, queue: str, window: str) -> tuple[int, list[Sample]]:
+        """(resolution, samples) of ``queue`` (``*`` for all) over ``window``."""
+        window_s, resolution = parse_window(window)
+        rows = await self.boss.db.fetch(
+            self.sql["history"],
+            {
+                "now": self.clock.sql_now(),
+                "resolution": resolution,
+                "queue": queue,
+                "window_s": window_s,
+            },
+        )
+        return resolution, [Sample(*r) for r in rows]
+
+
+__all__ = [
+    "ALL_QUEUES",
+    "COARSE_S",
+    "FINE_S",
+    "SERIES",
+    "WINDOWS",
+    "HistorySampler",
+    "Sample",
+    "parse_series",
+    "parse_window",
+]

@@ -1,0 +1,100 @@
+-- SQL of the queue layer's history (the console's charts) and worker registry.
+-- Run only by shoal/queue/history.py and shoal/queue/registry.py.
+
+-- name: sample
+-- One sample of every queue (and of all, as queue '*') at the latest multiple
+-- of %(resolution)s seconds, unless there is one: jobs finished since the
+-- previous sample (at most one interval back), their run-time and queue-wait
+-- percentiles, and the depths now. Finished jobs are read through the
+-- job_finished index, depths through job_claim and job_lease.
+WITH slot AS (
+    SELECT to_timestamp(floor(extract(epoch FROM coalesce(%(now)s::timestamptz, now()))
+                              / %(resolution)s) * %(resolution)s) AS at
+), span AS (
+    SELECT slot.at, greatest(prev.at, slot.at - %(resolution)s * interval '1 second') AS since
+    FROM slot, (
+        SELECT max(at) AS at FROM {schema}.history
+        WHERE resolution = %(resolution)s AND queue = '*'
+    ) prev
+    WHERE prev.at IS NULL OR prev.at < slot.at
+), finished AS (
+    SELECT j.queue, j.state,
+           -- NULL (left out of the percentiles) for a job completed as it was
+           -- taken (a batch item's delivery, a redriven copy): it never ran.
+           extract(epoch FROM nullif(j.finished_at - j.started_at, interval '0')) AS run_s,
+           extract(epoch FROM j.started_at - j.created_at) AS wait_s
+    FROM {schema}.job j, span
+    WHERE j.state IN ('completed', 'cancelled', 'failed')
+      AND j.finished_at > span.since AND j.finished_at <= span.at
+), by_finished AS (
+    SELECT coalesce(queue, '*') AS queue,
+           count(*) FILTER (WHERE state = 'completed') AS completed,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY run_s) AS run_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY run_s) AS run_p95,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY wait_s) AS wait_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_s) AS wait_p95
+    FROM finished
+    GROUP BY GROUPING SETS ((queue), ())
+), by_depth AS (
+    SELECT coalesce(queue, '*') AS queue,
+           count(*) FILTER (WHERE state = 'created') AS waiting,
+           count(*) FILTER (WHERE state = 'active') AS running,
+           count(*) FILTER (WHERE state = 'retry') AS retrying
+    FROM {schema}.job
+    WHERE state IN ('created', 'retry', 'active')
+    GROUP BY GROUPING SETS ((queue), ())
+)
+INSERT INTO {schema}.history (resolution, queue, at, completed, failed, waiting, running,
+                              retrying, run_p50_s, run_p95_s, wait_p50_s, wait_p95_s)
+SELECT %(resolution)s, queue, span.at, coalesce(f.completed, 0), coalesce(f.failed, 0),
+       coalesce(d.waiting, 0), coalesce(d.running, 0), coalesce(d.retrying, 0),
+       f.run_p50, f.run_p95, f.wait_p50, f.wait_p95
+FROM span, by_finished f FULL JOIN by_depth d USING (queue)
+ON CONFLICT DO NOTHING
+
+-- name: prune_history
+DELETE FROM {schema}.history
+WHERE resolution = %(resolution)s
+  AND at < coalesce(%(now)s::timestamptz, now()) - %(keep_s)s * interval '1 second'
+
+-- name: history
+-- The samples of one queue (or '*') at one resolution over the last %(window_s)s seconds.
+SELECT at, completed, failed, waiting, running, retrying, run_p50_s, run_p95_s, wait_p50_s,
+       wait_p95_s
+FROM {schema}.history
+WHERE resolution = %(resolution)s AND queue = %(queue)s
+  AND at > coalesce(%(now)s::timestamptz, now()) - %(window_s)s * interval '1 second'
+ORDER BY at
+
+-- name: try_lead
+-- One sampler at a time in the whole cluster: the others skip this round.
+SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))
+
+-- name: register_worker
+INSERT INTO {schema}.worker (id, host, pid, app, queues, started_at, heartbeat_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(app)s, %(queues)s::jsonb,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (id) DO UPDATE
+SET queues = excluded.queues, heartbeat_at = excluded.heartbeat_at
+
+-- name: heartbeat_worker
+-- Returns nothing when the row was dropped (the process stalled past the drop
+-- timeout): the caller registers again.
+UPDATE {schema}.worker
+SET heartbeat_at = coalesce(%(now)s::timestamptz, now()), running = %(running)s, done = %(done)s
+WHERE id = %(id)s
+RETURNING id
+
+-- name: drop_gone_workers
+DELETE FROM {schema}.worker
+WHERE heartbeat_at < coalesce(%(now)s::timestamptz, now()) - %(drop_s)s * interval '1 second'
+
+-- name: deregister_worker
+DELETE FROM {schema}.worker WHERE id = %(id)s
+
+-- name: list_workers
+SELECT id, host, pid, app, queues, started_at, heartbeat_at, running, done,
+       heartbeat_at < coalesce(%(now)s::timestamptz, now()) - %(gone_s)s * interval '1 second'
+FROM {schema}.worker
+ORDER BY host, pid, started_at

@@ -1,0 +1,418 @@
+"""The queue layer's console: list and control queues, jobs and schedules.
+
+What ``shoal api``'s console routes and the ``shoal jobs``/``job``/``schedule``
+commands call. Every name given is checked first: an unknown queue, job or
+schedule is :class:`~shoal.errors.NotFound` naming the field (and, for a
+name, listing the known ones), and nothing is written.
+
+>>> inspector = QueueInspector(boss)                       # doctest: +SKIP
+>>> page = await inspector.jobs(queue="email", state="failed", limit=50)  # doctest: +SKIP
+>>> await inspector.retry_job(page.jobs[0].id)             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from shoal.db.pool import AsyncConn
+from shoal.db.queries import load_queries
+from shoal.errors import Conflict, InvalidInput, NotFound
+from shoal.queue.client import Shoal
+from shoal.queue.cron import next_tick
+from shoal.queue.options import check_queue_name
+from shoal.queue.retry import RetryPolicy
+from shoal.queue.states import JobId, JobState
+from shoal.queue.store import JobError, JobRecord
+
+# The jobs list shows failed jobs first: they are what an operator looks for.
+FAILED_FIRST = (JobState.FAILED,)
+OTHER_STATES = tuple(s for s in JobState if s is not JobState.FAILED)
+MAX_PAGE = 500
+DEFAULT_PAGE = 50
+# "Throughput" of a queue: jobs finished over this many recent seconds.
+THROUGHPUT_WINDOW_S = 300
+# A cursor: the part of the list (0 failed, 1 the rest) and the last id shown.
+_CURSOR = re.compile(r"([01])\.([1-9][0-9]{0,18})")
+# Most known names an error lists.
+SHOWN_NAMES = 30
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSummary:
+    queue: str
+    counts: dict[str, int]
+    oldest_waiting_s: float | None
+    paused: bool
+    paused_at: datetime | None
+    completed_5m: int
+    failed_5m: int
+
+    @property
+    def throughput_per_min(self) -> float:
+        """Jobs completed per minute over the last five minutes."""
+        return self.completed_5m * 60 / THROUGHPUT_WINDOW_S
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: list[JobRecord]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    name: str
+    queue: str
+    cron: str
+    timezone: str
+    data: Any
+    last_tick: datetime
+    next_tick: datetime | None  # None while paused
+    created_at: datetime
+    updated_at: datetime
+    paused_at: datetime | None
+    owner: str | None
+    last_job_id: JobId | None
+    last_job_state: JobState | None
+
+
+def _job_record(row: tuple[Any, ...]) -> JobRecord:
+    """A list_jobs row (see inspect.sql for the column order)."""
+    return JobRecord(
+        id=JobId(row[0]),
+        queue=row[1],
+        state=JobState(row[2]),
+        data=row[3],
+        priority=row[4],
+        attempt=row[5],
+        policy=RetryPolicy(row[6], timedelta(seconds=row[7]), row[8], timedelta(seconds=row[9])),
+        expire_in=timedelta(seconds=row[10]),
+        singleton_key=row[11],
+        dead_letter=row[12],
+        origin_queue=row[13],
+        origin_id=None if row[14] is None else JobId(row[14]),
+        start_after=row[15],
+        created_at=row[16],
+        started_at=row[17],
+        lease_expires_at=row[18],
+        finished_at=row[19],
+        output=row[20],
+        errors=tuple(
+            JobError(e["attempt"], e["at"], e["type"], e["message"], e.get("traceback"))
+            for e in row[21]
+        ),
+    )
+
+
+def known_list(kind: str, names: Sequence[str]) -> str:
+    """``known queues: a, b`` (or ``there are no queues``), for an error message."""
+    if not names:
+        return f"there are no {kind}s"
+    shown = ", ".join(names[:SHOWN_NAMES])
+    more = f" and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES else ""
+    return f"known {kind}s: {shown}{more}"
+
+
+def parse_cursor(cursor: str) -> tuple[int, JobId]:
+    """A cursor of :meth:`QueueInspector.jobs`, or InvalidInput naming ``cursor``."""
+    match = _CURSOR.fullmatch(cursor)
+    if match is None:
+        raise InvalidInput("cursor", f"{cursor!r:.80} is not a cursor this list returned")
+    return int(match[1]), JobId(int(match[2]))
+
+
+def parse_state(state: str | JobState | None) -> JobState | None:
+    if state is None or isinstance(state, JobState):
+        return state
+    try:
+        return JobState(state)
+    except ValueError:
+        known = ", ".join(s.value for s in JobState)
+        raise InvalidInput("state", f"{state!r:.80} is not a job state ({known})") from None
+
+
+class QueueInspector:
+    """Console reads and controls over one client's database."""
+
+    def __init__(self, boss: Shoal) -> None:
+        self.boss = boss
+        self.store = boss.store
+        self.clock = boss.clock
+        self.sql = load_queries("shoal.queue", boss.db.schema, file="inspect.sql")
+
+    async def _rows(
+        self, name: str, params: dict[str, Any], conn: AsyncConn | None = None
+    ) -> list[tuple[Any, ...]]:
+        return await self.boss.db.fetch(self.sql[name], params, conn)
+
+    async def _count(self, name: str, params: dict[str, Any]) -> int:
+        query = self.sql[name]
+
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(query, params)
+            return cur.rowcount
+
+        return await self.boss.db.run(run)
+
+    # -- queues ------------------------------------------------------------
+
+    async def queue_names(self) -> list[str]:
+        return [r[0] for r in await self._rows("queue_names", {"now": self.clock.sql_now()})]
+
+    async def require_queue(self, queue: str, field: str = "queue") -> str:
+        """``queue`` if there is any trace of it (jobs, a pause, a schedule, a worker).
+
+        A name that no queue could have (a NUL byte, a space) is refused by its
+        syntax first, with InvalidInput naming ``field``: it never reaches SQL.
+        """
+        check_queue_name(queue, field=field)
+        rows = await self._rows("queue_known", {"queue": queue})
+        if not rows[0][0]:
+            known = known_list("queue", await self.queue_names())
+            raise NotFound(f"no queue {queue!r:.130}; {known}", field=field)
+        return queue
+
+    async def queues(self) -> list[QueueSummary]:
+        """Every queue: jobs per state, oldest wait, pause, recent throughput."""
+        now = self.clock.sql_now()
+        stats = await self.store.queue_stats(now=now)
+        paused = dict(await self._rows("queue_paused_at", {}))
+        recent = {
+            r[0]: (r[1], r[2])
+            for r in await self._rows(
+                "queue_finished_since", {"now": now, "since_s": THROUGHPUT_WINDOW_S}
+            )
+        }
+        # Queues with no jobs yet still show: scheduled into, served by a worker.
+        known = await self.queue_names()
+        names = sorted({row.queue for row in stats} | paused.keys() | recent.keys() | set(known))
+        counts: dict[str, dict[str, int]] = {n: {s.value: 0 for s in JobState} for n in names}
+        oldest: dict[str, float] = {}
+        for row in stats:
+            counts[row.queue][row.state.value] += row.count
+            if row.oldest_waiting is not None:
+                age = row.oldest_waiting.total_seconds()
+                oldest[row.queue] = max(oldest.get(row.queue, 0.0), age)
+        return [
+            QueueSummary(
+                queue=name,
+                counts=counts[name],
+                oldest_waiting_s=oldest.get(name),
+                paused=name in paused,
+                paused_at=paused.get(name),
+                completed_5m=recent.get(name, (0, 0))[0],
+                failed_5m=recent.get(name, (0, 0))[1],
+            )
+            for name in names
+        ]
+
+    async def pause_queue(self, queue: str) -> None:
+        await self.boss.pause_queue(await self.require_queue(queue, "name"))
+
+    async def resume_queue(self, queue: str) -> None:
+        await self.boss.resume_queue(await self.require_queue(queue, "name"))
+
+    async def retry_failed(self, queue: str) -> int:
+        """Every failed job of ``queue`` to run again now; how many."""
+        await self.require_queue(queue, "name")
+        query = self.sql["retry_failed"]
+        params = {"queue": queue, "now": self.clock.sql_now()}
+
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(query, params)
+            if cur.rowcount:
+                await self.store.notify(c, [queue])
+            return cur.rowcount
+
+        return await self.boss.db.run(run)
+
+    async def delete_failed(self, queue: str) -> int:
+        """Delete every failed job of ``queue``; how many."""
+        await self.require_queue(queue, "name")
+        return await self._count("delete_failed", {"queue": queue})
+
+    # -- jobs ----------------------------------------------------------------
+
+    async def jobs(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | JobState | None = None,
+        limit: int = DEFAULT_PAGE,
+        cursor: str | None = None,
+        q: str | None = None,
+    ) -> JobPage:
+        """A page of jobs: failed first, then the rest, newest first within each.
+
+        ``q`` finds a job by id or by singleton key. ``next_cursor`` continues
+        the list (None at its end).
+        """
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput("limit", f"must be 1 to {MAX_PAGE}, got {limit}")
+        wanted = parse_state(state)
+        part, before = (0, None) if cursor is None else parse_cursor(cursor)
+        if queue is not None:
+            await self.require_queue(queue)
+        search = None if q is None or not q.strip() else q.strip()
+        # isdigit alone also accepts '²' and other digits int() refuses.
+        is_id = search is not None and search.isascii() and search.isdigit()
+        search_id = int(search) if is_id and search is not None else None
+        if search_id is not None and search_id >= 2**63:
+            search_id = None
+        parts = [FAILED_FIRST, OTHER_STATES] if wanted is None else [(wanted,)]
+        if part >= len(parts):
+            raise InvalidInput("cursor", f"{cursor!r:.80} is not a cursor this list returned")
+        found: list[tuple[int, JobRecord]] = []
+        for index in range(part, len(parts)):
+            rows = await self._rows(
+                "list_failed_jobs" if parts[index] == FAILED_FIRST else "list_jobs",
+                {
+                    "states": [s.value for s in parts[index]],
+                    "queue": queue,
+                    "before_id": before if index == part else None,
+                    "search": search,
+                    "search_id": search_id,
+                    "limit": limit + 1 - len(found),
+                },
+            )
+            found.extend((index, _job_record(r)) for r in rows)
+            if len(found) > limit:
+                break
+        if len(found) <= limit:
+            return JobPage([record for _, record in found], None)
+        last_part, last = found[limit - 1]
+        return JobPage([record for _, record in found[:limit]], f"{last_part}.{last.id}")
+
+    async def job(self, job_id: int) -> JobRecord:
+        record = await self.store.get_job(JobId(job_id))
+        if record is None:
+            raise NotFound(f"job {job_id} does not exist", field="job_id")
+        return record
+
+    async def retry_job(self, job_id: int) -> JobRecord:
+        """A failed or cancelled job to run again now."""
+        record = await self.job(job_id)
+        query = self.sql["retry_job"]
+        params = {"id": job_id, "now": self.clock.sql_now()}
+
+        async def run(c: AsyncConn) -> bool:
+            cur = await c.execute(query, params)
+            if cur.rowcount:
+                await self.store.notify(c, [record.queue])
+            return bool(cur.rowcount)
+
+        if not await self.boss.db.run(run):
+            current = await self.job(job_id)
+            if current.state in (JobState.FAILED, JobState.CANCELLED):
+                raise Conflict(
+                    f"job {job_id}: another unfinished job of queue {current.queue!r} holds "
+                    f"its singleton key {current.singleton_key!r}",
+                    field="job_id",
+                )
+            raise Conflict(
+                f"job {job_id} is {current.state.value}; only failed or cancelled jobs can be "
+                "retried",
+                field="job_id",
+            )
+        return await self.job(job_id)
+
+    async def cancel_job(self, job_id: int) -> JobRecord:
+        """A waiting or running job cancelled (a running one loses its final write)."""
+        await self.job(job_id)
+        if not await self.boss.cancel(JobId(job_id)):
+            current = await self.job(job_id)
+            raise Conflict(
+                f"job {job_id} is {current.state.value}; only waiting or active jobs can be "
+                "cancelled",
+                field="job_id",
+            )
+        return await self.job(job_id)
+
+    async def delete_job(self, job_id: int) -> None:
+        """Delete a job that is not running (live or archived)."""
+        record = await self.job(job_id)
+        if record.state is JobState.ACTIVE:
+            raise Conflict(f"job {job_id} is active; cancel it before deleting it", field="job_id")
+        if not await self._rows("delete_job", {"id": job_id}):
+            current = await self.job(job_id)
+            raise Conflict(f"job {job_id} is {current.state.value}; not deleted", field="job_id")
+
+    # -- schedules -------------------------------------------------------------
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        rows = await self._rows("list_schedules", {"now": self.clock.sql_now()})
+        out = []
+        for r in rows:
+            paused_at, db_now = r[8], r[12]
+            upcoming = None if paused_at is not None else next_tick(r[2], ZoneInfo(r[3]), db_now)
+            out.append(
+                ScheduleInfo(
+                    name=r[0],
+                    queue=r[1],
+                    cron=r[2],
+                    timezone=r[3],
+                    data=r[4],
+                    last_tick=r[5],
+                    next_tick=upcoming,
+                    created_at=r[6],
+                    updated_at=r[7],
+                    paused_at=paused_at,
+                    owner=r[9],
+                    last_job_id=None if r[10] is None else JobId(r[10]),
+                    last_job_state=None if r[11] is None else JobState(r[11]),
+                )
+            )
+        return out
+
+    async def _require_schedule(self, name: str, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
+            names = [r[0] for r in await self._rows("schedule_names", {})]
+            raise NotFound(
+                f"no schedule {name!r:.130}; {known_list('schedule', names)}", field="name"
+            )
+
+    async def pause_schedule(self, name: str) -> None:
+        """Stop ``name`` ticking in every process (it stays paused across restarts)."""
+        rows = await self._rows("pause_schedule", {"name": name, "now": self.clock.sql_now()})
+        await self._require_schedule(name, rows)
+
+    async def resume_schedule(self, name: str) -> None:
+        """Tick again from the next tick after now (missed ticks are not sent)."""
+        rows = await self._rows("resume_schedule", {"name": name, "now": self.clock.sql_now()})
+        await self._require_schedule(name, rows)
+
+    async def remove_schedule(self, name: str) -> None:
+        if not await self.boss.unschedule(name):
+            await self._require_schedule(name, [])
+
+    async def adopt_schedules(self, owner: str, names: Sequence[str]) -> list[str]:
+        """Mark ``names`` as declared by ``owner``; delete the schedules ``owner``
+        declared before and no longer does. Returns the names deleted."""
+        params = {"owner": owner, "names": list(names)}
+
+        async def run(c: AsyncConn) -> list[str]:
+            await c.execute(self.sql["own_schedules"], params)
+            cur = await c.execute(self.sql["drop_disowned_schedules"], params)
+            return [r[0] for r in await cur.fetchall()]
+
+        return await self.boss.db.run(run)
+
+    async def record_tick_job(self, conn: AsyncConn, name: str, job_id: JobId) -> None:
+        """The job ``name``'s latest tick sent, in the tick's own transaction."""
+        await conn.execute(self.sql["record_tick_job"], {"name": name, "job_id": job_id})
+
+
+__all__ = [
+    "JobPage",
+    "QueueInspector",
+    "QueueSummary",
+    "ScheduleInfo",
+    "known_list",
+    "parse_cursor",
+    "parse_state",
+]

@@ -1,0 +1,168 @@
+-- SQL of the queue layer's console: listing and controlling queues, jobs and
+-- schedules. Run by shoal/queue/inspect.py; record_tick_job by the scheduler (cron.py).
+-- Every time-dependent statement takes %(now)s; NULL means the database clock.
+
+-- name: queue_names
+-- Every queue there is a trace of: waiting or failed jobs (each walked one
+-- name at a time down its partial index: a few probes per queue however many
+-- jobs), a recent history sample (queues whose jobs all finished), a pause, a
+-- schedule, a live worker serving it.
+WITH RECURSIVE waiting AS (
+    (SELECT queue FROM {schema}.job WHERE state IN ('created', 'retry') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.job j
+            WHERE j.state IN ('created', 'retry') AND j.queue > w.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM waiting w WHERE w.queue IS NOT NULL
+), failed AS (
+    (SELECT queue FROM {schema}.job WHERE state = 'failed' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM {schema}.job j
+            WHERE j.state = 'failed' AND j.queue > f.queue
+            ORDER BY j.queue LIMIT 1)
+    FROM failed f WHERE f.queue IS NOT NULL
+)
+SELECT queue FROM waiting WHERE queue IS NOT NULL
+UNION SELECT queue FROM failed WHERE queue IS NOT NULL
+UNION SELECT DISTINCT queue FROM {schema}.history
+      WHERE resolution = 300 AND queue <> '*'
+        AND at > coalesce(%(now)s::timestamptz, now()) - interval '1 day'
+UNION SELECT queue FROM {schema}.paused_queue
+UNION SELECT queue FROM {schema}.schedule
+UNION SELECT jsonb_object_keys(queues) FROM {schema}.worker
+ORDER BY 1
+
+-- name: queue_known
+-- Probes the cheap traces first; only a name none of them knows costs a
+-- scan of the job table (an error path: a mistyped name).
+SELECT EXISTS (SELECT 1 FROM {schema}.job WHERE queue = %(queue)s AND state IN ('created', 'retry'))
+    OR EXISTS (SELECT 1 FROM {schema}.job WHERE queue = %(queue)s AND state = 'failed')
+    OR EXISTS (SELECT 1 FROM {schema}.paused_queue WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM {schema}.schedule WHERE queue = %(queue)s)
+    OR EXISTS (SELECT 1 FROM {schema}.worker WHERE queues ? %(queue)s)
+    OR EXISTS (SELECT 1 FROM {schema}.job WHERE queue = %(queue)s)
+
+-- name: queue_paused_at
+SELECT queue, paused_at FROM {schema}.paused_queue ORDER BY queue
+
+-- name: queue_finished_since
+-- Jobs that finished per queue since %(since_s)s seconds ago (the job_finished index).
+SELECT queue,
+       count(*) FILTER (WHERE state = 'completed'),
+       count(*) FILTER (WHERE state = 'failed')
+FROM {schema}.job
+WHERE state IN ('completed', 'cancelled', 'failed')
+  AND finished_at > coalesce(%(now)s::timestamptz, now()) - %(since_s)s * interval '1 second'
+GROUP BY queue
+
+-- name: list_jobs
+-- A page of jobs in some states, newest first, below a cursor id; optionally
+-- of one queue, and matching a search (an id, or a singleton key).
+SELECT id, queue, state::text, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at,
+       lease_expires_at, finished_at, output, errors
+FROM {schema}.job
+WHERE state = ANY(%(states)s::{schema}.job_state[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+  AND (%(search)s::text IS NULL OR singleton_key = %(search)s::text
+       OR id = %(search_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: list_failed_jobs
+-- list_jobs for the failed state alone: the literal state lets the planner
+-- walk the job_failed_queue index (a bound list of states cannot prove its
+-- predicate).
+SELECT id, queue, state::text, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at,
+       lease_expires_at, finished_at, output, errors
+FROM {schema}.job
+WHERE state = 'failed'
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+  AND (%(search)s::text IS NULL OR singleton_key = %(search)s::text
+       OR id = %(search_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: retry_job
+-- failed -> retry or cancelled -> created, to run again now; earlier errors
+-- stay. Skipped while another unfinished job of the queue holds its singleton key.
+UPDATE {schema}.job j
+SET state = CASE WHEN j.state = 'failed' THEN 'retry'::{schema}.job_state
+                 ELSE 'created'::{schema}.job_state END,
+    finished_at = NULL,
+    start_after = coalesce(%(now)s::timestamptz, now())
+WHERE j.id = %(id)s AND j.state IN ('failed', 'cancelled')
+  AND (j.singleton_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.job o
+        WHERE o.queue = j.queue AND o.singleton_key = j.singleton_key
+          AND o.state IN ('created', 'retry', 'active')))
+RETURNING j.queue
+
+-- name: retry_failed
+-- Every failed job of a queue back to retry, as retry_job does for one.
+UPDATE {schema}.job j
+SET state = 'retry', finished_at = NULL, start_after = coalesce(%(now)s::timestamptz, now())
+WHERE j.queue = %(queue)s AND j.state = 'failed'
+  AND (j.singleton_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.job o
+        WHERE o.queue = j.queue AND o.singleton_key = j.singleton_key
+          AND o.state IN ('created', 'retry', 'active')))
+
+-- name: delete_failed
+DELETE FROM {schema}.job WHERE queue = %(queue)s AND state = 'failed'
+
+-- name: delete_job
+-- A job that is not running, live or archived. A running job must be cancelled first.
+WITH live AS (
+    DELETE FROM {schema}.job WHERE id = %(id)s AND state <> 'active' RETURNING id
+), archived AS (
+    DELETE FROM {schema}.job_archive WHERE id = %(id)s RETURNING id
+)
+SELECT id FROM live UNION ALL SELECT id FROM archived
+
+-- name: list_schedules
+-- Every schedule, paused or not, with the state of the job its latest tick sent.
+SELECT s.name, s.queue, s.cron, s.timezone, s.data, s.last_tick, s.created_at, s.updated_at,
+       s.paused_at, s.owner, s.last_job_id, coalesce(j.state::text, a.state::text),
+       coalesce(%(now)s::timestamptz, now())
+FROM {schema}.schedule s
+LEFT JOIN {schema}.job j ON j.id = s.last_job_id
+LEFT JOIN {schema}.job_archive a ON j.id IS NULL AND a.id = s.last_job_id
+ORDER BY s.name
+
+-- name: schedule_names
+SELECT name FROM {schema}.schedule ORDER BY name
+
+-- name: pause_schedule
+UPDATE {schema}.schedule
+SET paused_at = coalesce(paused_at, coalesce(%(now)s::timestamptz, now()))
+WHERE name = %(name)s
+RETURNING name
+
+-- name: resume_schedule
+-- Ticks missed while paused are not sent: the next tick is the first after now.
+UPDATE {schema}.schedule
+SET paused_at = NULL,
+    last_tick = CASE WHEN paused_at IS NULL THEN last_tick
+                     ELSE greatest(last_tick, coalesce(%(now)s::timestamptz, now())) END
+WHERE name = %(name)s
+RETURNING name
+
+-- name: record_tick_job
+UPDATE {schema}.schedule SET last_job_id = %(job_id)s WHERE name = %(name)s
+
+-- name: own_schedules
+UPDATE {schema}.schedule SET owner = %(owner)s WHERE name = ANY(%(names)s::text[])
+
+-- name: drop_disowned_schedules
+-- The schedules an App declared before and declares no more.
+DELETE FROM {schema}.schedule
+WHERE owner = %(owner)s AND NOT (name = ANY(%(names)s::text[]))
+RETURNING name

@@ -1,0 +1,1 @@
+"""The queue layer's migrations: one version sequence with the others' (shoal.db.migrate)."""

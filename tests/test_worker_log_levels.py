@@ -1,0 +1,101 @@
+"""A worker's routine ticks log at DEBUG; INFO is kept for what an operator wants to see.
+
+One worker's log was 275 lines of "schedule shoal.batch.aggregate: enqueued
+tick" out of 278: the batch aggregator's schedule ticks every second and each
+tick was an INFO line. Ticks, maintenance and aggregator passes with nothing to
+report now log nothing at INFO; creating a schedule (once per start) does.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from shoal import App, FakeClock, Shoal
+from shoal.batch.aggregator import (
+    AGGREGATOR_CRON,
+    AGGREGATOR_JOB_OPTIONS,
+    AGGREGATOR_QUEUE,
+    AGGREGATOR_SCHEDULE,
+)
+from shoal.batch.item import Item
+from shoal.db.pool import AsyncConn
+from shoal.ingest.guard import newer_than_applied
+from tests.ingest_helpers import create_schema
+
+TICKS = 5
+
+
+def info_records(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        f"{r.name}: {r.getMessage()}"
+        for r in caplog.records
+        if r.levelno >= logging.INFO and (r.name == "shoal" or r.name.startswith("shoal."))
+    ]
+
+
+async def test_ticks_of_a_every_second_schedule_log_nothing_at_info(
+    fake_boss: Shoal, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = App()
+
+    @app.batch("logs.kind")
+    async def handle(item: Item) -> None:
+        pass
+
+    caplog.set_level(logging.DEBUG, logger="shoal")
+    # As App.run declares the aggregator's schedule on every start.
+    await fake_boss.schedule(
+        AGGREGATOR_SCHEDULE, AGGREGATOR_CRON, queue=AGGREGATOR_QUEUE, **AGGREGATOR_JOB_OPTIONS
+    )
+    assert info_records(caplog) == [
+        f"shoal.cron: schedule {AGGREGATOR_SCHEDULE}: {AGGREGATOR_CRON!r} (UTC) sends to "
+        f"{AGGREGATOR_QUEUE}"
+    ]
+    caplog.clear()
+
+    scheduler = fake_boss.scheduler()
+    maintenance = fake_boss.maintenance()
+    aggregator = app.batches(fake_boss).aggregator
+    enqueued = 0
+    for _ in range(TICKS):
+        clock.advance(timedelta(seconds=1))
+        ticks, _ = await scheduler.run_once()
+        enqueued += len(ticks)
+        await maintenance.run_once()
+        await aggregator.run_once()
+
+    assert enqueued == TICKS
+    assert info_records(caplog) == []
+    tick_lines = [r for r in caplog.records if "enqueued tick" in r.getMessage()]
+    assert len(tick_lines) == TICKS
+    assert {r.levelno for r in tick_lines} == {logging.DEBUG}
+
+
+async def test_an_older_observation_is_ignored_without_an_info_line(
+    boss: Shoal, caplog: pytest.LogCaptureFixture
+) -> None:
+    await create_schema(boss.db)
+    observed = datetime(2026, 1, 1, tzinfo=UTC)
+
+    async def guard(conn: AsyncConn, at: datetime) -> bool:
+        return await newer_than_applied(
+            conn,
+            table="card",
+            key_column="id",
+            key=1,
+            applied_column="status_observed_at",
+            observed_at=at,
+        )
+
+    async def apply(conn: AsyncConn) -> None:
+        await conn.execute("UPDATE card SET status_observed_at = %s WHERE id = 1", (observed,))
+
+    await boss.db.run(apply)
+    caplog.set_level(logging.DEBUG, logger="shoal")
+    for _ in range(3):
+        assert await boss.db.run(lambda conn: guard(conn, observed - timedelta(seconds=1))) is False
+    assert info_records(caplog) == []
+    assert len([r for r in caplog.records if "not newer" in r.getMessage()]) == 3

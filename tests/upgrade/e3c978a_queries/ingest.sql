@@ -1,0 +1,122 @@
+-- Ingest pipelines: every statement of the layer. {schema} is bound once.
+
+-- name: done_seen
+SELECT message_id FROM {schema}.ingest_done
+WHERE message_id = ANY(%(ids)s::text[]) AND expires_at > coalesce(%(now)s::timestamptz, now())
+
+-- name: mark_done
+INSERT INTO {schema}.ingest_done (message_id, expires_at)
+SELECT id, coalesce(%(now)s::timestamptz, now()) + %(ttl)s::interval
+FROM unnest(%(ids)s::text[]) AS id
+ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
+
+-- name: prune_done
+DELETE FROM {schema}.ingest_done
+WHERE message_id IN (
+    SELECT message_id FROM {schema}.ingest_done
+    WHERE expires_at <= coalesce(%(now)s::timestamptz, now())
+    LIMIT %(limit)s
+)
+
+-- name: dead_letter
+INSERT INTO {schema}.ingest_dead (topic, message_id, envelope, reason, error, attempt, dead_at)
+SELECT %(topic)s, m.id, m.envelope, %(reason)s, m.error, m.attempt,
+       coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::text[], %(envelopes)s::jsonb[], %(errors)s::text[], %(attempts)s::int[])
+    AS m(id, envelope, error, attempt)
+
+-- name: dead_letters
+SELECT id, topic, message_id, envelope::text, reason, error, attempt, dead_at, redriven_at
+FROM {schema}.ingest_dead
+WHERE topic = %(topic)s AND (%(all)s OR redriven_at IS NULL)
+ORDER BY id
+LIMIT %(limit)s
+
+-- name: take_dead_letters
+-- Marks up to `limit` waiting dead letters of a topic as redriven; the
+-- caller publishes them in the same transaction (postgres transport) or
+-- before committing (nats), so a failed publish leaves them waiting.
+UPDATE {schema}.ingest_dead SET redriven_at = coalesce(%(now)s::timestamptz, now())
+WHERE id IN (
+    SELECT id FROM {schema}.ingest_dead
+    WHERE topic = %(topic)s AND redriven_at IS NULL
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING envelope::text
+
+-- name: topic_depth
+-- The postgres transport's backlog of one topic: ready, in flight, delayed,
+-- and the age of the oldest unfinished message.
+SELECT count(*) FILTER (WHERE state IN ('created', 'retry')
+                        AND start_after <= coalesce(%(now)s::timestamptz, now())),
+       count(*) FILTER (WHERE state = 'active'),
+       count(*) FILTER (WHERE state IN ('created', 'retry')
+                        AND start_after > coalesce(%(now)s::timestamptz, now())),
+       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(created_at))
+FROM {schema}.job
+WHERE queue = %(queue)s AND state IN ('created', 'retry', 'active')
+
+-- name: record_wait
+INSERT INTO {schema}.ingest_topic (topic, last_wait_s, last_wait_at)
+VALUES (%(topic)s, %(wait_s)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (topic) DO UPDATE
+SET last_wait_s = excluded.last_wait_s, last_wait_at = excluded.last_wait_at
+
+-- name: record_backlog
+-- The monitor's reading. The wait is what consumers last reported while that
+-- report is recent and the topic has a backlog, else the oldest message's age.
+-- The pause flag is set past pause_depth and cleared below half of it
+-- (hysteresis), in this one statement.
+INSERT INTO {schema}.ingest_topic AS t
+    (topic, depth, ready, in_flight, delayed, oldest_age_s, wait_s, paused, checked_at)
+VALUES (%(topic)s, %(depth)s, %(ready)s, %(in_flight)s, %(delayed)s, %(oldest_age_s)s,
+        %(oldest_age_s)s, %(depth)s > %(pause_depth)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (topic) DO UPDATE
+SET depth = excluded.depth, ready = excluded.ready, in_flight = excluded.in_flight,
+    delayed = excluded.delayed, oldest_age_s = excluded.oldest_age_s,
+    checked_at = excluded.checked_at,
+    wait_s = CASE WHEN excluded.depth > 0 AND t.last_wait_at IS NOT NULL
+                       AND t.last_wait_at >= excluded.checked_at - %(recent)s::interval
+                  THEN t.last_wait_s ELSE excluded.oldest_age_s END,
+    paused = CASE WHEN excluded.depth > %(pause_depth)s THEN true
+                  WHEN excluded.depth < %(pause_depth)s / 2.0 THEN false
+                  ELSE t.paused END
+RETURNING paused, wait_s
+
+-- name: topic_states
+SELECT topic, depth, ready, in_flight, delayed, oldest_age_s, wait_s, paused, checked_at,
+       last_wait_s
+FROM {schema}.ingest_topic ORDER BY topic
+
+-- name: topic_paused
+SELECT paused FROM {schema}.ingest_topic WHERE topic = %(topic)s
+
+-- name: config_get
+SELECT value::text FROM {schema}.config WHERE key = %(key)s
+
+-- name: config_set
+INSERT INTO {schema}.config (key, value, updated_at)
+VALUES (%(key)s, %(value)s::jsonb, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at
+
+-- name: config_all
+SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
+
+-- name: ack_messages
+-- The postgres transport's ack: an acknowledged message is deleted, fenced by
+-- the attempt it was delivered under (a redelivered copy is not the caller's
+-- to ack). No finished row is kept: the done-marker records what was applied,
+-- and a delete writes no new row version and no index entries. The consumer's
+-- done-markers (id, TTL) are written by the same statement, so a message is
+-- acknowledged and marked, or neither (an empty list of marks writes none).
+WITH marked AS (
+    INSERT INTO {schema}.ingest_done (message_id, expires_at)
+    SELECT m.id, coalesce(%(now)s::timestamptz, now()) + m.ttl
+    FROM unnest(%(marks)s::text[], %(ttls)s::interval[]) AS m(id, ttl)
+    ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
+)
+DELETE FROM {schema}.job AS j
+USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS a(id, attempt)
+WHERE j.id = a.id AND j.attempt = a.attempt AND j.state = 'active'

@@ -1,0 +1,305 @@
+-- SQL of the queue layer. Run only by shoal/queue/store.py.
+-- Every time-dependent statement takes %(now)s; NULL means the database clock.
+
+-- name: insert_jobs
+-- Inserts many jobs in one statement, returning each input's id in input order
+-- (NULL where an unfinished job of that queue already holds the singleton key).
+-- Jobs arrive as (option set, data, singleton key) with the distinct option
+-- sets sent once: a batch of 10,000 usually shares one. `input` is
+-- materialized (nextval is volatile), so ids match on the final join.
+WITH opts AS (
+    SELECT * FROM unnest(
+        %(queue)s::text[], %(priority)s::int[], %(retry_limit)s::int[],
+        %(retry_delay_s)s::float8[], %(retry_backoff)s::bool[], %(retry_delay_max_s)s::float8[],
+        %(expire_in_s)s::float8[], %(dead_letter)s::text[], %(start_at)s::timestamptz[],
+        %(start_in_s)s::float8[]
+    ) WITH ORDINALITY AS o(queue, priority, retry_limit, retry_delay_s, retry_backoff,
+                          retry_delay_max_s, expire_in_s, dead_letter, start_at, start_in_s, k)
+), input AS MATERIALIZED (
+    SELECT nextval('{schema}.job_id_seq') AS id, u.ord, u.data, u.singleton_key, o.*
+    FROM unnest(%(option_set)b::int[], %(data)b::text[], %(singleton_key)b::text[])
+        WITH ORDINALITY AS u(k, data, singleton_key, ord)
+    JOIN opts o USING (k)
+), inserted AS (
+    INSERT INTO {schema}.job (
+        id, queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
+        expire_in, singleton_key, dead_letter, start_after, created_at)
+    SELECT id, queue, data::jsonb, priority, retry_limit,
+           retry_delay_s * interval '1 second', retry_backoff,
+           retry_delay_max_s * interval '1 second', expire_in_s * interval '1 second',
+           singleton_key, dead_letter,
+           coalesce(start_at,
+                    coalesce(%(now)s::timestamptz, now()) + coalesce(start_in_s, 0) * interval '1 second'),
+           coalesce(%(now)s::timestamptz, now())
+    FROM input
+    ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id
+)
+SELECT inserted.id FROM input LEFT JOIN inserted USING (id) ORDER BY input.ord
+
+-- name: claim_jobs
+-- Claims up to %(limit)s waiting jobs of one queue (see claim_jobs() in 0001_queue.sql).
+-- The payload comes back as text: it is parsed only if a handler reads it.
+SELECT id, queue, data::text, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+       singleton_key, dead_letter, created_at, started_at, lease_expires_at
+FROM {schema}.claim_jobs(%(queue)s, %(limit)s, %(now)s::timestamptz)
+
+-- name: complete_jobs
+-- active -> completed, each fenced by the attempt its worker was handed (see
+-- complete_jobs() in 0001_queue.sql).
+SELECT id FROM {schema}.complete_jobs(
+    %(ids)s::bigint[], %(attempts)s::int[], %(outputs)s::jsonb[], %(now)s::timestamptz)
+
+-- name: fail_jobs
+-- active -> retry | failed, each fenced by its attempt, appending the attempt's
+-- error. With %(expired_only)s the row must also still be past its lease: a
+-- heartbeat that landed after the rescuer read the row wins. A job that fails
+-- for good with a dead_letter queue leaves a copy there, in this statement.
+WITH u AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::{schema}.job_state[],
+                         %(retry_in_s)s::float8[], %(errors)s::jsonb[])
+        AS u(id, attempt, state, retry_in_s, error)
+), failed AS (
+    UPDATE {schema}.job j
+    SET state = u.state,
+        start_after = CASE WHEN u.state = 'retry'
+            THEN coalesce(%(now)s::timestamptz, now()) + u.retry_in_s * interval '1 second'
+            ELSE j.start_after END,
+        finished_at = CASE WHEN u.state = 'failed' THEN coalesce(%(now)s::timestamptz, now()) END,
+        lease_expires_at = NULL,
+        errors = j.errors || jsonb_build_array(u.error)
+    FROM u
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
+      AND j.attempt = u.attempt
+      AND (NOT %(expired_only)s OR j.lease_expires_at <= coalesce(%(now)s::timestamptz, now()))
+    RETURNING j.*
+), dead AS (
+    INSERT INTO {schema}.job (
+        queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
+        expire_in, origin_queue, origin_id, start_after, created_at)
+    SELECT dead_letter, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
+           expire_in, queue, id, coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now())
+    FROM failed
+    WHERE state = 'failed' AND dead_letter IS NOT NULL
+)
+SELECT id, state::text FROM failed
+
+-- name: release_jobs
+-- active -> created without costing an attempt: a snooze, or a job handed back
+-- at shutdown. Fenced by attempt.
+UPDATE {schema}.job j
+SET state = 'created',
+    attempt = j.attempt - 1,
+    started_at = NULL,
+    lease_expires_at = NULL,
+    start_after = coalesce(%(now)s::timestamptz, now()) + u.delay_s * interval '1 second'
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(delays_s)s::float8[]) AS u(id, attempt, delay_s)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
+  AND j.attempt = u.attempt
+RETURNING j.id
+
+-- name: cancel_active_job
+-- active -> cancelled by the handler's own Cancel, fenced by attempt.
+UPDATE {schema}.job
+SET state = 'cancelled',
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    lease_expires_at = NULL,
+    errors = errors || jsonb_build_array(%(error)s::jsonb)
+WHERE id = %(id)s AND state = 'active' AND attempt = %(attempt)s
+RETURNING id
+
+-- name: extend_leases
+-- A heartbeat: the lease runs expire_in from now again. Returns the jobs still
+-- held; a missing id means this worker lost the job (expired, cancelled).
+UPDATE {schema}.job j
+SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + j.expire_in
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
+  AND j.attempt = u.attempt
+RETURNING j.id, j.lease_expires_at
+
+-- name: lock_expired_leases
+-- Active jobs whose lease has passed: their worker died or hung. Locked so
+-- that two rescuers never judge the same job.
+SELECT id, attempt, retry_limit, extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, lease_expires_at
+FROM {schema}.job
+WHERE state = 'active' AND lease_expires_at <= coalesce(%(now)s::timestamptz, now())
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: cancel_jobs
+-- created | retry | active -> cancelled. A worker still running a cancelled job
+-- loses its final write to the attempt fence.
+UPDATE {schema}.job
+SET state = 'cancelled', finished_at = coalesce(%(now)s::timestamptz, now()), lease_expires_at = NULL
+WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('created', 'retry', 'active')
+RETURNING id
+
+-- name: resume_jobs
+-- cancelled -> created. Skips a job whose singleton key an unfinished job now holds.
+UPDATE {schema}.job j
+SET state = 'created', finished_at = NULL, start_after = coalesce(%(now)s::timestamptz, now())
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'cancelled'
+  AND (j.singleton_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.job o
+        WHERE o.queue = j.queue AND o.singleton_key = j.singleton_key
+          AND o.state IN ('created', 'retry', 'active')))
+RETURNING j.id
+
+-- name: retry_jobs
+-- failed -> retry, to run again now; earlier errors stay on the row.
+UPDATE {schema}.job j
+SET state = 'retry', finished_at = NULL, start_after = coalesce(%(now)s::timestamptz, now())
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'failed'
+  AND (j.singleton_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {schema}.job o
+        WHERE o.queue = j.queue AND o.singleton_key = j.singleton_key
+          AND o.state IN ('created', 'retry', 'active')))
+RETURNING j.id
+
+-- name: redrive
+-- Moves waiting jobs of a dead-letter queue back to the queues they came from,
+-- as new jobs with fresh attempts; the dead-letter copies are completed with a
+-- pointer to their replacement. One statement: no job is lost or doubled.
+WITH picked AS (
+    SELECT id FROM {schema}.job
+    WHERE queue = %(queue)s AND state IN ('created', 'retry') AND origin_queue IS NOT NULL
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), copies AS (
+    SELECT nextval('{schema}.job_id_seq') AS new_id, d.*
+    FROM {schema}.job d JOIN picked USING (id)
+), inserted AS (
+    INSERT INTO {schema}.job (
+        id, queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
+        expire_in, dead_letter, start_after, created_at)
+    SELECT new_id, origin_queue, data, priority, retry_limit, retry_delay, retry_backoff,
+           retry_delay_max, expire_in, queue, coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now())
+    FROM copies
+    RETURNING id
+)
+UPDATE {schema}.job j
+SET state = 'completed',
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    lease_expires_at = NULL,
+    output = jsonb_build_object('redriven_to', c.new_id)
+FROM copies c
+WHERE j.id = c.id
+RETURNING j.id, c.new_id
+
+-- name: archive_finished
+-- Moves finished jobs past their retention to the archive. Waiting and active
+-- jobs are never touched: a job that has not run is never removed.
+WITH moved AS (
+    DELETE FROM {schema}.job
+    WHERE id IN (
+        SELECT id FROM {schema}.job
+        WHERE state IN ('completed', 'cancelled', 'failed')
+          AND finished_at < coalesce(%(now)s::timestamptz, now()) - %(retention_s)s * interval '1 second'
+        ORDER BY finished_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED)
+    RETURNING *
+)
+INSERT INTO {schema}.job_archive
+SELECT moved.*, coalesce(%(now)s::timestamptz, now()) FROM moved
+
+-- name: prune_archive
+-- Deletes archived jobs past the archive's retention.
+DELETE FROM {schema}.job_archive
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {schema}.job_archive
+    WHERE archived_at < coalesce(%(now)s::timestamptz, now()) - %(retention_s)s * interval '1 second'
+    LIMIT %(limit)s))
+
+-- name: queue_stats
+-- Jobs per queue and state, and the age of the oldest job that could run now.
+SELECT queue, state::text, count(*),
+       max(coalesce(%(now)s::timestamptz, now()) - greatest(created_at, start_after))
+           FILTER (WHERE state IN ('created', 'retry')
+                   AND start_after <= coalesce(%(now)s::timestamptz, now()))
+FROM {schema}.job
+GROUP BY queue, state
+ORDER BY queue, state
+
+-- name: paused_queues
+SELECT queue FROM {schema}.paused_queue ORDER BY queue
+
+-- name: pause_queue
+INSERT INTO {schema}.paused_queue (queue, paused_at)
+VALUES (%(queue)s, coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (queue) DO NOTHING
+
+-- name: resume_queue
+DELETE FROM {schema}.paused_queue WHERE queue = %(queue)s
+
+-- name: get_job
+-- One job, live or archived.
+SELECT id, queue, state::text, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at, lease_expires_at,
+       finished_at, output, errors
+FROM {schema}.job WHERE id = %(id)s
+UNION ALL
+SELECT id, queue, state::text, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at, lease_expires_at,
+       finished_at, output, errors
+FROM {schema}.job_archive WHERE id = %(id)s
+LIMIT 1
+
+-- name: list_jobs
+-- A page of jobs of a queue, optionally in one state, newest first.
+SELECT id, queue, state::text, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at, lease_expires_at,
+       finished_at, output, errors
+FROM {schema}.job
+WHERE queue = %(queue)s
+  AND (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: upsert_schedule
+-- Creates or replaces a cron schedule. A new schedule's first tick is the next
+-- one after now; a replaced one keeps its place.
+INSERT INTO {schema}.schedule (name, queue, cron, timezone, data, options, last_tick, created_at, updated_at)
+VALUES (%(name)s, %(queue)s, %(cron)s, %(timezone)s, %(data)s::jsonb, %(options)s::jsonb,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (name) DO UPDATE
+SET queue = excluded.queue, cron = excluded.cron, timezone = excluded.timezone,
+    data = excluded.data, options = excluded.options, updated_at = excluded.updated_at
+
+-- name: delete_schedule
+DELETE FROM {schema}.schedule WHERE name = %(name)s RETURNING name
+
+-- name: list_schedules
+SELECT name, queue, cron, timezone, data, options, last_tick,
+       coalesce(%(now)s::timestamptz, now())
+FROM {schema}.schedule
+ORDER BY name
+
+-- name: advance_schedule
+-- Claims one tick of a schedule: only the process whose update moves last_tick
+-- forward enqueues that tick's job (in the same transaction).
+UPDATE {schema}.schedule
+SET last_tick = %(tick)s
+WHERE name = %(name)s AND last_tick < %(tick)s
+RETURNING name
+
+-- name: notify_queues
+-- Wakes idle workers of these queues in every process (delivered on commit).
+SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q
