@@ -15,13 +15,16 @@ from shoal import Shoal
 from shoal_extract.corpus import KEY_FILE, write_corpus
 from shoal_extract.workbench import Workbench
 from shoal_extract.worker import ExtractionApp, WorkerSettings
+from tests.conftest import require_program
 
 # Short waits so retries and reaping happen within a test's time.
 FAST = WorkerSettings(
     concurrency=8,
     retry_limit=5,
     retry_delay=timedelta(milliseconds=50),
-    zombie_timeout=timedelta(seconds=2),
+    # Far above any stall of a busy machine: a live run is never reaped (and
+    # run twice). The test that kills a worker sets a short one of its own.
+    zombie_timeout=timedelta(minutes=2),
 )
 
 
@@ -57,3 +60,24 @@ async def rules_bench(boss: Shoal) -> AsyncIterator[Bench]:
         yield bench
     finally:
         await bench.extraction.close()
+
+
+@pytest.fixture(scope="session")
+def hard_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The hard corpus, one paper per layout."""
+    from shoal_extract.hard_corpus import write_hard_corpus
+
+    folder = tmp_path_factory.mktemp("hard")
+    write_hard_corpus(folder, per_layout=1)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def hard_key(hard_dir: Path) -> dict[str, Any]:
+    return json.loads((hard_dir / KEY_FILE).read_text())
+
+
+@pytest.fixture
+def tesseract() -> str:
+    """Tesseract's path: tests whose documents include scans need it to read them."""
+    return require_program("tesseract", "tesseract-ocr tesseract-ocr-eng")

@@ -2,16 +2,20 @@
 
 It answers from the corpus key: it finds which paper the prompt carries (by
 its true title), reads the field names from the JSON Schema in the system
-prompt, and answers the true values. A script makes it misbehave the way real
+prompt, and answers the true values that the chunks it was shown state
+(``null`` for the others, as a model that does not guess would), each with a
+quote: the value as printed (authors: the first name). A script makes it misbehave the way real
 endpoints do:
 
 - ``burst``: request numbers (1-based, in arrival order) answered 429 or 503;
-- ``slow``: files whose first call sleeps past the client's timeout (the
-  late answer is recorded as ``late``: the client had already given up);
+- ``slow``: files whose first call is held until the client times out and
+  hangs up (recorded as ``late``);
 - ``malformed_once``: files whose first answer is not JSON (a repair fixes it);
 - ``malformed_always``: files whose answers are never valid;
 - ``reject``: files answered 400 (a permanent refusal);
-- ``delay_s``: every answer waits this long (keeps items in flight).
+- ``delay_s``: every answer waits this long (keeps items in flight);
+- ``invent_quotes``: files whose sample size is "quoted" from a sentence the
+  paper does not contain (the evidence check must flag it).
 
 Every request is recorded with the item it was for (the ``X-Shoal-Item``
 header: ``task/item/attempt``) and what the fake did, so a test can check
@@ -41,11 +45,11 @@ SCHEMA_MARK = "The answer must match this JSON Schema:"
 class Script:
     burst: dict[int, int] = field(default_factory=dict)  # request number -> status
     slow: set[str] = field(default_factory=set)
-    slow_s: float = 1.5
     malformed_once: set[str] = field(default_factory=set)
     malformed_always: set[str] = field(default_factory=set)
     reject: set[str] = field(default_factory=set)
     delay_s: float = 0.0
+    invent_quotes: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,20 @@ class Call:
 
 
 def _norm(text: str) -> str:
-    return " ".join(text.split()).casefold()
+    flat = " ".join(text.split()).casefold()
+    return re.sub(r"(?<=[a-z])- (?=[a-z])", "-", flat)  # a word hyphenated at a line end
+
+
+def _shown(value: Any, text: str) -> Any:
+    """``value`` if the text shown states it, else None."""
+    if value is None:
+        return None
+    parts = str(value).split(", ") if isinstance(value, str) else [str(value)]
+    return value if all(_norm(p).rstrip(".") in text for p in parts) else None
+
+
+def _quote(value: Any) -> str:
+    return str(value).split(", ")[0].rstrip(".") if isinstance(value, str) else str(value)
 
 
 class FakeModel:
@@ -76,6 +93,7 @@ class FakeModel:
         self._lock = threading.Lock()
         self._seq = 0
         self._seen: set[str] = set()  # files whose first call happened
+        self._delayed = 0  # calls inside their delay_s now
 
     def _next(self) -> int:
         with self._lock:
@@ -89,6 +107,11 @@ class FakeModel:
     def answers_for(self, item: int) -> list[Call]:
         with self._lock:
             return [c for c in self.calls if c.item == item and c.outcome == "answered"]
+
+    def in_delay(self) -> int:
+        """Calls the endpoint holds in their ``delay_s`` right now (answers not yet sent)."""
+        with self._lock:
+            return self._delayed
 
     def snapshot(self) -> list[Call]:
         with self._lock:
@@ -125,14 +148,23 @@ class FakeModel:
                 record("rejected")
                 return JSONResponse({"error": {"message": "model not allowed"}}, status_code=400)
             if self.script.delay_s:
-                await asyncio.sleep(self.script.delay_s)
+                with self._lock:
+                    self._delayed += 1
+                try:
+                    await asyncio.sleep(self.script.delay_s)  # noqa: TID251 - a model server's latency
+                finally:
+                    with self._lock:
+                        self._delayed -= 1
             repairing = len(messages) > 2
             if file in self.script.slow and not repairing and self._first_call(file):
-                await asyncio.sleep(self.script.slow_s)
+                # Held until the client gives up and hangs up: no race between
+                # a fixed delay here and the client's timeout on a busy machine.
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
                 record("late")  # the client timed out before this
                 return JSONResponse(_completion("late", "{}", messages))
             schema = json.loads(messages[0]["content"].split(SCHEMA_MARK, 1)[1])
-            keys = list(schema["properties"])
+            keys = [k for k in schema["properties"] if not k.startswith("_")]
             malformed = file in self.script.malformed_always or (
                 file in self.script.malformed_once and not repairing
             )
@@ -140,7 +172,11 @@ class FakeModel:
                 content = "Sure! Here are the fields: {title: " + (file or "?") + "}"
                 record("malformed")
             else:
-                content = json.dumps({k: truth.get(k) for k in keys})
+                shown = {k: _shown(truth.get(k), text) for k in keys}
+                quotes = {k: _quote(v) for k, v in shown.items() if v is not None}
+                if file in self.script.invent_quotes and "sample_size" in quotes:
+                    quotes["sample_size"] = f"Exactly {quotes['sample_size']} people took part."
+                content = json.dumps(shown | {"_quotes": quotes}, ensure_ascii=False)
                 record("answered", f"fake-{seq}")
             return JSONResponse(_completion(f"fake-{seq}", content, messages))
 

@@ -40,7 +40,8 @@ def llm_settings(url: str) -> LlmSettings:
         base_url=url,
         model="fake-model",
         api_key="sk-test",
-        timeout_s=1.0,
+        # Generous: only the held calls time out, however busy the machine.
+        timeout_s=5.0,
         price_in_per_mtok=PRICE_IN,
         price_out_per_mtok=PRICE_OUT,
     )

@@ -110,9 +110,16 @@ async def test_upload_pick_start_watch_browse_retry_and_export(
         await expect(paper.locator('td[data-field="year"]')).to_have_text(
             str(truth["paper-01.pdf"]["year"])
         )
+        # A click on a value shows its evidence: page, confidence, the quoted passage.
+        year = paper.locator('td[data-field="year"]')
+        await year.click()
+        await expect(year.locator(".evidence")).to_contain_text("p. 1 · confidence 95% · “")
+        await expect(year.locator(".evidence")).to_contain_text(str(truth["paper-01.pdf"]["year"]))
+        await year.click()
+        await expect(year.locator(".evidence")).to_have_count(0)
         broken = table.locator('tr[data-status="error"]')
         await expect(broken).to_contain_text("broken-truncated.pdf")
-        await expect(broken.locator("td.item-error")).to_contain_text("ParseError: pypdf")
+        await expect(broken.locator("td.item-error")).to_contain_text("ParseError: pdfminer")
 
         # Retry failed: the broken file runs again and fails again.
         await expect(broken).to_contain_text("(failed runs: 1)")

@@ -5,7 +5,7 @@
 
 The llm extractor is configured by ``SHOAL_LLM_BASE_URL``, ``SHOAL_LLM_MODEL``
 and ``SHOAL_LLM_API_KEY`` (docs/extraction.md); without them only ``rules``
-runs.
+runs. ``SHOAL_EXTRACT_MAX_PAGES`` and ``SHOAL_EXTRACT_MAX_OCR_PAGES`` bound one document.
 """
 
 from __future__ import annotations
@@ -16,13 +16,19 @@ from typing import Any
 
 from shoal import Shoal
 from shoal_extract.api import mount_workbench
-from shoal_extract.cli import llm_settings
+from shoal_extract.cli import llm_settings, parse_limits
 from shoal_extract.workbench import Workbench
 from shoal_extract.worker import ExtractionApp, WorkerSettings
 
-_NO_FLAGS = argparse.Namespace(llm_base_url=None, llm_model=None, llm_timeout=None)
+_NO_FLAGS = argparse.Namespace(
+    llm_base_url=None, llm_model=None, llm_timeout=None, max_pages=None, max_ocr_pages=None
+)
 
-extraction = ExtractionApp(WorkerSettings(llm=llm_settings(_NO_FLAGS, os.environ)))
+extraction = ExtractionApp(
+    WorkerSettings(
+        llm=llm_settings(_NO_FLAGS, os.environ), limits=parse_limits(_NO_FLAGS, os.environ)
+    )
+)
 app = extraction.app
 
 

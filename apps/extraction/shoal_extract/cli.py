@@ -1,7 +1,7 @@
 """``shoal-extract``: the workbench's command line. The environment is read here only.
 
     shoal-extract demo                          the main job: corpus, import, extract, summary
-    shoal-extract corpus [--out DIR]            write the sample corpus and its key
+    shoal-extract corpus [--out DIR] [--hard]   write the sample (or hard) corpus and its key
     shoal-extract import PATH...                store PDF, text and Markdown files (folders too)
     shoal-extract templates [--add FILE.json]   list templates, or store one
     shoal-extract run --template T --extractor rules|llm [--documents all|1,2,3]
@@ -14,7 +14,10 @@ The database is ``--database-url``, else ``DATABASE_URL``, else shoal's
 embedded PostgreSQL (shoal's own CLI helper decides). The ``llm`` extractor
 reads ``SHOAL_LLM_BASE_URL``, ``SHOAL_LLM_MODEL``, ``SHOAL_LLM_API_KEY``,
 ``SHOAL_LLM_TIMEOUT_S``, ``SHOAL_LLM_PRICE_IN`` and ``SHOAL_LLM_PRICE_OUT``
-(USD per million tokens).
+(USD per million tokens), ``SHOAL_LLM_MAX_PROMPT_TOKENS`` (per call) and
+``SHOAL_LLM_MAX_CALLS`` (per document). Workers refuse documents over
+``SHOAL_EXTRACT_MAX_PAGES`` pages or with more than
+``SHOAL_EXTRACT_MAX_OCR_PAGES`` pages to OCR (``--max-pages``, ``--max-ocr-pages``).
 """
 
 from __future__ import annotations
@@ -40,9 +43,16 @@ from shoal.db import default_data_dir
 from shoal_extract.console import accuracy_table, errors_table, task_table
 from shoal_extract.corpus import DEFAULT_PAPERS, DEFAULT_SEED, KEY_FILE, write_corpus
 from shoal_extract.demo import DEMO_PORT, DemoOptions, run_demo
-from shoal_extract.evaluate import load_key
+from shoal_extract.evaluate import load_key, split_key
 from shoal_extract.export import FORMATS, ExportFormat, write_export
-from shoal_extract.extractors.llm import DEFAULT_TIMEOUT_S, LlmSettings
+from shoal_extract.extractors.llm import (
+    DEFAULT_MAX_CALLS,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    DEFAULT_TIMEOUT_S,
+    LlmSettings,
+)
+from shoal_extract.hard_corpus import DEFAULT_PER_LAYOUT, write_hard_corpus
+from shoal_extract.parsing import DEFAULT_MAX_OCR_PAGES, DEFAULT_MAX_PAGES, ParseLimits
 from shoal_extract.schema import DEFAULT_SCHEMA
 from shoal_extract.serve import build_api, serving
 from shoal_extract.templates import DEFAULT_TEMPLATE, parse_template
@@ -89,11 +99,35 @@ def llm_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> LlmSet
         timeout_s=args.llm_timeout or number("SHOAL_LLM_TIMEOUT_S", DEFAULT_TIMEOUT_S),
         price_in_per_mtok=number("SHOAL_LLM_PRICE_IN", 0.0),
         price_out_per_mtok=number("SHOAL_LLM_PRICE_OUT", 0.0),
+        max_prompt_tokens=int(number("SHOAL_LLM_MAX_PROMPT_TOKENS", DEFAULT_MAX_PROMPT_TOKENS)),
+        max_calls=int(number("SHOAL_LLM_MAX_CALLS", DEFAULT_MAX_CALLS)),
+    )
+
+
+def parse_limits(args: argparse.Namespace, environ: Mapping[str, str]) -> ParseLimits:
+    """The operator's limits on one document: flags, else the environment, else defaults."""
+
+    def count(flag: int | None, name: str, default: int) -> int:
+        raw = environ.get(name)
+        try:
+            value = flag if flag is not None else (int(raw) if raw else default)
+        except ValueError:
+            raise SystemExit(f"{name} must be a whole number, got {raw!r}") from None
+        if value < 1:
+            raise SystemExit(f"{name} must be at least 1, got {value}")
+        return value
+
+    return ParseLimits(
+        max_pages=count(args.max_pages, "SHOAL_EXTRACT_MAX_PAGES", DEFAULT_MAX_PAGES),
+        max_ocr_pages=count(
+            args.max_ocr_pages, "SHOAL_EXTRACT_MAX_OCR_PAGES", DEFAULT_MAX_OCR_PAGES
+        ),
     )
 
 
 def worker_settings(args: argparse.Namespace) -> WorkerSettings:
     return WorkerSettings(
+        limits=parse_limits(args, os.environ),
         concurrency=args.concurrency,
         retry_limit=args.retry_limit,
         retry_delay=timedelta(seconds=args.retry_delay),
@@ -253,15 +287,27 @@ async def cmd_evaluate(args: argparse.Namespace, url: str) -> int:
     try:
         task_id = args.task or await _latest_closed_task(session.bench)
         key_path = Path(args.key) if args.key else data_dir(os.environ) / "corpus" / KEY_FILE
-        report = await session.bench.evaluate(task_id, load_key(key_path))
+        key = load_key(key_path)
+        report = await session.bench.evaluate(task_id, key)
+        parts = split_key(key)
+        reports = {
+            part: await session.bench.evaluate(task_id, entries) for part, entries in parts.items()
+        }
         if args.json:
-            print(json.dumps({"task_id": task_id, "key": str(key_path), **report.as_dict()}))
+            out = {"task_id": task_id, "key": str(key_path), **report.as_dict()}
+            if len(parts) > 1:
+                out["parts"] = {part: r.as_dict() for part, r in reports.items()}
+            print(json.dumps(out))
             return 0
         console.print(f"task {task_id} against {key_path}")
         if not report.documents:
             console.print("[yellow]none of the task's documents is in the key[/yellow]")
             return 1
-        console.print(accuracy_table(report))
+        for part, part_report in reports.items():
+            if part_report.documents:
+                if part:
+                    console.print(f"[bold]{part}[/bold]")
+                console.print(accuracy_table(part_report))
         console.print(
             f"documents ending as the key expects: {report.status_right}/{report.documents}"
             + (f"; {report.unmatched} not in the key" if report.unmatched else "")
@@ -321,7 +367,7 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
         api = build_api(session.boss, bench.batches, bench, token=token)
         async with serving(api, host=args.host, port=args.port) as base:
             err.print(
-                f"workbench: {base}/extraction   dashboard: {base}/"
+                f"workbench: {base}/extraction   tasks: {base}/tasks   console: {base}/"
                 + (" (bearer token required)" if token else "")
             )
             await stop.wait()
@@ -337,6 +383,7 @@ async def cmd_demo(args: argparse.Namespace, url: str) -> int:
         extractor=args.extractor,
         template=args.template,
         stay=args.stay,
+        hard=args.hard,
     )
     return await run_demo(
         url, schema=args.schema, settings=worker_settings(args), options=options, console=console
@@ -344,6 +391,11 @@ async def cmd_demo(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
+    if args.hard:
+        out = Path(args.out) if args.out else data_dir(os.environ) / "corpus-hard"
+        files = write_hard_corpus(out, per_layout=args.per_layout, seed=args.seed)
+        console.print(f"{len(files)} files and {KEY_FILE} written to {out}")
+        return 0
     out = Path(args.out) if args.out else data_dir(os.environ) / "corpus"
     files = write_corpus(out, count=args.count, seed=args.seed)
     console.print(f"{len(files)} files and {KEY_FILE} written to {out}")
@@ -382,6 +434,12 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_ZOMBIE_TIMEOUT.total_seconds(),
         help="seconds without a sign of life before a running item is reaped",
     )
+    worker_opts.add_argument(
+        "--max-pages", type=int, help=f"refuse longer documents; default {DEFAULT_MAX_PAGES}"
+    )
+    worker_opts.add_argument(
+        "--max-ocr-pages", type=int, help=f"pages OCRed per document; {DEFAULT_MAX_OCR_PAGES}"
+    )
     worker_opts.add_argument("--llm-base-url", help="default: $SHOAL_LLM_BASE_URL")
     worker_opts.add_argument("--llm-model", help="default: $SHOAL_LLM_MODEL")
     worker_opts.add_argument("--llm-timeout", type=float, help="seconds; $SHOAL_LLM_TIMEOUT_S")
@@ -393,11 +451,21 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--template", default=DEFAULT_TEMPLATE)
     demo.add_argument("--data-dir", help="corpus and exports (default: $SHOAL_EXTRACT_DIR)")
     demo.add_argument("--stay", action="store_true", help="keep serving after the summary")
+    demo.add_argument(
+        "--hard", action="store_true", help="the hard corpus (OCR, long papers; slower)"
+    )
 
     corpus = sub.add_parser("corpus", help="write the sample corpus and its key")
     corpus.add_argument("--out", help="default: <data dir>/corpus")
     corpus.add_argument("--count", type=int, default=DEFAULT_PAPERS)
     corpus.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    corpus.add_argument(
+        "--hard",
+        action="store_true",
+        help="the hard corpus instead: scans, two columns, tables, long papers, held-out layouts "
+        "(default out: <data dir>/corpus-hard)",
+    )
+    corpus.add_argument("--per-layout", type=int, default=DEFAULT_PER_LAYOUT, help="with --hard")
 
     imp = sub.add_parser("import", parents=[worker_opts], help="store documents")
     imp.add_argument("paths", nargs="+", help="files or folders")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from shoal.batch.service import TaskView
+from shoal import TaskView
 from shoal_extract.evaluate import Report
 from shoal_extract.extractors.base import Usage
 from shoal_extract.workbench import ResultsPage

@@ -140,9 +140,9 @@ def make_papers(count: int = DEFAULT_PAPERS, seed: int = DEFAULT_SEED) -> list[P
     used_titles: set[str] = set()
     for i in range(count):
         fmt = "pdf" if i % 7 < 5 else ("txt" if i % 7 == 5 else "md")
-        paper = _paper(rng, i, fmt)
+        paper = random_paper(rng, i, fmt)
         while paper.title in used_titles:
-            paper = _paper(rng, i, fmt)
+            paper = random_paper(rng, i, fmt)
         used_titles.add(paper.title)
         papers.append(paper)
     return papers
@@ -156,7 +156,7 @@ def _date(rng: random.Random, year: int) -> str:
     return f"{rng.randint(1, 28)} {rng.choice(MONTHS)} {year}"
 
 
-def _paper(rng: random.Random, index: int, fmt: str) -> Paper:
+def random_paper(rng: random.Random, index: int, fmt: str) -> Paper:
     condition, interventions, comparators, outcomes = rng.choice(AREAS)
     intervention = rng.choice(interventions)
     comparator = rng.choice(comparators)
@@ -388,7 +388,10 @@ def broken_files(sample_pdf: bytes) -> dict[str, tuple[bytes, str]]:
             b"<p>You do not have access to this article.</p></body></html>\n",
             "an HTML error page saved as .pdf",
         ),
-        "broken-scan-no-text.pdf": (_scan_without_text(), "a scanned page without a text layer"),
+        "broken-scan-no-text.pdf": (
+            _scan_without_text(),
+            "a page of drawings only: no text layer, and nothing for OCR to read",
+        ),
     }
 
 
@@ -443,4 +446,14 @@ def write_corpus(
     return written
 
 
-__all__ = ["DEFAULT_PAPERS", "DEFAULT_SEED", "KEY_FILE", "Paper", "make_papers", "write_corpus"]
+__all__ = [
+    "DEFAULT_PAPERS",
+    "DEFAULT_SEED",
+    "KEY_FILE",
+    "Block",
+    "Paper",
+    "blocks",
+    "make_papers",
+    "random_paper",
+    "write_corpus",
+]

@@ -28,8 +28,9 @@ from shoal.batch.watch import watch_task
 from shoal_extract.console import accuracy_table, errors_table, task_table
 from shoal_extract.corpus import KEY_FILE, write_corpus
 from shoal_extract.evaluate import ResultRow as ScoredRow
-from shoal_extract.evaluate import load_key, score
+from shoal_extract.evaluate import load_key, score, split_key
 from shoal_extract.export import write_export
+from shoal_extract.hard_corpus import write_hard_corpus
 from shoal_extract.serve import build_api, serving
 from shoal_extract.templates import DEFAULT_TEMPLATE
 from shoal_extract.workbench import Workbench
@@ -46,6 +47,7 @@ class DemoOptions:
     extractor: str = "rules"
     template: str = DEFAULT_TEMPLATE
     stay: bool = False
+    hard: bool = False  # the hard corpus (scans to OCR, long papers): slower
 
 
 async def _until_interrupted() -> None:
@@ -70,9 +72,14 @@ async def run_demo(
 ) -> int:
     clock = SystemClock()
     started = clock.monotonic()
-    corpus = options.data_dir / "corpus"
-    files = await asyncio.to_thread(write_corpus, corpus)
-    console.print(f"sample corpus: {len(files)} files and their key in {corpus}")
+    if options.hard:
+        corpus = options.data_dir / "corpus-hard"
+        files = await asyncio.to_thread(write_hard_corpus, corpus)
+        console.print(f"hard corpus: {len(files)} files and their key in {corpus}")
+    else:
+        corpus = options.data_dir / "corpus"
+        files = await asyncio.to_thread(write_corpus, corpus)
+        console.print(f"sample corpus: {len(files)} files and their key in {corpus}")
     boss = await Shoal.connect(url, schema=schema, max_size=20)
     extraction = ExtractionApp(settings)
     stop = asyncio.Event()
@@ -99,7 +106,8 @@ async def run_demo(
                 f"template {options.template}, extractor {options.extractor}"
             )
             console.print(
-                f"workbench: {base}/extraction   dashboard: {base}/ (live while this runs)"
+                f"workbench: {base}/extraction   tasks: {base}/tasks   console: {base}/ "
+                "(live while this runs)"
             )
             view = await watch_task(batches, created.task_id, console)
             page = await bench.all_results(created.task_id)
@@ -112,7 +120,10 @@ async def run_demo(
             key = load_key(corpus / KEY_FILE)
             rows = [ScoredRow(r.sha256, r.file, r.status, r.fields) for r in page.lines]
             report = score(rows, key, page.fields)
-            console.print(accuracy_table(report))
+            for part, entries in split_key(key).items():
+                if part:
+                    console.print(f"[bold]{part}[/bold]")
+                console.print(accuracy_table(score(rows, entries, page.fields)))
             console.print(
                 f"documents ending as the key expects (completed, or error for a broken file): "
                 f"{report.status_right}/{report.documents}"
@@ -125,7 +136,7 @@ async def run_demo(
             console.print(f"exported CSV:        {csv_path}")
             console.print(f"exported JSON Lines: {jsonl_path}")
             console.print(f"workbench: {base}/extraction")
-            console.print(f"dashboard: {base}/")
+            console.print(f"tasks: {base}/tasks   console: {base}/")
             console.print(f"done in {clock.monotonic() - started:.1f} s")
             if options.stay:
                 console.print("serving the workbench and dashboard until Ctrl-C")

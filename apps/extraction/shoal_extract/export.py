@@ -1,9 +1,12 @@
 """A task's results as CSV (one column per field) or JSON Lines (one object per document).
 
 CSV is for a spreadsheet: ``file, status, <each field>, field_errors, error,
-tokens, cost_usd``; a field not found is an empty cell and says why in
-``field_errors``. JSON Lines keeps types (numbers stay numbers, not-found is
-``null``) and is the format to feed another program.
+tokens, cost_usd, flagged``, then each field's evidence: ``<field>.page``,
+``<field>.confidence``, ``<field>.quote``. A field not found is an empty cell
+and says why in ``field_errors``; ``flagged`` lists the fields whose quote is
+not in the source text. JSON Lines keeps types (numbers stay numbers,
+not-found is ``null``, evidence is an object per field) and is the format to
+feed another program.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from shoal_extract.workbench import ResultLine, ResultsPage
 
 ExportFormat = Literal["csv", "jsonl"]
 FORMATS: tuple[ExportFormat, ...] = ("csv", "jsonl")
+EVIDENCE_PARTS = ("page", "confidence", "quote")
 MEDIA_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
 
 
@@ -34,6 +38,8 @@ def csv_header(fields: tuple[str, ...]) -> list[str]:
         "error",
         "tokens",
         "cost_usd",
+        "flagged",
+        *(f"{name}.{part}" for name in fields for part in EVIDENCE_PARTS),
     ]
 
 
@@ -51,7 +57,17 @@ def _csv_row(line: ResultLine, fields: tuple[str, ...]) -> list[object]:
         line.error or "",
         line.usage.tokens,
         f"{line.usage.cost_usd:.6f}",
+        " ".join(line.flagged),
+        *(
+            _cell(line.evidence.get(name, {}).get(part))
+            for name in fields
+            for part in EVIDENCE_PARTS
+        ),
     ]
+
+
+def _cell(value: object) -> object:
+    return "" if value is None else value
 
 
 def _csv_line(row: list[object]) -> str:

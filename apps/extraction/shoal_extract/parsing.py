@@ -1,34 +1,54 @@
-"""Document bytes to text: PDF with ``pypdf``, plain text and Markdown as UTF-8.
+"""Document bytes to text that keeps its structure and its pages.
 
-A file that cannot be parsed raises :class:`ParseError` carrying the parser's
-own message; the worker turns it into a permanent item error. Nothing a file
-contains may crash the worker: pypdf is pure Python, and any exception it
-raises on a damaged file becomes a ParseError.
+PDF: every page's text layer through pdfplumber (:mod:`shoal_extract.pdf_layout`:
+reading order across columns, headings as ``#``/``##``, ruled tables as
+Markdown tables); a page without a usable text layer (a scan) is OCRed with
+Tesseract (:mod:`shoal_extract.ocr`), and only such a page. Plain text and
+Markdown are read as UTF-8, one page.
 
-For PDFs the parser also keeps the text drawn in the largest font on the first
-page (``title_hint``): a paper's title is set bigger than anything else near
-it, a cue the plain text loses.
+The result keeps where each page starts in the text, so an extracted value
+can say which page it came from. There is no silent limit: a PDF with more
+pages than the operator's :class:`ParseLimits` allow (or more pages to OCR)
+is refused with a :class:`ParseError` saying so, never cut short.
+
+A file that cannot be parsed raises :class:`ParseError` carrying the
+parser's own message; the worker turns it into a permanent item error.
+Nothing a file contains may crash the worker: any exception the PDF
+libraries raise on a damaged file becomes a ParseError.
 """
 
 from __future__ import annotations
 
-import contextlib
+import bisect
 import io
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from statistics import median
 from typing import Any
 
-import pypdf
+import pdfplumber
+import pypdfium2
 
-# Papers run to a few dozen pages; past this the rest is appendix and
-# references, and a pathological file could keep a worker busy for minutes.
-MAX_PAGES = 60
-# A title is "bigger than the body" when its font is at least this much larger.
-TITLE_FONT_RATIO = 1.2
+from shoal_extract.ocr import OcrUnavailable, ocr_page
+from shoal_extract.pdf_layout import page_layout, page_words
+
+# Bumped whenever the same bytes would parse to different text: parsed
+# output is stored per (document hash, parser version).
+PARSER_VERSION = 1
+# A page with fewer characters than this in its text layer is treated as a scan.
+MIN_TEXT_CHARS = 20
+DEFAULT_MAX_PAGES = 500
+DEFAULT_MAX_OCR_PAGES = 100
+PAGE_SEPARATOR = "\n\n"
+
+# pdfminer logs a warning for every harmless oddity of a file (a missing
+# CropBox, a bad font width); the errors that matter are raised.
+logging.getLogger("pdfminer").setLevel(logging.ERROR)
+# PDFium is not thread-safe, and the worker parses in threads.
+_pdfium = threading.Lock()
 
 
 class DocumentFormat(StrEnum):
@@ -49,56 +69,79 @@ class ParseError(Exception):
     """The file cannot be turned into text; the message is the parser's."""
 
 
-class _PypdfNotes(logging.Handler):
-    """Keeps pypdf's warnings about the file being parsed in this thread.
+@dataclass(frozen=True, slots=True)
+class ParseLimits:
+    """What the operator allows one document to cost (``SHOAL_EXTRACT_MAX_PAGES`` etc.)."""
 
-    pypdf reports the telling cause of a failure ("invalid pdf header") as a
-    log warning and then raises something vaguer ("Stream has ended
-    unexpectedly"). While a thread parses, this handler takes that thread's
-    records off the log and into the error message; every other record goes
-    on to the root logger's handlers as if pypdf's logger propagated. The
-    notes list is written and read by the parsing thread alone.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self._local = threading.local()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        notes: list[str] | None = getattr(self._local, "notes", None)
-        if notes is None:
-            logging.getLogger().handle(record)
-        else:
-            notes.append(record.getMessage())
-
-    @contextlib.contextmanager
-    def capture(self) -> Iterator[list[str]]:
-        notes: list[str] = []
-        self._local.notes = notes
-        try:
-            yield notes
-        finally:
-            self._local.notes = None
-
-
-_notes = _PypdfNotes()
-_pypdf_log = logging.getLogger("pypdf")
-_pypdf_log.addHandler(_notes)
-_pypdf_log.propagate = False
+    max_pages: int = DEFAULT_MAX_PAGES
+    max_ocr_pages: int = DEFAULT_MAX_OCR_PAGES
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedText:
+    """A document's text, pages joined by a blank line, and where each page starts."""
+
     text: str
     format: DocumentFormat
-    pages: int
+    page_starts: tuple[int, ...] = (0,)
     title_hint: str | None = None
+    ocr_pages: tuple[int, ...] = ()  # 1-based numbers of the pages read by OCR
+
+    @property
+    def pages(self) -> int:
+        return len(self.page_starts)
+
+    def page_at(self, offset: int) -> int:
+        """The 1-based page that character ``offset`` of the text is on."""
+        return max(1, bisect.bisect_right(self.page_starts, offset))
+
+    def page_text(self, number: int) -> str:
+        start = self.page_starts[number - 1]
+        end = self.page_starts[number] if number < self.pages else len(self.text)
+        return self.text[start:end]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "format": self.format.value,
+            "page_starts": list(self.page_starts),
+            "title_hint": self.title_hint,
+            "ocr_pages": list(self.ocr_pages),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> ParsedText:
+        return cls(
+            text=raw["text"],
+            format=DocumentFormat(raw["format"]),
+            page_starts=tuple(raw["page_starts"]),
+            title_hint=raw.get("title_hint"),
+            ocr_pages=tuple(raw.get("ocr_pages", ())),
+        )
 
 
-def parse_document(content: bytes, fmt: DocumentFormat) -> ParsedText:
+def join_pages(
+    pages: list[str],
+    fmt: DocumentFormat,
+    *,
+    title_hint: str | None = None,
+    ocr: tuple[int, ...] = (),
+) -> ParsedText:
+    # PostgreSQL's text and jsonb cannot hold NUL, and it carries no meaning in text.
+    pages = [page.replace("\x00", "") for page in pages]
+    starts, offset = [], 0
+    for page in pages:
+        starts.append(offset)
+        offset += len(page) + len(PAGE_SEPARATOR)
+    return ParsedText(PAGE_SEPARATOR.join(pages), fmt, tuple(starts), title_hint, ocr)
+
+
+def parse_document(
+    content: bytes, fmt: DocumentFormat, limits: ParseLimits | None = None
+) -> ParsedText:
     """The text of a document; raises :class:`ParseError` when there is none to be had."""
     if fmt is DocumentFormat.PDF:
-        return _parse_pdf(content)
+        return _parse_pdf(content, limits or ParseLimits())
     try:
         text = content.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -108,66 +151,89 @@ def parse_document(content: bytes, fmt: DocumentFormat) -> ParsedText:
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     if not text.strip():
         raise ParseError("the file holds no text")
-    return ParsedText(text=text, format=fmt, pages=1)
+    return ParsedText(text=text, format=fmt)
 
 
-def _parse_pdf(content: bytes) -> ParsedText:
-    with _notes.capture() as notes:
-        try:
-            return _read_pdf(content)
-        except ParseError as exc:
-            if notes:
-                raise ParseError(f"{exc} ({'; '.join(dict.fromkeys(notes))})") from None
-            raise
-
-
-def _read_pdf(content: bytes) -> ParsedText:
+def _parse_pdf(content: bytes, limits: ParseLimits) -> ParsedText:
+    if b"%PDF-" not in content[:1024]:
+        raise ParseError(f"not a PDF: the file begins {content[:24]!r} (invalid pdf header)")
+    texts: list[str] = []
+    scans: list[int] = []
+    title: str | None = None
     try:
-        reader = pypdf.PdfReader(io.BytesIO(content))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise ParseError("pypdf: the PDF is encrypted with a password")
-        pages = reader.pages[:MAX_PAGES]
-        runs: list[tuple[float, str]] = []
-
-        def visit(text: str, cm: Any, tm: Any, font: Any, size: float) -> None:
-            runs.append((_effective_size(size, tm), text))
-
-        texts = [pages[0].extract_text(visitor_text=visit)] if pages else []
-        texts.extend(page.extract_text() for page in pages[1:])
+        with pdfplumber.open(io.BytesIO(content)) as pdf:
+            count = len(pdf.pages)
+            if count > limits.max_pages:
+                raise ParseError(
+                    f"the PDF has {count} pages, over the limit of {limits.max_pages} "
+                    "(SHOAL_EXTRACT_MAX_PAGES)"
+                )
+            pages = []
+            for page in pdf.pages:
+                pages.append(page_words(page))
+                page.close()
+        sizes: Counter[float] = Counter()
+        for words in pages:
+            sizes.update(words.sizes())
+        body = sizes.most_common(1)[0][0] if sizes else 0.0
+        for index, words in enumerate(pages):
+            if words.chars < MIN_TEXT_CHARS:
+                scans.append(index)
+                texts.append("")
+                continue
+            layout = page_layout(words, body=body, first=index == 0)
+            if index == 0:
+                title = layout.largest_text
+            texts.append(layout.markdown)
     except ParseError:
         raise
-    except Exception as exc:  # pypdf raises PyPdfError, but a damaged file may raise anything
-        raise ParseError(f"pypdf: {type(exc).__name__}: {exc}") from None
-    text = "\n".join(texts)
-    if not text.strip():
-        raise ParseError("pypdf: the PDF has no text layer (a scan without OCR?)")
-    return ParsedText(
-        text=text, format=DocumentFormat.PDF, pages=len(reader.pages), title_hint=_title(runs)
-    )
+    except Exception as exc:  # pdfminer has its own errors; a damaged file may raise anything
+        cause = exc.__cause__ or exc
+        raise ParseError(f"pdfminer: {type(cause).__name__}: {cause}") from None
+    if not texts:
+        raise ParseError("the PDF has no pages")
+    if scans:
+        _ocr(content, scans, texts, limits)
+    if not any(t.strip() for t in texts):
+        raise ParseError(
+            f"the PDF has no text layer, and OCR found no text on its {len(texts)} page(s)"
+        )
+    return join_pages(texts, DocumentFormat.PDF, title_hint=title, ocr=tuple(i + 1 for i in scans))
 
 
-def _effective_size(size: float, tm: Sequence[float] | None) -> float:
-    scale = abs(float(tm[0])) if tm and tm[0] else 1.0
-    return round(float(size) * scale, 1)
+def _ocr(content: bytes, scans: list[int], texts: list[str], limits: ParseLimits) -> None:
+    """Fill ``texts`` at the ``scans`` indexes with what OCR reads there."""
+    if len(scans) > limits.max_ocr_pages:
+        raise ParseError(
+            f"{len(scans)} pages have no text layer and need OCR, over the limit of "
+            f"{limits.max_ocr_pages} (SHOAL_EXTRACT_MAX_OCR_PAGES)"
+        )
+    with _pdfium:
+        try:
+            pdf = pypdfium2.PdfDocument(content)
+        except Exception as exc:
+            raise ParseError(f"pdfium: {type(exc).__name__}: {exc}") from None
+        try:
+            for index in scans:
+                try:
+                    texts[index] = ocr_page(pdf[index])
+                except OcrUnavailable as exc:
+                    raise ParseError(
+                        f"page {index + 1} has no text layer and needs OCR, but {exc}"
+                    ) from None
+        finally:
+            pdf.close()
 
 
-def _title(runs: list[tuple[float, str]]) -> str | None:
-    """The first block of text in the largest font, when it is clearly larger than the body."""
-    sized = [(size, text) for size, text in runs if text.strip()]
-    if not sized:
-        return None
-    body = median(size for size, _ in sized)
-    largest = max(size for size, _ in sized)
-    if largest < body * TITLE_FONT_RATIO:
-        return None
-    parts: list[str] = []
-    for size, text in sized:
-        if size == largest:
-            parts.append(text.strip())
-        elif parts:
-            break  # the title's block ended
-    title = " ".join(" ".join(parts).split())
-    return title or None
-
-
-__all__ = ["EXTENSIONS", "DocumentFormat", "ParseError", "ParsedText", "parse_document"]
+__all__ = [
+    "DEFAULT_MAX_OCR_PAGES",
+    "DEFAULT_MAX_PAGES",
+    "EXTENSIONS",
+    "PARSER_VERSION",
+    "DocumentFormat",
+    "ParseError",
+    "ParseLimits",
+    "ParsedText",
+    "join_pages",
+    "parse_document",
+]

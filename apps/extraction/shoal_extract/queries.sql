@@ -96,3 +96,22 @@ SELECT item_id, count(*), COALESCE(sum(prompt_tokens), 0), COALESCE(sum(completi
 FROM {schema}.model_call
 WHERE task_id = %(task_id)s
 GROUP BY item_id
+
+-- name: parsed_text
+-- A document's stored parse by this parser version, if any.
+SELECT parsed
+FROM {schema}.parsed
+WHERE sha256 = %(sha256)s AND parser_version = %(parser_version)s
+
+-- name: store_parsed
+-- The first parse of a document wins; a concurrent one writes nothing.
+INSERT INTO {schema}.parsed (sha256, parser_version, parsed, pages, ocr_pages, created_at)
+VALUES (%(sha256)s, %(parser_version)s, %(parsed)s::jsonb, %(pages)s, %(ocr_pages)s,
+        COALESCE(%(now)s, now()))
+ON CONFLICT (sha256, parser_version) DO NOTHING
+
+-- name: parse_count
+-- How many parses are stored for the given document hashes (tests and the summary).
+SELECT count(*)
+FROM {schema}.parsed
+WHERE sha256 = ANY(%(sha256)s::text[])

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Iterator
 import uvicorn
 from fastapi import FastAPI
 
+from shoal import Batches
 from shoal.api import create_api
-from shoal.batch.service import Batches
+from shoal.api.server import api_config
 from shoal.queue.client import Shoal
 from shoal_extract.api import mount_workbench
 from shoal_extract.workbench import Workbench
@@ -45,9 +46,7 @@ def bind(host: str, port: int) -> socket.socket:
 async def serving(api: FastAPI, *, host: str = "127.0.0.1", port: int = 8000) -> AsyncIterator[str]:
     """Serve ``api`` while the block runs; yields its base URL (``http://host:port``)."""
     sock = bind(host, port)
-    server = _QuietServer(
-        uvicorn.Config(api, lifespan="off", log_level="warning", server_header=False)
-    )
+    server = _QuietServer(api_config(api, lifespan="off", log_level="warning", server_header=False))
     task = asyncio.create_task(server.serve(sockets=[sock]), name="shoal-extract-api")
     try:
         loop = asyncio.get_running_loop()

@@ -20,7 +20,7 @@ from psycopg import sql
 
 from shoal import Clock, Database, SystemClock
 from shoal_extract.extractors.base import CallRecord, Usage
-from shoal_extract.parsing import DocumentFormat
+from shoal_extract.parsing import PARSER_VERSION, DocumentFormat, ParsedText
 from shoal_extract.schema import DEFAULT_SCHEMA, AsyncConn
 from shoal_extract.templates import StoredTemplate, Template, parse_template
 
@@ -156,6 +156,32 @@ class ExtractStore:
         if not found:
             return None
         return DocumentContent(_document(found[0]), bytes(found[0][7]))
+
+    # -- parsed text -------------------------------------------------------------------
+
+    async def parsed_text(self, sha256: str) -> ParsedText | None:
+        """The stored parse of the document with these bytes, by the current parser."""
+        found = await self.db.fetch(
+            self.q["parsed_text"], {"sha256": sha256, "parser_version": PARSER_VERSION}
+        )
+        return ParsedText.from_dict(found[0][0]) if found else None
+
+    async def store_parsed(self, sha256: str, parsed: ParsedText) -> None:
+        await self.db.fetch(
+            self.q["store_parsed"],
+            {
+                "sha256": sha256,
+                "parser_version": PARSER_VERSION,
+                "parsed": json.dumps(parsed.as_dict(), ensure_ascii=False),
+                "pages": parsed.pages,
+                "ocr_pages": len(parsed.ocr_pages),
+                "now": self.clock.sql_now(),
+            },
+        )
+
+    async def parse_count(self, sha256s: Sequence[str]) -> int:
+        found = await self.db.fetch(self.q["parse_count"], {"sha256": list(sha256s)})
+        return int(found[0][0])
 
     # -- templates ---------------------------------------------------------------------
 

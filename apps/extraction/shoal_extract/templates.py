@@ -27,6 +27,8 @@ from shoal import InvalidInput
 
 MAX_FIELDS = 50
 MAX_DESCRIPTION = 500
+# Anchored for the JSON Schema that shows them; Python matches them whole (fullmatch):
+# with .match, "$" also matched before a trailing newline.
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 DOI_PATTERN = re.compile(r"^10\.\d{4,9}/\S+$")
 # Years an extracted publication year may take; anything else is a misread.
@@ -88,7 +90,7 @@ class Field:
             return None
         if not isinstance(value, str) or not value.strip():
             return f"expected a non-empty string, got {type(value).__name__} {value!r:.40}"
-        if self.type is FieldType.DOI and not DOI_PATTERN.match(value.strip()):
+        if self.type is FieldType.DOI and not DOI_PATTERN.fullmatch(value.strip()):
             return f"expected a DOI like 10.1234/abc, got {value!r:.60}"
         return None
 
@@ -140,7 +142,7 @@ def parse_template(raw: object, *, field: str = "template") -> Template:
     if unknown:
         raise InvalidInput(f"{_at(field, sorted(unknown)[0])}", "unknown field")
     name = raw.get("name")
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise InvalidInput(
             _at(field, "name"),
             f"must be 1-63 characters of a-z, 0-9 and _, starting with a letter, got {name!r:.80}",
@@ -173,7 +175,7 @@ def _parse_field(entry: object, where: str) -> Field:
     if unknown:
         raise InvalidInput(f"{where}.{sorted(unknown)[0]}", "unknown field")
     name = entry.get("name")
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise InvalidInput(
             f"{where}.name",
             f"must be 1-63 characters of a-z, 0-9 and _, starting with a letter, got {name!r:.80}",

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shoal import InvalidInput
-from shoal.batch.service import Batches, Created, TaskView
+from shoal import Batches, Created, InvalidInput, TaskView
 from shoal_extract.evaluate import KeyEntry, Report, ResultRow, score
 from shoal_extract.extractors.base import Usage
 from shoal_extract.parsing import EXTENSIONS
@@ -68,6 +67,9 @@ class ResultLine:
     usage: Usage
     extractor: str | None = None
     response_id: str | None = None
+    # field -> {page, quote, confidence, verified}; fields with a value only
+    evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
+    flagged: tuple[str, ...] = ()  # fields whose quote is not in the source text
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +82,8 @@ class ResultLine:
             "failed_runs": self.failed_runs,
             "fields": self.fields,
             "field_errors": self.field_errors,
+            "evidence": self.evidence,
+            "flagged": list(self.flagged),
             "error": self.error,
             "usage": self.usage.as_dict(),
         }
@@ -283,6 +287,8 @@ class Workbench:
                     usage=usage.get(item.id, Usage()),
                     extractor=result.get("extractor"),
                     response_id=result.get("response_id"),
+                    evidence=dict(result.get("evidence") or {}),
+                    flagged=tuple(result.get("flagged") or ()),
                 )
             )
         return lines

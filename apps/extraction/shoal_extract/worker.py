@@ -9,21 +9,26 @@ handler loads the document's bytes, parses them, runs the extractor and
 returns the values; shoal's batch layer does the rest (phantom guard,
 retries, fencing, the aggregator). A file that cannot be parsed is a
 permanent error carrying the parser's message.
+
+A document is parsed once per parser version: the parse is stored under the
+file's content hash, and every later item over the same bytes (another
+template, another extractor, a retry) reads it from there.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from shoal import App, Clock, PermanentError, Shoal, SystemClock
-from shoal.batch.item import Item
+from shoal import App, Clock, Item, PermanentError, Shoal, SystemClock
+from shoal_extract.evidence import FLAG, Evidence, check_evidence
 from shoal_extract.extractors.base import CallContext, CallRecord, Extraction, Extractor
 from shoal_extract.extractors.llm import LlmExtractor, LlmSettings
 from shoal_extract.extractors.rules import RulesExtractor
-from shoal_extract.parsing import ParseError, parse_document
+from shoal_extract.parsing import ParsedText, ParseError, ParseLimits, parse_document
 from shoal_extract.schema import DEFAULT_SCHEMA, ensure_schema
 from shoal_extract.store import CallFor, ExtractStore
 from shoal_extract.templates import SHIPPED_TEMPLATES, StoredTemplate
@@ -37,6 +42,9 @@ DEFAULT_CONCURRENCY = 8
 DEFAULT_RETRY_LIMIT = 5
 DEFAULT_RETRY_DELAY = timedelta(seconds=2)
 DEFAULT_ZOMBIE_TIMEOUT = timedelta(minutes=2)
+# Documents parsed at once in one worker process (OCR runs in Tesseract's own
+# processes, so a second thread keeps a core busy while the other waits on it).
+PARSE_THREADS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,7 @@ class WorkerSettings:
     zombie_timeout: timedelta = DEFAULT_ZOMBIE_TIMEOUT
     llm: LlmSettings | None = None
     schema: str = DEFAULT_SCHEMA
+    limits: ParseLimits = field(default_factory=ParseLimits)
 
 
 class ExtractionApp:
@@ -63,6 +72,7 @@ class ExtractionApp:
         # Set by attach() (the worker's start hook, or the caller); read by the handler.
         self.store: ExtractStore | None = None
         self._templates: dict[int, StoredTemplate] = {}
+        self._parsing = asyncio.Semaphore(PARSE_THREADS)
         self._extractors: dict[str, Extractor] = {"rules": RulesExtractor()}
         self._llm: LlmExtractor | None = None
         if settings.llm is not None:
@@ -114,6 +124,32 @@ class ExtractionApp:
             self._templates[template_id] = stored
         return self._templates[template_id]
 
+    async def parsed(self, store: ExtractStore, document_id: int) -> ParsedText:
+        """The document's parse: stored by an earlier item, else parsed now and stored."""
+        rows = await store.documents_by_id([document_id])
+        if document_id not in rows:
+            raise PermanentError(f"document {document_id} does not exist")
+        row = rows[document_id]
+        parsed = await store.parsed_text(row.sha256)
+        if parsed is None:
+            document = await store.document_content(document_id)
+            if document is None:
+                raise PermanentError(f"document {document_id} does not exist")
+            limits = self.settings.limits
+            # Parsing is CPU-bound Python: threads beyond the cores only fight
+            # over the GIL and slow the event loop (heartbeats, model calls).
+            async with self._parsing:
+                parsed = await asyncio.to_thread(
+                    parse_document, document.content, row.format, limits
+                )
+            await store.store_parsed(row.sha256, parsed)
+        elif parsed.pages > self.settings.limits.max_pages:
+            raise ParseError(
+                f"the document has {parsed.pages} pages, over the limit of "
+                f"{self.settings.limits.max_pages} (SHOAL_EXTRACT_MAX_PAGES)"
+            )
+        return parsed
+
     async def extract_item(self, item: Item) -> dict[str, Any]:
         """Parse one document and extract the task's template from it."""
         store = self.store
@@ -126,10 +162,7 @@ class ExtractionApp:
             raise PermanentError(f"item {item.id}: needs data.document_id and params.template_id")
         stored = await self._template(store, template_id)
         extractor = self.extractor(params.get("extractor", DEFAULT_EXTRACTOR))
-        document = await store.document_content(document_id)
-        if document is None:
-            raise PermanentError(f"document {document_id} does not exist")
-        parsed = await asyncio.to_thread(parse_document, document.content, document.row.format)
+        parsed = await self.parsed(store, document_id)
         call = CallFor(str(item.task_id), int(item.id), item.attempt, document_id)
 
         async def record(entry: CallRecord) -> None:
@@ -143,26 +176,48 @@ class ExtractionApp:
             record=record,
         )
         extraction = await extractor.extract(parsed, stored.template, context=context)
-        return result_of(extraction, stored, extractor.name, pages=parsed.pages)
+        evidence = await asyncio.to_thread(
+            check_evidence,
+            parsed,
+            extraction.values,
+            extraction.quotes,
+            extraction.confidence,
+        )
+        return result_of(extraction, stored, extractor.name, pages=parsed.pages, evidence=evidence)
 
 
 def result_of(
-    extraction: Extraction, stored: StoredTemplate, extractor: str, *, pages: int
+    extraction: Extraction,
+    stored: StoredTemplate,
+    extractor: str,
+    *,
+    pages: int,
+    evidence: Mapping[str, Evidence] | None = None,
 ) -> dict[str, Any]:
-    """The item's result: values, per-field errors, and what produced them."""
+    """The item's result: values with their evidence, per-field errors, what produced them.
+
+    A value whose quote is not in the source text keeps its place in
+    ``fields`` for review, is listed in ``flagged`` and has a field error.
+    """
+    evidence = evidence or {}
     field_errors = {}
     for spec in stored.template.fields:
         note = extraction.notes.get(spec.name)
         if extraction.values.get(spec.name) is None:
             note = note or "not found"
             field_errors[spec.name] = f"{note} (required)" if spec.required else note
+        elif spec.name in evidence and not evidence[spec.name].verified:
+            field_errors[spec.name] = f"{FLAG} (flagged)"
     return {
         "template": stored.template.name,
         "template_version": stored.version,
         "extractor": extractor,
         "fields": {name: extraction.values.get(name) for name in stored.template.field_names},
         "field_errors": field_errors,
+        "evidence": {name: ev.as_dict() for name, ev in evidence.items()},
+        "flagged": [name for name, ev in evidence.items() if not ev.verified],
         "pages": pages,
+        "chunks_shown": list(extraction.chunks_shown),
         "model": extraction.model,
         "response_id": extraction.response_id,
         "usage": extraction.usage.as_dict(),

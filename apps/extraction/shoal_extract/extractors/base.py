@@ -89,6 +89,11 @@ class Extraction:
     usage: Usage = Usage()
     model: str | None = None
     response_id: str | None = None
+    # field -> the passage the value was taken from, as the extractor saw it
+    quotes: dict[str, str] = field(default_factory=dict)
+    # field -> how sure the extractor is, 0-1 (before the evidence check)
+    confidence: dict[str, float] = field(default_factory=dict)
+    chunks_shown: tuple[int, ...] = ()  # the llm extractor: which chunks the model saw
 
 
 class Extractor(Protocol):

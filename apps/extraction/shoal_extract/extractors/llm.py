@@ -1,10 +1,20 @@
 """``llm``: an OpenAI-compatible chat-completions endpoint asked for JSON.
 
-The model gets the template's fields (with their descriptions and a JSON
-Schema) and the document's text, and must answer one JSON object with every
-field, ``null`` for what the paper does not state. The answer is checked
-against the template; an invalid one gets exactly one repair attempt (the
-model is shown what was wrong), then the item fails for good.
+A paper is cut into chunks (:mod:`shoal_extract.chunking`: by page and
+section); for each field the chunks are ranked by BM25 against the field's
+name and description, and one call gets, within a token budget
+(``max_prompt_tokens``), the front matter (title, authors, abstract) and
+each field's best chunks in turn. Fields the model answers ``null`` that still have
+unseen ranked chunks are asked again over those (up to ``max_calls`` calls a
+document), so a field may be filled from a chunk late in a long paper. The
+whole text is never cut at a fixed length.
+
+The model must answer one JSON object with every field asked, ``null`` for
+what the chunks do not state, and ``_quotes``: for each value, the passage
+it copied it from (checked against the paper by the evidence step). The
+answer is checked against the template; an invalid one gets exactly one
+repair attempt (the model is shown what was wrong), then the item fails for
+good.
 
 How failures are classified, so the batch layer does the right thing:
 
@@ -25,21 +35,36 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from shoal import PermanentError
+from shoal_extract.chunking import (
+    CHARS_PER_TOKEN,
+    Chunk,
+    ChunkIndex,
+    chunk_document,
+    front_matter,
+    select,
+)
 from shoal_extract.extractors.base import CallContext, CallRecord, Extraction, Usage
 from shoal_extract.parsing import ParsedText
 from shoal_extract.templates import Template
 
 DEFAULT_TIMEOUT_S = 60.0
-# The part of a paper sent: title page, abstract, methods and results fit in
-# this many characters; the rest (discussion, references) costs tokens and
-# rarely holds a field.
-DEFAULT_MAX_CHARS = 24_000
+# Tokens of paper per call: the best chunks of ten fields with room to spare,
+# well inside any current model's context.
+DEFAULT_MAX_PROMPT_TOKENS = 6_000
+# Calls per document (repairs not counted): the first over every field's best
+# chunks, the rest for fields still null over chunks not yet shown.
+DEFAULT_MAX_CALLS = 3
+QUOTES = "_quotes"  # never a field name: those start with a letter
+# A model's confidence in a value (no log-probabilities asked for): the value
+# appears in the passage it quotes, or the quote only supports it.
+QUOTED, PARAPHRASED = 0.8, 0.6
 TOKENS_PER_MILLION = 1_000_000
 # Sent with each call so an endpoint (or its logs) can tell which item asked.
 ITEM_HEADER = "X-Shoal-Item"
@@ -49,6 +74,11 @@ You extract structured data from one scientific paper.
 Answer with ONE JSON object and nothing else. Its keys are exactly the fields below.
 Give a field the value the paper states; use null when the paper does not state it.
 Never guess, never infer from other papers. Copy text values as printed.
+The paper is shown as chunks, each labelled with its page; a field the chunks
+do not state is null.
+Add the key "_quotes": an object giving, for each field with a value, the
+shortest passage of the paper (a sentence or less) that states it, copied
+character for character.
 
 Fields:
 {fields}
@@ -77,7 +107,8 @@ class LlmSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S
     price_in_per_mtok: float = 0.0  # USD per million prompt tokens
     price_out_per_mtok: float = 0.0  # USD per million completion tokens
-    max_chars: int = DEFAULT_MAX_CHARS
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    max_calls: int = DEFAULT_MAX_CALLS
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return round(
@@ -94,6 +125,26 @@ class Answer:
     response_id: str | None
 
 
+def answer_schema(template: Template) -> dict[str, Any]:
+    """The template's JSON Schema, plus the optional ``_quotes`` object."""
+    schema = template.json_schema()
+    schema["properties"][QUOTES] = {
+        "type": "object",
+        "additionalProperties": {"type": ["string", "null"]},
+        "description": "field -> the passage of the paper its value was copied from",
+    }
+    return schema
+
+
+def quotes_of(content: str) -> dict[str, str]:
+    """The ``_quotes`` of an answer that :func:`check_answer` accepted (strings only)."""
+    match = _FENCE.match(content)
+    raw = json.loads(match.group(1) if match else content).get(QUOTES)
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str) and v}
+
+
 def check_answer(content: str, template: Template) -> tuple[dict[str, Any] | None, list[str]]:
     """The answer's values, or None and what is wrong with it."""
     match = _FENCE.match(content)
@@ -105,7 +156,7 @@ def check_answer(content: str, template: Template) -> tuple[dict[str, Any] | Non
     if not isinstance(answer, dict):
         return None, [f"not a JSON object but {type(answer).__name__}"]
     problems = []
-    extra = sorted(set(answer) - set(template.field_names))
+    extra = sorted(set(answer) - set(template.field_names) - {QUOTES})
     if extra:
         problems.append(f"unknown keys {extra}")
     missing = [name for name in template.field_names if name not in answer]
@@ -135,28 +186,83 @@ class LlmExtractor:
         if self._owns_client:
             await self._client.aclose()
 
-    def messages(self, document: ParsedText, template: Template) -> list[dict[str, str]]:
+    def messages(self, chunks: Sequence[Chunk], template: Template) -> list[dict[str, str]]:
         fields = "\n".join(
             f"- {f.name} ({f.type.value}{', required' if f.required else ''}): {f.description}"
             for f in template.fields
         )
-        text = document.text[: self.settings.max_chars]
-        if len(document.text) > self.settings.max_chars:
-            text += "\n[... the rest of the paper is left out ...]"
+        text = "\n\n".join(f"{c.label()}\n{c.text}" for c in chunks)
         return [
             {
                 "role": "system",
                 "content": SYSTEM_PROMPT.format(
-                    fields=fields, schema=json.dumps(template.json_schema())
+                    fields=fields, schema=json.dumps(answer_schema(template))
                 ),
             },
-            {"role": "user", "content": f"The paper:\n\n{text}"},
+            {
+                "role": "user",
+                "content": f"The paper (the chunks most likely to hold the fields):\n\n{text}",
+            },
         ]
 
     async def extract(
         self, document: ParsedText, template: Template, *, context: CallContext
     ) -> Extraction:
-        messages = self.messages(document, template)
+        chunks = chunk_document(document)
+        index = ChunkIndex(chunks)
+        values: dict[str, Any] = dict.fromkeys(template.field_names)
+        quotes: dict[str, str] = {}
+        confidence: dict[str, float] = {}
+        shown: set[int] = set()
+        pending = list(template.fields)
+        usage = Usage()
+        response_id: str | None = None
+        calls = 0
+        while pending and calls < self.settings.max_calls:
+            ranked = {f.name: index.ranked(f) for f in pending}
+            asked = Template(template.name, tuple(pending), template.description)
+            budget = self.settings.max_prompt_tokens - _tokens(self.messages([], asked))
+            front = front_matter(chunks)
+            exclude = frozenset(shown - {c.index for c in front})
+            chosen = select(ranked, budget, always=front, exclude=exclude)
+            if calls and not {c.index for c in chosen} - shown:
+                break  # nothing new to show the fields still missing
+            answered, found, spent, response_id = await self._ask(chosen, asked, context)
+            calls += 1
+            usage = usage + spent
+            shown |= {c.index for c in chosen}
+            for name, value in answered.items():
+                if value is not None:
+                    values[name] = value
+                    if name in found:
+                        quotes[name] = found[name]
+                        confidence[name] = _confidence(value, found[name])
+            pending = [
+                f
+                for f in pending
+                if values[f.name] is None and any(c.index not in shown for c in ranked[f.name])
+            ]
+        notes = {
+            name: f"not found in the {len(shown)} of {len(chunks)} chunks shown"
+            for name, value in values.items()
+            if value is None
+        }
+        return Extraction(
+            values=values,
+            notes=notes,
+            usage=usage,
+            model=self.settings.model,
+            response_id=response_id,
+            quotes=quotes,
+            confidence=confidence,
+            chunks_shown=tuple(sorted(shown)),
+        )
+
+    async def _ask(
+        self, chunks: Sequence[Chunk], template: Template, context: CallContext
+    ) -> tuple[dict[str, Any], dict[str, str], Usage, str | None]:
+        """One question over ``chunks``: values, quotes, usage, response id (repaired once)."""
+        messages = self.messages(chunks, template)
         first = await self._call(messages, context)
         values, problems = check_answer(first.content, template)
         usage = first.usage
@@ -188,14 +294,7 @@ class LlmExtractor:
         await context.record(
             CallRecord("answered", self.settings.model, answer.usage, answer.response_id)
         )
-        notes = {name: "not found" for name, value in values.items() if value is None}
-        return Extraction(
-            values=values,
-            notes=notes,
-            usage=usage,
-            model=self.settings.model,
-            response_id=answer.response_id,
-        )
+        return values, quotes_of(answer.content), usage, answer.response_id
 
     async def _call(self, messages: list[dict[str, str]], context: CallContext) -> Answer:
         """One chat completion; records the calls that fail, raises by the table above."""
@@ -250,6 +349,16 @@ class LlmExtractor:
         return Answer(content, usage, response_id)
 
 
+def _confidence(value: Any, quote: str) -> float:
+    """How sure a model's value is, without log-probabilities: does its own quote carry it?"""
+    flat = " ".join(quote.split()).casefold()
+    return QUOTED if " ".join(str(value).split()).casefold() in flat else PARAPHRASED
+
+
+def _tokens(messages: list[dict[str, str]]) -> int:
+    return sum(len(m["content"]) for m in messages) // CHARS_PER_TOKEN + 1
+
+
 def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
@@ -258,4 +367,11 @@ def _excerpt(response: httpx.Response) -> str:
     return " ".join(response.text.split())[:200] or "(empty body)"
 
 
-__all__ = ["LlmExtractor", "LlmSettings", "ModelUnavailable", "check_answer"]
+__all__ = [
+    "LlmExtractor",
+    "LlmSettings",
+    "ModelUnavailable",
+    "answer_schema",
+    "check_answer",
+    "quotes_of",
+]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -54,8 +55,11 @@ DOI = re.compile(
 )
 ABSTRACT = re.compile(r"^[#*\s]*Abstract\b", re.MULTILINE | re.IGNORECASE)
 REFERENCES = re.compile(r"^[#\s]*(?:References|Bibliography)\s*$", re.MULTILINE | re.IGNORECASE)
-NAME = re.compile(r"^[A-Z][a-zA-Z'\-]+(?:\s+[A-Z]\.)*(?:\s+[A-Z][a-zA-Z'\-]+)+$")
-AFFILIATION_MARKS = re.compile(r"(?<=[a-z])[\d,]*\d\*?|\*|†|‡")
+# A personal name: capitalised words of letters in any script (Zoë Müller, Søren
+# Ødegård), initials allowed in between. [^\W\d_] is "a letter" in Python's re.
+_WORD = r"[^\W\d_][^\W\d_'\-]*(?:['\-][^\W\d_]+)*"
+NAME = re.compile(rf"^{_WORD}(?:\s+[^\W\d_]\.)*(?:\s+{_WORD})+$")
+AFFILIATION_MARKS = re.compile(r"(?<=[^\W\d_])[\d,]*\d\*?|\*|†|‡")
 POPULATION = r"(?:adults|patients|participants|outpatients|inpatients|children|women|men|people|subjects|volunteers)"  # noqa: E501 - one alternation
 COUNT = r"(?P<n>\d{1,3}(?:,\d{3})+|\d+)"
 SAMPLE_SIZE = [
@@ -70,6 +74,10 @@ SAMPLE_SIZE = [
         r"(?:randomly assigned|randomi[sz]ed|enrolled|allocated)"
     ),
     re.compile(r"\b[Nn]\s*=\s*(?P<n>\d{1,3}(?:,\d{3})+|\d+)\s+(?:were\s+)?randomi[sz]ed"),
+    # A table row (Markdown, as the parser writes tables): | Randomized | 416 |
+    re.compile(
+        rf"\|\s*(?:Randomi[sz]ed|Randomly assigned)\b[^|\n]*\|\s*{COUNT}\s*\|", re.IGNORECASE
+    ),
 ]
 ARMS = re.compile(
     r"\b(?:randomly assigned|randomi[sz]ed|allocated)\b[^.]*?\bto\s+(?:receive\s+)?"
@@ -135,47 +143,68 @@ def _is_front_line(paragraph: str) -> bool:
     )
 
 
-def find_title(s: Sections) -> str | None:
+# How sure a rule is of what it found (a ranking aid for review, not a
+# calibrated probability): a labelled or printed-for-the-purpose source, the
+# usual phrasing, a fallback that can mislead.
+SURE, USUAL, FALLBACK = 0.95, 0.85, 0.7
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A rule's value, the passage of the text it read it from, and how sure it is."""
+
+    value: Any
+    quote: str
+    confidence: float
+
+
+def find_title(s: Sections) -> Found | None:
     doc = s.document
     if doc.format is DocumentFormat.MARKDOWN:
         match = re.search(r"^#\s+(.+)$", s.front, re.MULTILINE)
-        return _clean(match.group(1)) if match else None
+        return Found(_clean(match.group(1)), match.group(1), SURE) if match else None
     if doc.title_hint and len(doc.title_hint.split()) >= MIN_TITLE_WORDS:
-        return _clean(doc.title_hint)
+        return Found(_clean(doc.title_hint), doc.title_hint, SURE)
     for paragraph in re.split(r"\n\s*\n", s.front):
         if not paragraph.strip() or _is_front_line(paragraph):
             continue
-        title = _clean(paragraph)
+        title = _clean(paragraph.lstrip("# "))
         # The first paragraph that is not header material is the title, or
         # nothing is: a later paragraph is authors or affiliations.
-        return title if len(title) <= MAX_TITLE_CHARS and not _authors_of(title) else None
+        if len(title) <= MAX_TITLE_CHARS and not _authors_of(title):
+            return Found(title, paragraph.lstrip("# "), FALLBACK)
+        return None
     return None
 
 
-def find_year(s: Sections) -> int | None:
+def find_year(s: Sections) -> Found | None:
     if s.citation:
-        return int(s.citation.group("year"))
+        return Found(int(s.citation.group("year")), s.citation.group(0), SURE)
     for pattern in (PUBLISHED, COPYRIGHT):
         match = pattern.search(s.front)
         if match:
-            return int(match.group("year"))
+            return Found(int(match.group("year")), match.group(0), USUAL)
     return None
 
 
-def find_journal(s: Sections) -> str | None:
-    return _clean(s.citation.group("journal")) if s.citation else None
+def find_journal(s: Sections) -> Found | None:
+    if s.citation is None:
+        return None
+    return Found(_clean(s.citation.group("journal")), s.citation.group(0), SURE)
 
 
-def find_doi(s: Sections) -> str | None:
+def find_doi(s: Sections) -> Found | None:
     match = DOI.search(s.front)
-    return match.group("doi").rstrip(".,;)]") if match else None
+    if match is None:
+        return None
+    return Found(match.group("doi").rstrip(".,;)]"), match.group(0).rstrip(".,;)]"), SURE)
 
 
 def _authors_of(line: str) -> list[str] | None:
     """The names on an author line ("A. Smith1*, B. Jones2 and C. Wu"), or None."""
     line = AFFILIATION_MARKS.sub("", line)
     parts = [p.strip() for p in re.split(r",\s*(?:and\s+)?|\s+and\s+|;\s*", line) if p.strip()]
-    if parts and all(NAME.match(p) for p in parts):
+    if parts and all(NAME.match(p) and all(w[0].isupper() for w in p.split()) for p in parts):
         return parts
     return None
 
@@ -184,15 +213,16 @@ AUTHOR_BLOCK_END = re.compile(r"^(?:\d|Received|Accepted|Abstract|Keywords|Corre
 MAX_AUTHOR_LINES = 3
 
 
-def find_authors(s: Sections) -> str | None:
+def find_authors(s: Sections) -> Found | None:
     """The names printed right under the title (the title anchors where to look)."""
     title = find_title(s)
     if title is None:
         return None
-    anchor = re.search(r"\s+".join(map(re.escape, title.split())), s.front)
+    anchor = re.search(r"\s+".join(map(re.escape, title.value.split())), s.front)
     if anchor is None:
         return None
     block: list[str] = []
+    printed: list[str] = []
     for raw in s.front[anchor.end() :].splitlines():
         line = raw.strip().strip("*_").strip()
         if not line:
@@ -202,17 +232,19 @@ def find_authors(s: Sections) -> str | None:
         if AUTHOR_BLOCK_END.match(line):
             break
         block.append(line)
+        printed.append(raw.strip())
         if len(block) == MAX_AUTHOR_LINES:
             break
     names = _authors_of(" ".join(block)) if block else None
-    return ", ".join(names) if names else None
+    return Found(", ".join(names), " ".join(printed), USUAL) if names else None
 
 
-def find_sample_size(s: Sections) -> int | None:
-    for pattern in SAMPLE_SIZE:
+def find_sample_size(s: Sections) -> Found | None:
+    for rank, pattern in enumerate(SAMPLE_SIZE):
         match = pattern.search(s.flat_body)
         if match:
-            return int(match.group("n").replace(",", ""))
+            n = int(match.group("n").replace(",", ""))
+            return Found(n, match.group(0), USUAL if rank == 0 else FALLBACK)
     return None
 
 
@@ -220,27 +252,27 @@ def _arms(s: Sections) -> re.Match[str] | None:
     return ARMS.search(s.flat_body)
 
 
-def find_intervention(s: Sections) -> str | None:
+def find_intervention(s: Sections) -> Found | None:
     match = _arms(s)
-    return match.group("intervention").strip() if match else None
+    return Found(match.group("intervention").strip(), match.group(0), USUAL) if match else None
 
 
-def find_comparator(s: Sections) -> str | None:
+def find_comparator(s: Sections) -> Found | None:
     match = _arms(s)
-    return match.group("comparator").strip() if match else None
+    return Found(match.group("comparator").strip(), match.group(0), USUAL) if match else None
 
 
-def find_primary_outcome(s: Sections) -> str | None:
+def find_primary_outcome(s: Sections) -> Found | None:
     match = PRIMARY_OUTCOME.search(s.flat_body)
-    return match.group("outcome").strip() if match else None
+    return Found(match.group("outcome").strip(), match.group(0), SURE) if match else None
 
 
-def find_conclusion(s: Sections) -> str | None:
+def find_conclusion(s: Sections) -> Found | None:
     match = CONCLUSION.search(s.flat_body)
-    return match.group("conclusion").strip() if match else None
+    return Found(match.group("conclusion").strip(), match.group(0), SURE) if match else None
 
 
-FINDERS: dict[str, Callable[[Sections], Any]] = {
+FINDERS: dict[str, Callable[[Sections], Found | None]] = {
     "title": find_title,
     "authors": find_authors,
     "year": find_year,
@@ -259,15 +291,20 @@ def extract_fields(document: ParsedText, template: Template) -> Extraction:
     sections = Sections(document)
     values: dict[str, Any] = {}
     notes: dict[str, str] = {}
+    quotes: dict[str, str] = {}
+    confidence: dict[str, float] = {}
     for spec in template.fields:
         finder = FINDERS.get(spec.name)
-        value = finder(sections) if finder else None
-        if value is not None and spec.check_value(value) is not None:
-            value = None  # found something, but not of the field's type: no guess
-        values[spec.name] = value
-        if value is None:
+        found = finder(sections) if finder else None
+        if found is not None and spec.check_value(found.value) is not None:
+            found = None  # found something, but not of the field's type: no guess
+        values[spec.name] = None if found is None else found.value
+        if found is None:
             notes[spec.name] = NOT_FOUND if finder else "not found: the rules know no such field"
-    return Extraction(values=values, notes=notes)
+        else:
+            quotes[spec.name] = found.quote
+            confidence[spec.name] = found.confidence
+    return Extraction(values=values, notes=notes, quotes=quotes, confidence=confidence)
 
 
 class RulesExtractor:
@@ -282,4 +319,4 @@ class RulesExtractor:
         return await asyncio.to_thread(extract_fields, document, template)
 
 
-__all__ = ["FINDERS", "NOT_FOUND", "RulesExtractor", "extract_fields"]
+__all__ = ["FINDERS", "NOT_FOUND", "Found", "RulesExtractor", "extract_fields"]
