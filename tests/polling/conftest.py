@@ -9,6 +9,7 @@ import pytest
 from shoal import Shoal, SystemClock
 from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.schema import ensure_schema
+from tests.polling.rig import Rig, open_rig
 
 SMALL_FLEET = FleetSpec(accounts=2, cards_per_account=3, quota_kb=10_000, stop_percent=100)
 
@@ -19,3 +20,13 @@ async def polling(boss: Shoal) -> AsyncIterator[Shoal]:
     await ensure_schema(boss.db, today=SystemClock().now().date())
     await create_fleet(boss.db, SMALL_FLEET)
     yield boss
+
+
+@pytest.fixture
+async def rig(polling: Shoal) -> AsyncIterator[Rig]:
+    """Pollers, a gateway and the app's pipeline on the ``polling`` fleet, closed after the test."""
+    r = await open_rig(polling)
+    try:
+        yield r
+    finally:
+        await r.close()

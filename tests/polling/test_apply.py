@@ -168,4 +168,24 @@ async def test_collection_records_are_kept_once_per_observation(polling: Shoal) 
 async def test_two_processes_creating_the_schema_at_once_both_succeed(boss: Shoal) -> None:
     today = SystemClock().now().date()
     await asyncio.gather(ensure_schema(boss.db, today=today), ensure_schema(boss.db, today=today))
-    await ensure_schema(boss.db, today=today)
+    partitions_query = (
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'shoal_polling.collection_record'::regclass ORDER BY 1"
+    )
+    partitions = [name for (name,) in await rows(boss, partitions_query)]
+    # One partition per month from two back to twelve ahead, and the default.
+    months = [divmod(today.year * 12 + today.month - 1 + k, 12) for k in range(-2, 13)]
+    assert partitions == sorted(
+        [f"collection_record_{y:04d}_{m + 1:02d}" for y, m in months]
+        + ["collection_record_default"]
+    )
+    # A record of this month lands in this month's partition, not the default.
+    mid_month = datetime(today.year, today.month, 15, 12, tzinfo=UTC)
+    record = CollectionRecord("o1", mid_month, CARD, "traffic", True, {"used_kb": 1})
+    assert await boss.db.run(lambda c: write_collection_records(c, [record])) == 1
+    assert await rows(
+        boss, "SELECT tableoid::regclass::text FROM shoal_polling.collection_record"
+    ) == [(f"shoal_polling.collection_record_{today.year:04d}_{today.month:02d}",)]
+
+    await ensure_schema(boss.db, today=today)  # a third run finds everything in place
+    assert [name for (name,) in await rows(boss, partitions_query)] == partitions

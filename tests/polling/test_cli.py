@@ -21,7 +21,7 @@ def wait_up(url: str) -> None:
         except httpx.HTTPError:
             pass
         assert time.monotonic() < deadline, "the gateway did not start"
-        time.sleep(0.05)
+        time.sleep(0.05)  # noqa: TID251 - polls a gateway process starting up
 
 
 def test_seed_mode_and_poll_commands_poll_a_fleet_in_sync_mode(db_url: str, tmp_path: Path) -> None:

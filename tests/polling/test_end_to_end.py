@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,23 +47,6 @@ SETTINGS = PollerSettings(
 )
 
 
-@pytest.fixture(params=["postgres", "nats"])
-def transport_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def nats(transport_kind: str, tmp_path: Path) -> Iterator[NatsServer | None]:
-    if transport_kind != "nats":
-        yield None
-        return
-    server = NatsServer(tmp_path / "nats").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 async def test_polling_rounds_on_both_transports_reconcile_with_nothing_missing_or_doubled(
     boss: Shoal, db_url: str, tmp_path: Path, transport_kind: str, nats: NatsServer | None
 ) -> None:
@@ -81,7 +63,7 @@ async def test_polling_rounds_on_both_transports_reconcile_with_nothing_missing_
             "SHOAL_NATS_MONITOR_URL": nats.monitor_url,
         }
     else:
-        transport = PostgresTransport(boss, ack_wait=ACK_WAIT)
+        transport = PostgresTransport(boss)
         env = {"SHOAL_INGEST_TRANSPORT": "postgres"}
     env["SHOAL_POLLING_ACK_WAIT_S"] = str(ACK_WAIT.total_seconds())
     workers = WorkerProcesses(db_url, tmp_path, app="shoal_polling.app:app", env=env)

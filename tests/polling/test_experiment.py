@@ -19,8 +19,9 @@ SMALL = ExperimentSettings(
     duration_s=6.0,
     accounts=2,
     cards_per_account=6,
-    # Three connections for the whole process: the sync polls (about 30 a
-    # second, each holding one for 100 ms) need more than that.
+    # Three connections for the app's pool: the sync polls (about 30 a second,
+    # each holding one for 100 ms) need more than that. The experiment's own
+    # set-up and reconciliation run on a pool of their own, at normal deadlines.
     pool_size=3,
     consumers=1,
     reserve=1,

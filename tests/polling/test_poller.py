@@ -5,10 +5,8 @@ step's skip, backpressure and the read caches."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
 from typing import Any, cast
-
-import pytest
 
 from shoal import PublishError, Shoal
 from shoal.ingest.postgres import PostgresTransport
@@ -23,15 +21,6 @@ from tests.polling.rig import Rig, open_rig, scalar
 
 CARDS = SMALL_FLEET.accounts * SMALL_FLEET.cards_per_account
 STATUS_STEPS = 3  # traffic, card status, real-name: one observation each per round
-
-
-@pytest.fixture
-async def rig(polling: Shoal) -> AsyncIterator[Rig]:
-    r = await open_rig(polling)
-    try:
-        yield r
-    finally:
-        await r.close()
 
 
 async def applied(boss: Shoal) -> int:
@@ -150,12 +139,21 @@ async def test_at_most_twenty_polls_of_one_account_call_the_gateway_at_once(
     rig = await open_rig(polling, GatewaySettings(latency_ms=30.0, latency_sigma=0.0, rate_limit=0))
     active: dict[str, int] = {}
     peak: dict[str, int] = {}
+    full = asyncio.Event()  # the limit's worth of calls are in flight at once
     inner = rig.gateway.query
 
     async def counting(account: str, card: str, kind: Kind) -> dict[str, Any] | None:
         active[account] = active.get(account, 0) + 1
         peak[account] = max(peak.get(account, 0), active[account])
+        if active[account] >= ACCOUNT_CONCURRENCY:
+            full.set()
         try:
+            # Calls wait until the limit's worth are in at once, so on a slow
+            # machine early calls cannot finish before later ones start; a limit
+            # that leaked lets more in meanwhile. The timeout only ends a hang.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(30):
+                    await full.wait()
             return await inner(account, card, kind)
         finally:
             active[account] -= 1

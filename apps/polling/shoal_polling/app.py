@@ -21,28 +21,23 @@ import os
 from datetime import timedelta
 
 from shoal import App, Message, Shoal, SystemClock
-from shoal.ingest.postgres import PostgresTransport
-from shoal.ingest.runner import transport_from_env
-from shoal.ingest.transport import Transport
 from shoal_polling.domain import COLLECTION, MODE_KEY, OBSERVATIONS, CollectionRecord, Observation
-from shoal_polling.ingest import COLLECTION_WRITERS, INGEST_CONCURRENCY, PollingIngest
+from shoal_polling.ingest import (
+    COLLECTION_WRITERS,
+    INGEST_CONCURRENCY,
+    INGEST_RETRY_LIMIT,
+    PollingIngest,
+)
 from shoal_polling.schema import ensure_schema
 
+# The lease of a delivery (how soon a message held by a killed worker is
+# delivered again), on either transport: it is the consumer's and the sink's.
 ACK_WAIT = timedelta(seconds=float(os.environ.get("SHOAL_POLLING_ACK_WAIT_S", "300")))
 CONCURRENCY = int(os.environ.get("SHOAL_POLLING_CONCURRENCY", str(INGEST_CONCURRENCY)))
 APPLY_COST = timedelta(milliseconds=float(os.environ.get("SHOAL_POLLING_APPLY_COST_MS", "0")))
 
 
-def transport(boss: Shoal) -> Transport:
-    """The environment's transport; on postgres, with this app's ack wait (a message's
-    lease: how soon a message held by a killed worker is delivered again)."""
-    if os.environ.get("SHOAL_INGEST_TRANSPORT", "postgres") == "postgres":
-        return PostgresTransport(boss, ack_wait=ACK_WAIT)
-    return transport_from_env(boss)
-
-
 app = App()
-app.ingest_settings.transport = transport
 app.ingest_settings.mode_key = MODE_KEY
 app.ingest_settings.monitor_interval = timedelta(
     seconds=float(os.environ.get("SHOAL_POLLING_MONITOR_INTERVAL_S", "60"))
@@ -55,10 +50,14 @@ _ingest: list[PollingIngest] = []
 async def prepare(boss: Shoal) -> None:
     await ensure_schema(boss.db, today=SystemClock().now().date())
     # The consumer publishes collection records on the worker's own pipeline.
-    _ingest.append(PollingIngest(boss.db, app.pipeline, apply_cost=APPLY_COST))
+    _ingest.append(
+        PollingIngest(boss.db, app.pipeline, apply_cost=APPLY_COST, retry_limit=INGEST_RETRY_LIMIT)
+    )
 
 
-@app.consumer(OBSERVATIONS, concurrency=CONCURRENCY, ack_wait=ACK_WAIT)
+@app.consumer(
+    OBSERVATIONS, concurrency=CONCURRENCY, ack_wait=ACK_WAIT, retry_limit=INGEST_RETRY_LIMIT
+)
 async def apply(message: Message[Observation]) -> None:
     await _ingest[0].apply(message)
 

@@ -38,6 +38,9 @@ from shoal_polling.domain import (
 log = logging.getLogger("shoal_polling.apply")
 
 CARD_CHANNEL = "shoal_polling_card"
+# A new priority item is announced here on commit (JSON: id, card_id, step), so
+# pollers add it to their priority set at once instead of at their next re-read.
+PRIORITY_CHANNEL = "shoal_polling_priority"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,9 @@
 - accounts (the real-name switch): one minute, in process;
 - a failed load is never cached: the next read tries again.
 
+The same LISTEN connection delivers new priority items to the poller's
+priority set (D9's "add it to the set at once").
+
 The caches belong to one poller: written by its steps and its invalidator,
 read by its steps; all on one event loop, so no locks.
 """
@@ -22,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Generic, TypeVar
 
 from shoal import Clock, Database
-from shoal_polling.apply import CARD_CHANNEL
+from shoal_polling.apply import CARD_CHANNEL, PRIORITY_CHANNEL
 from shoal_polling.domain import AsyncConn
 
 log = logging.getLogger("shoal_polling.caches")
@@ -106,11 +109,26 @@ async def load_real_name_enabled(db: Database, account_id: str) -> bool:
 
 
 class CardInvalidator:
-    """Drops a card from the cache when an ingest commit announces it (LISTEN)."""
+    """Drops a card from the cache when an ingest commit announces it (LISTEN).
 
-    def __init__(self, db: Database, cards: TtlCache[str, CardInfo]) -> None:
+    On the same connection it hears new priority items (:data:`PRIORITY_CHANNEL`)
+    and hands their payload to ``on_priority``; ``on_listen`` runs each time
+    LISTEN is (re)established, since whatever was announced while nobody
+    listened is lost.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        cards: TtlCache[str, CardInfo],
+        *,
+        on_priority: Callable[[str], None] | None = None,
+        on_listen: Callable[[], None] | None = None,
+    ) -> None:
         self.db = db
         self.cards = cards
+        self.on_priority = on_priority
+        self.on_listen = on_listen
         self.listening = asyncio.Event()  # set while LISTEN is active
         self.invalidated = 0
 
@@ -120,12 +138,20 @@ class CardInvalidator:
             try:
                 conn = await self.db.connect()
                 await conn.execute(f"LISTEN {CARD_CHANNEL}")
+                if self.on_priority is not None:
+                    await conn.execute(f"LISTEN {PRIORITY_CHANNEL}")
                 # Whatever changed while nobody listened is unknown: start afresh.
                 self.cards.clear()
+                if self.on_listen is not None:
+                    self.on_listen()
                 self.listening.set()
                 while not stop.is_set():
                     # A timeout, so that ``stop`` is seen within a second.
                     async for notify in conn.notifies(timeout=NOTIFY_WAIT_S):
+                        if notify.channel == PRIORITY_CHANNEL:
+                            if self.on_priority is not None:
+                                self.on_priority(notify.payload)
+                            continue
                         self.cards.invalidate(notify.payload)
                         self.invalidated += 1
             except asyncio.CancelledError:

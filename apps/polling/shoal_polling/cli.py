@@ -2,9 +2,9 @@
 
     shoal-polling gateway [--port 8900] [--seed 1] [--latency-ms 20] [--error-rate 0] ...
     shoal-polling seed [--accounts 3] [--cards 10]      the fleet to poll
-    shoal-polling poll --gateway URL [--rounds N]       the poller (sync or async per the switch)
+    shoal-polling poll --gateway URL [--metrics-port N] the poller (sync or async per the switch)
     shoal-polling mode [sync|async]                     read or set polling.ingest.mode
-    shoal-polling reconcile --gateway URL               served vs recorded vs applied
+    shoal-polling reconcile --gateway URL | --served-log FILE   served vs recorded vs applied
     shoal-polling experiment                            sync vs async under a slow gateway
 
 The ingest side runs as ``shoal worker --app shoal_polling.app:app``. The
@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -28,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal import Pipeline, Shoal, SystemClock
-from shoal.cli import database_url
-from shoal.ingest.runner import transport_from_env
+from shoal.cli import database_url, ingest_transport
 from shoal_polling.domain import ACCOUNT_CONCURRENCY, MODE_KEY, AsyncConn
 from shoal_polling.experiment import ExperimentSettings, as_rows, run_experiment
 from shoal_polling.fleet import DEFAULT_QUOTA_KB, FleetSpec, create_fleet
@@ -40,19 +41,29 @@ from shoal_polling.gateway import (
     Gateway,
     GatewaySettings,
     build_gateway_app,
+    read_served_log,
 )
 from shoal_polling.gateway_client import GatewayClient
-from shoal_polling.ingest import PollingIngest
+from shoal_polling.ingest import (
+    DEFAULT_PLAN_INTERVAL,
+    PLAN_INTERVAL_KEY,
+    PollingIngest,
+    share_plan_interval,
+)
+from shoal_polling.metrics import PollerMetrics, PoolWaits, write_reconciliation
 from shoal_polling.poller import Poller, PollerSettings
-from shoal_polling.reconcile import reconcile
+from shoal_polling.reconcile import compare, load_snapshot
 from shoal_polling.schema import ensure_schema
 
 
 async def serve_gateway(settings: GatewaySettings, *, host: str, port: int) -> None:
     import uvicorn
 
+    from shoal.api.server import api_config
+
     app = build_gateway_app(Gateway(settings))
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    # Served as shoal api is: a deadline on request heads, a lingering close.
+    config = api_config(app, host=host, port=port, log_level="warning", access_log=False)
     await uvicorn.Server(config).serve()
 
 
@@ -144,24 +155,61 @@ def poller_settings(args: argparse.Namespace) -> PollerSettings:
         traffic_interval=timedelta(seconds=args.traffic_interval_s),
         card_status_interval=timedelta(seconds=args.card_status_interval_s),
         real_name_interval=timedelta(seconds=args.real_name_interval_s),
-        plan_interval=timedelta(seconds=args.plan_interval_s),
+        plan_interval=DEFAULT_PLAN_INTERVAL
+        if args.plan_interval_s is None
+        else timedelta(seconds=args.plan_interval_s),
     )
+
+
+def spool_dir(args: argparse.Namespace) -> Path:
+    """``--spool-dir``, else ``$SHOAL_POLLING_DATA_DIR/spool``, else under the user's data dir."""
+    if args.spool_dir is not None:
+        return Path(args.spool_dir)
+    data_dir = os.environ.get("SHOAL_POLLING_DATA_DIR")
+    if data_dir:
+        return Path(data_dir) / "spool"
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("shoal-polling")) / "spool"
 
 
 def cmd_poll(args: argparse.Namespace) -> int:
     settings = poller_settings(args)
 
     async def run(url: str) -> int:
+        transport = ingest_transport()
         boss = await _open(url, pool_size=args.pool_size, listen=True)
-        pipeline = Pipeline(boss, transport_from_env(boss), mode_key=MODE_KEY)
+        pipeline = Pipeline(boss, transport(boss), mode_key=MODE_KEY, spool_dir=spool_dir(args))
         await pipeline.start()
-        ingest = PollingIngest(boss.db, pipeline, plan_interval=settings.plan_interval)
+        # One plan interval for this poller's schedule and every apply's marker (D8).
+        given = None if args.plan_interval_s is None else settings.plan_interval
+        plan_interval = await share_plan_interval(pipeline, given)
+        ingest = PollingIngest(boss.db, pipeline)
         gateway = GatewayClient(args.gateway)
-        poller = Poller(boss.db, pipeline, ingest, gateway, settings=settings)
+        metrics = PollerMetrics()
+        boss.db.call_times = PoolWaits(metrics)
+        poller = Poller(
+            boss.db,
+            pipeline,
+            ingest,
+            gateway,
+            settings=dataclasses.replace(settings, plan_interval=plan_interval),
+            metrics=metrics,
+        )
+        # Before the endpoint is announced: whoever reads the announcement may
+        # stop the poller at once, and it must then stop gracefully.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        server = None
+        if args.metrics_port is not None:
+            server = metrics.serve(args.metrics_host, args.metrics_port)
+            print(
+                f"metrics on http://{args.metrics_host}:{server.port}/metrics",
+                file=sys.stderr,
+                flush=True,
+            )
         if args.duration_s:
             loop.call_later(args.duration_s, stop.set)
         accounts = await _count(boss, "SELECT count(*) FROM shoal_polling.account")
@@ -172,6 +220,8 @@ def cmd_poll(args: argparse.Namespace) -> int:
             await gateway.close()
             await pipeline.close()
             await boss.close()
+            if server is not None:
+                server.close()
         print(json.dumps(asdict(poller.stats)))
         return 0
 
@@ -189,19 +239,32 @@ async def _count(boss: Shoal, query: str) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
+    if args.settle_s < 0:
+        raise SystemExit(f"--settle-s: must not be negative, got {args.settle_s}")
+
     async def run(url: str) -> int:
-        gateway = GatewayClient(args.gateway)
-        try:
-            served = await gateway.served()
-        finally:
-            await gateway.close()
         boss = await _open(url)
         try:
-            report = await reconcile(boss.db, served)
+            # The database first: whatever it holds was served before the log is read.
+            snapshot = await load_snapshot(boss.db)
         finally:
             await boss.close()
+        if args.served_log is not None:
+            served = read_served_log(args.served_log)
+        else:
+            gateway = GatewayClient(args.gateway)
+            try:
+                served = await gateway.served()
+            finally:
+                await gateway.close()
+        cut = None
+        if args.settle_s:
+            cut = SystemClock().now() - timedelta(seconds=args.settle_s)
+        report = compare(snapshot, served, settled_before=cut)
         for line in report.lines():
             print(line)
+        if args.metrics_file is not None:
+            write_reconciliation(args.metrics_file, report, at=SystemClock().now().timestamp())
         return 0 if report.clean else 1
 
     with _url(args) as url:
@@ -214,6 +277,7 @@ EXPERIMENT_COLUMNS = (
     ("SQL timeouts", "sql_timeouts"),
     ("  handed to the topic", "handed_off"),
     ("neither path at first, retried", "resubmitted"),
+    ("  of those, spooled to disk", "spooled"),
     ("observations not applied", "not_applied"),
     ("slow statements (> 200 ms)", "slow_statements"),
     ("pool wait p50 ms", "pool_wait_p50_ms"),
@@ -288,7 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--risk-rate", type=float, default=0.0, help="share of risk answers")
     gateway.add_argument("--writable", action="store_true", help="turn the read-only switch off")
     gateway.add_argument("--id-prefix", default="", help="observation id prefix (default s<seed>)")
-    gateway.add_argument("--served-log", type=Path, help="append every answer here (JSON lines)")
+    gateway.add_argument(
+        "--served-log",
+        type=Path,
+        help="append every answer here (JSON lines); a gateway started on it resumes from it",
+    )
 
     seed = sub.add_parser("seed", help="create the fleet of accounts and cards to poll")
     seed.add_argument("--accounts", type=int, default=3)
@@ -304,16 +372,51 @@ def build_parser() -> argparse.ArgumentParser:
     poll.add_argument("--duration-s", type=float, default=0.0, help="stop after (0: never)")
     poll.add_argument("--pool-size", type=int, default=10)
     poll.add_argument("--account-concurrency", type=int, default=ACCOUNT_CONCURRENCY)
+    poll.add_argument(
+        "--spool-dir",
+        type=Path,
+        help="where observations wait while neither the database nor the broker takes them "
+        "(default: $SHOAL_POLLING_DATA_DIR/spool, else the user's data dir); one poller each",
+    )
     defaults = PollerSettings()
-    for step in ("traffic", "card_status", "real_name", "plan"):
+    for step in ("traffic", "card_status", "real_name"):
         poll.add_argument(
             f"--{step.replace('_', '-')}-interval-s",
             type=float,
             default=defaults.interval(step).total_seconds(),
         )
+    poll.add_argument(
+        "--plan-interval-s",
+        type=float,
+        default=None,
+        help=f"written to {PLAN_INTERVAL_KEY}, which the workers' applies follow too"
+        f" (default: that setting, else {DEFAULT_PLAN_INTERVAL.total_seconds():.0f})",
+    )
+    poll.add_argument(
+        "--metrics-port", type=int, help="serve Prometheus metrics on it (0: a free port)"
+    )
+    poll.add_argument("--metrics-host", default="127.0.0.1", help="the metrics' address")
 
     rec = sub.add_parser("reconcile", help="served vs recorded vs applied")
-    rec.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+    source = rec.add_mutually_exclusive_group()
+    source.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+    source.add_argument(
+        "--served-log",
+        type=Path,
+        help="read what was served from this file (a gateway's --served-log), not the gateway",
+    )
+    rec.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="observations served this recently are still on their way: checked for doubles, "
+        "not for being missing (for a reconcile while polling goes on; default 0)",
+    )
+    rec.add_argument(
+        "--metrics-file",
+        type=Path,
+        help="also write the findings there in Prometheus' text format (a textfile collector's)",
+    )
 
     exp = sub.add_parser(
         "experiment", help="sync vs async under a slow gateway, then a switch run with kills"

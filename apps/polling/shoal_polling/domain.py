@@ -27,7 +27,8 @@ STEPS: tuple[Step, ...] = ("traffic", "card_status", "real_name", "plan")
 
 # Gateway calls in flight per carrier account (D1; the reference: card polling 41 accounts x 20).
 ACCOUNT_CONCURRENCY = 20
-# The reference truncates the gateway's raw answer to 4 KB before publishing.
+# The reference truncates the gateway's raw answer to 4 KB before publishing:
+# 4096 bytes of UTF-8, so a multi-byte answer stays within it too.
 RAW_LIMIT = 4096
 # Network statuses the gateway answers; the last two are a risk answer, on
 # which polling stops (decided from the gateway's answer alone, D8).
@@ -39,6 +40,16 @@ REAL_NAME_STATUSES = ("verified", "unverified")
 def should_stop_polling_for_risk(kind: Kind, status: str | None) -> bool:
     """The reference's ``ShouldStopPollingForRisk``: only the gateway's answer decides."""
     return kind == "card_status" and status in RISK_STATUSES
+
+
+def cut_utf8(text: str, limit_bytes: int) -> str:
+    """``text`` cut to at most ``limit_bytes`` bytes of UTF-8, never inside a character."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= limit_bytes:
+        return text
+    # The cut may end inside a multi-byte character; "ignore" drops that tail
+    # (the bytes before it are whole characters, encoded just above).
+    return data[:limit_bytes].decode("utf-8", "ignore")
 
 
 def _kind(value: Any) -> Kind:
@@ -71,7 +82,7 @@ class Observation:
             "observed_at": self.observed_at.isoformat(),
             "used_kb": self.used_kb,
             "status": self.status,
-            "raw": self.raw[:RAW_LIMIT],
+            "raw": cut_utf8(self.raw, RAW_LIMIT),
             "priority_item_id": self.priority_item_id,
         }
 

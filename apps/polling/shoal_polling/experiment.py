@@ -20,6 +20,13 @@ same fleet and seed three times, each on a scratch database of its own:
   at half-time the worker is killed with SIGKILL and started again; at three
   quarters nats-server is killed with SIGKILL and started again.
 
+The app's pool is the one starved on purpose (its size and deadline are the
+experiment's settings). Setting a run up (migrations, the domain schema, the
+fleet, the starting mode) and reconciling it afterwards are the experiment's
+own bookkeeping, not the app's work: they run on a small control pool with
+shoal's normal deadline, so a slow DDL or a long reconciliation query on a
+busy machine cannot fail the run.
+
 Reported per run: polls/s, SQL timeouts, slow statements and pool waits (as
 the app's pool saw them, :class:`~shoal.db.usage.CallTimes`), ingest lag, the
 largest backlog, the time to drain it, and the reconciliation of what the
@@ -39,7 +46,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +54,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from shoal import Pipeline, Shoal, ShoalError, SystemClock
+from shoal import Database, Pipeline, Shoal, ShoalError, SystemClock
 from shoal.db.embedded import free_port
 from shoal.db.usage import CallTimes
 from shoal.ingest.config import RuntimeConfig
@@ -66,6 +73,10 @@ from shoal_polling.schema import ensure_schema
 log = logging.getLogger("shoal_polling.experiment")
 
 RUNS = ("sync", "async", "switch")
+# The control pool's connections: set-up, the mode switch and reconciliation
+# run one call at a time. One more than the app, worker and carrier pools
+# (60 + 35 + 4 at full size): the server's max_connections must hold 100.
+CONTROL_POOL_SIZE = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +122,8 @@ class RunResult:
     sql_timeouts: int = 0  # in-place applies that failed (then handed to the topic)
     handed_off: int = 0
     resubmitted: int = 0  # neither applied nor published at first, tried again by submit
-    not_applied: int = 0  # neither applied nor published within submit's patience
+    spooled: int = 0  # neither applied nor published for a while: spooled to disk, replayed
+    not_applied: int = 0  # submits that raised (a business error); none are dropped otherwise
     slow_statements: int = 0
     db_calls: int = 0
     pool_wait_p50_ms: float = 0.0
@@ -251,6 +263,22 @@ class _WorkerProcess:
             stderr=subprocess.STDOUT,
         )
 
+    def restart_if_exited(self) -> int | None:
+        """Start the worker again if it exited by itself; its exit code then, else None.
+
+        What a process supervisor does, for a worker that ends by itself on an
+        error it cannot wait out. (A worker started while nats-server is down
+        waits for it: on a busy machine the restart after the kill can take
+        that long.) One killed by :meth:`kill` is left for its caller to start.
+        """
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        code = self.proc.returncode
+        if code == -signal.SIGKILL:
+            return None
+        self.start()
+        return code
+
     def kill(self) -> int:
         assert self.proc is not None
         pid = self.proc.pid
@@ -309,6 +337,55 @@ def _account(result: RunResult, report: Reconciliation) -> None:
 Step = Callable[[], Coroutine[Any, Any, str]]
 
 
+@dataclass(frozen=True, slots=True)
+class RunPools:
+    """A run's three pools on its database.
+
+    ``app`` is the poller process's one shared pool, starved on purpose
+    (``pool_size``, ``deadline_s``); only what the experiment measures uses
+    it. ``control`` has shoal's normal deadline and serves the experiment's
+    bookkeeping: migrations, set-up, mode changes, reconciliation. ``carrier``
+    is the topics' own connections (the reference's NSQ stood outside the
+    app's pool too).
+    """
+
+    app: Shoal
+    control: Shoal
+    carrier: Shoal
+
+
+async def open_pools(
+    stack: contextlib.AsyncExitStack, url: str, settings: ExperimentSettings
+) -> RunPools:
+    """The run's pools on ``url``, each closed when ``stack`` closes; migrates first."""
+    control = await Shoal.connect(url, max_size=CONTROL_POOL_SIZE, listen=False)
+    stack.push_async_callback(control.close)
+    app = await Shoal.connect(
+        url,
+        max_size=settings.pool_size,
+        deadline=timedelta(seconds=settings.deadline_s),
+        run_migrations=False,
+    )
+    stack.push_async_callback(app.close)
+    carrier = await Shoal.connect(url, max_size=settings.transport_pool, run_migrations=False)
+    stack.push_async_callback(carrier.close)
+    return RunPools(app=app, control=control, carrier=carrier)
+
+
+async def set_up(db: Database, settings: ExperimentSettings, *, today: date) -> None:
+    """The domain schema and the run's fleet, on ``db`` (the control pool's)."""
+    await ensure_schema(db, today=today)
+    await create_fleet(
+        db,
+        FleetSpec(
+            accounts=settings.accounts,
+            cards_per_account=settings.cards_per_account,
+            spread_s=settings.step_interval_s,
+            plan_spread_s=DEFAULT_PLAN_INTERVAL.total_seconds(),
+        ),
+    )
+
+
 async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> RunResult:
     """One run (``sync``, ``async`` or ``switch``) on a scratch database of its own."""
     if run not in RUNS:
@@ -338,36 +415,25 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
             stack.callback(nats.stop)
             nats_url, monitor_url = nats.url, nats.monitor_url
         result = RunResult(run, transport="postgres" if nats_url is None else "nats")
-        boss = await Shoal.connect(
-            url, max_size=s.pool_size, deadline=timedelta(seconds=s.deadline_s)
-        )
-        stack.push_async_callback(boss.close)
-        # The topics' own connections, outside the app's pool, as the reference's
-        # NSQ was: the experiment measures the app's pool, not the transport's.
-        carrier = await Shoal.connect(url, max_size=s.transport_pool, run_migrations=False)
-        stack.push_async_callback(carrier.close)
+        pools = await open_pools(stack, url, s)
+        boss, carrier = pools.app, pools.carrier
+        # As `shoal-polling mode` from another process would: not on the app's pool.
+        control_config = RuntimeConfig(IngestStore(pools.control.db))
         gateway = _Gateway(s)
         stack.push_async_callback(gateway.stop)
         await gateway.start()
-        await ensure_schema(boss.db, today=clock.now().date())
-        await create_fleet(
-            boss.db,
-            FleetSpec(
-                accounts=s.accounts,
-                cards_per_account=s.cards_per_account,
-                spread_s=s.step_interval_s,
-                plan_spread_s=DEFAULT_PLAN_INTERVAL.total_seconds(),
-            ),
-        )
+        await set_up(pools.control.db, s, today=clock.now().date())
         topics: Transport = PostgresTransport(carrier)
         if nats_url is not None:
             from shoal.ingest.nats import NatsTransport
 
             topics = NatsTransport(nats_url, monitor_url=monitor_url)
-        pipeline = Pipeline(boss, topics, mode_key=MODE_KEY)
+        # The poller's spool: what neither path takes in time waits here, on disk.
+        spool_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="shoal-polling-spool-"))
+        pipeline = Pipeline(boss, topics, mode_key=MODE_KEY, spool_dir=spool_dir)
         stack.push_async_callback(pipeline.close)
         await pipeline.start()
-        await pipeline.config.set(MODE_KEY, "sync" if chaos else run)
+        await control_config.set(MODE_KEY, "sync" if chaos else run)
         ingest = PollingIngest(
             boss.db,
             pipeline,
@@ -430,9 +496,8 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
             return line
 
         async def switch_to_async() -> str:
-            # As `shoal-polling mode async` from another process would: not on the
-            # app's pool, which the sync polls keep exhausted.
-            await RuntimeConfig(IngestStore(carrier.db)).set(MODE_KEY, "async")
+            # Not on the app's pool, which the sync polls keep exhausted.
+            await control_config.set(MODE_KEY, "async")
             return note("polling.ingest.mode set to async")
 
         async def kill_worker() -> str:
@@ -450,6 +515,26 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
             await asyncio.sleep(2.0)
             await asyncio.to_thread(nats.start)
             return note("nats-server started again")
+
+        if worker is not None:
+            supervised = worker
+
+            async def supervise() -> None:
+                while True:
+                    await asyncio.sleep(1.0)
+                    code = supervised.restart_if_exited()
+                    if code is not None:
+                        note(f"ingest worker exited with {code}; started again")
+
+            supervisor = asyncio.create_task(supervise())
+
+            async def stop_supervising() -> None:
+                supervisor.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await supervisor
+
+            # Before the worker is stopped: the stack unwinds in reverse.
+            stack.push_async_callback(stop_supervising)
 
         script: list[tuple[float, Step]] = (
             [(0.25, switch_to_async), (0.5, kill_worker), (0.75, kill_nats)] if chaos else []
@@ -472,12 +557,12 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
 
         drain_from = clock.monotonic()
         served = await client.served()
-        report = await reconcile(boss.db, served)
+        report = await reconcile(pools.control.db, served)
         # Writes handed to the topic, and records whose write found no connection,
         # may still be on the retry ladder: drained means reconciled.
         while not report.clean and clock.monotonic() - drain_from < s.drain_timeout_s:
             await asyncio.sleep(1.0)
-            report = await reconcile(boss.db, served)
+            report = await reconcile(pools.control.db, served)
         result.drain_s = round(clock.monotonic() - drain_from, 1)
         _account(result, report)
         result.polls = poller.stats.polls
@@ -486,12 +571,13 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         result.sql_timeouts = poller.stats.apply_errors
         result.handed_off = poller.stats.handed_off
         result.resubmitted = poller.stats.resubmitted
+        result.spooled = poller.stats.spooled
         result.not_applied = poller.stats.apply_errors - poller.stats.handed_off
         result.slow_statements = times.slow
         result.db_calls = times.calls
         result.pool_wait_p50_ms = round(times.waits.quantile(0.5) * 1000, 1)
         result.pool_wait_p99_ms = round(times.waits.quantile(0.99) * 1000, 1)
-        result.lag_p50_ms, result.lag_p99_ms = await _ingest_lag_ms(boss)
+        result.lag_p50_ms, result.lag_p99_ms = await _ingest_lag_ms(pools.control)
         if poller.stats.degraded:
             note(f"{poller.stats.degraded} applied in place after a failed publish (degraded)")
     return result

@@ -13,13 +13,22 @@ switch is on, as in the reference's test environment.
 
 Every successful answer is kept in the served log (``GET /v1/served``), which
 ``shoal-polling reconcile`` compares with what was recorded and applied.
+With ``--served-log FILE`` the log is also appended to that file (JSON lines)
+before each answer is sent, failures included (``"failed": true``, no
+observation). A gateway started again on the same file resumes from it: its
+served log, each card's answer count, usage and status, and each card's
+generator moved past the draws already made, so it serves new observation ids
+and carries on as if it had never stopped, and ``reconcile`` (by the gateway or
+by the file) still covers what the earlier process served.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +36,10 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse
 
-from shoal import Clock, SystemClock
+from shoal import Clock, InvalidInput, SystemClock
 from shoal_polling.domain import KINDS, NETWORK_STATUSES, Kind
+
+log = logging.getLogger("shoal_polling.gateway")
 
 DEFAULT_PORT = 8900
 DEFAULT_RATE_LIMIT = 200.0  # queries per second per account
@@ -60,9 +71,34 @@ class GatewaySettings:
 @dataclass(slots=True)
 class _CardSim:
     rng: random.Random
+    draws: int = 0  # queries that drew from rng (answered, failed or cut short)
     answers: int = 0
     used_kb: int = 0
     status: str = "active"
+
+
+@dataclass(frozen=True, slots=True)
+class _Draws:
+    number: int  # the card's n-th query of this kind
+    latency: float
+    fail: float
+    value: float
+    change: float
+    increment: int
+
+
+def _draw(sim: _CardSim) -> _Draws:
+    """One query's draws. Every query makes all of them, used or not, so the
+    n-th answer never depends on the flags' effect."""
+    sim.draws += 1
+    return _Draws(
+        number=sim.draws,
+        latency=sim.rng.gauss(0.0, 1.0),
+        fail=sim.rng.random(),
+        value=sim.rng.random(),
+        change=sim.rng.random(),
+        increment=sim.rng.randint(0, 400),
+    )
 
 
 @dataclass(slots=True)
@@ -90,6 +126,8 @@ class Gateway:
         self.buckets: dict[str, _Bucket] = {}
         self.served: list[dict[str, Any]] = []
         self.stats = GatewayStats()
+        if settings.served_log is not None and settings.served_log.exists():
+            self._resume(settings.served_log)
 
     def _sim(self, card: str, kind: Kind) -> _CardSim:
         sim = self.cards.get((card, kind))
@@ -117,38 +155,43 @@ class Gateway:
         bucket.tokens -= 1
         return True
 
+    def retry_after(self, account: str) -> int:
+        """Whole seconds until ``account``'s bucket holds a token again (at least 1)."""
+        bucket = self.buckets.get(account)
+        rate = self.settings.rate_limit
+        if bucket is None or rate <= 0:
+            return 1
+        return max(1, math.ceil((1 - bucket.tokens) / rate))
+
     async def query(self, account: str, card: str, kind: Kind) -> dict[str, Any] | None:
         """One answer about ``card``, after its latency; None for a simulated failure."""
         sim = self._sim(card, kind)
         s = self.settings
-        # Every draw, used or not, so the n-th answer never depends on the flags' effect.
-        latency_draw = sim.rng.gauss(0.0, 1.0)
-        fail_draw = sim.rng.random()
-        value_draw = sim.rng.random()
-        change_draw = sim.rng.random()
-        increment = sim.rng.randint(0, 400)
-        latency_ms = s.latency_ms * math.exp(s.latency_sigma * latency_draw)
+        draws = _draw(sim)
+        latency_ms = s.latency_ms * math.exp(s.latency_sigma * draws.latency)
         if s.latency_range_ms is not None:
             low, high = s.latency_range_ms
             latency_ms = min(max(latency_ms, low), high)
-        latency_s = latency_ms / 1000.0
-        await self.clock.sleep(latency_s)
-        if fail_draw < s.error_rate:
+        await self.clock.sleep(latency_ms / 1000.0)
+        if draws.fail < s.error_rate:
             self.stats.failed += 1
+            self._persist(
+                {"account_id": account, "card_id": card, "kind": kind, "failed": True}, draws
+            )
             return None
         sim.answers += 1
         if kind == "traffic":
-            sim.used_kb += increment
+            sim.used_kb += draws.increment
             value: dict[str, Any] = {"used_kb": sim.used_kb}
         elif kind == "card_status":
             if sim.status not in ("deactivated", "risk_blocked"):
-                if value_draw < s.risk_rate:
+                if draws.value < s.risk_rate:
                     sim.status = "risk_blocked"
-                elif change_draw < s.status_change_rate:
+                elif draws.change < s.status_change_rate:
                     sim.status = NETWORK_STATUSES[1] if sim.status == "active" else "active"
             value = {"status": sim.status}
         else:
-            if change_draw < s.status_change_rate / 5:
+            if draws.change < s.status_change_rate / 5:
                 sim.status = "unverified" if sim.status == "verified" else "verified"
             value = {"status": sim.status}
         answer = {
@@ -159,13 +202,84 @@ class Gateway:
             "observed_at": self.clock.now().isoformat(),
             **value,
         }
+        # On disk before it is answered: a gateway killed after answering
+        # still has it in the log its successor resumes from.
+        self._persist(answer, draws)
+        self._served(answer)
+        return answer
+
+    def _served(self, answer: dict[str, Any]) -> None:
         self.served.append(answer)
         self.stats.answered += 1
+        kind = answer["kind"]
         self.stats.by_kind[kind] = self.stats.by_kind.get(kind, 0) + 1
-        if s.served_log is not None:
-            with s.served_log.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(answer) + "\n")
-        return answer
+
+    def _persist(self, entry: dict[str, Any], draws: _Draws) -> None:
+        path = self.settings.served_log
+        if path is None:
+            return
+        with path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({**entry, "draw": draws.number}) + "\n")
+
+    def _resume(self, path: Path) -> None:
+        """Pick up where the gateway that wrote ``path`` stopped."""
+        drawn: dict[tuple[str, Kind], int] = {}
+        for entry in read_log(path):
+            card, kind = str(entry["card_id"]), entry["kind"]
+            drawn[(card, kind)] = max(drawn.get((card, kind), 0), int(entry.get("draw", 0)))
+            if entry.get("failed"):
+                self.stats.failed += 1
+                continue
+            oid = str(entry["observation_id"])
+            if not oid.startswith(f"{self.prefix}-"):
+                raise InvalidInput(
+                    "served_log",
+                    f"{path} was written by a gateway with another seed or id prefix "
+                    f"({oid!r} does not start with {self.prefix!r})",
+                )
+            sim = self._sim(card, kind)
+            sim.answers += 1
+            if kind == "traffic":
+                sim.used_kb = int(entry["used_kb"])
+            else:
+                sim.status = str(entry["status"])
+            entry.pop("draw", None)
+            self._served(entry)
+        # Each card's generator past every query the earlier process drew for,
+        # answered or not, so the next answer is the one it would have served.
+        for (card, kind), count in drawn.items():
+            sim = self._sim(card, kind)
+            while sim.draws < count:
+                _draw(sim)
+        if self.served or drawn:
+            log.info("resumed from %s: %d answers served before", path, len(self.served))
+
+
+def read_log(path: Path) -> Iterator[dict[str, Any]]:
+    """The entries of a gateway's served-log file, failures included, in order.
+
+    A torn last line (the gateway killed while writing it) is skipped: that
+    answer was never sent.
+    """
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.endswith("\n"):
+                log.warning("%s:%d: torn last line skipped", path, number)
+                return
+            if line.strip():
+                yield json.loads(line)
+
+
+def read_served_log(path: Path) -> list[dict[str, Any]]:
+    """What a gateway with ``--served-log path`` served (every process that wrote it)."""
+    if not path.exists():
+        raise InvalidInput("served_log", f"{path} does not exist")
+    out = []
+    for entry in read_log(path):
+        if not entry.get("failed"):
+            entry.pop("draw", None)
+            out.append(entry)
+    return out
 
 
 def build_gateway_app(gateway: Gateway) -> FastAPI:
@@ -185,7 +299,7 @@ def build_gateway_app(gateway: Gateway) -> FastAPI:
             return JSONResponse(
                 {"error": f"account {account} over its rate limit"},
                 status_code=429,
-                headers={"Retry-After": "1"},
+                headers={"Retry-After": str(gateway.retry_after(account))},
             )
         answer = await gateway.query(account, card, kind)
         if answer is None:
@@ -218,4 +332,4 @@ def build_gateway_app(gateway: Gateway) -> FastAPI:
     return api
 
 
-__all__ = ["KINDS", "Gateway", "GatewaySettings", "build_gateway_app"]
+__all__ = ["KINDS", "Gateway", "GatewaySettings", "build_gateway_app", "read_served_log"]

@@ -19,11 +19,29 @@ DEFAULT_TIMEOUT = timedelta(seconds=10)
 
 
 class GatewayError(Exception):
-    """The gateway did not answer with an observation (error status, timeout, refused)."""
+    """The gateway did not answer with an observation (error status, timeout, refused).
 
-    def __init__(self, reason: str, *, status: int | None = None) -> None:
+    ``retry_after``: seconds from a 429's ``Retry-After`` header (None without
+    one, or when it is not a number of seconds).
+    """
+
+    def __init__(
+        self, reason: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(reason)
         self.status = status
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` of delay-seconds as a float; None for none, a date or garbage."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +104,7 @@ class GatewayClient:
             raise GatewayError(
                 f"gateway {response.status_code}: {response.text[:200]}",
                 status=response.status_code,
+                retry_after=retry_after_seconds(response.headers.get("retry-after")),
             )
         doc: dict[str, Any] = response.json()
         return GatewayAnswer(

@@ -3,7 +3,7 @@ observation to the ingest path, sync or async (D1, D8, D11).
 
 A round (:meth:`Poller.run_once`) writes back the results of finished polls
 (their next due time), then, unless the backlog monitor paused the
-observation topic (D10), claims due ``(card, step)`` rows with ``FOR UPDATE
+observation or the collection topic (D10), claims due ``(card, step)`` rows with ``FOR UPDATE
 SKIP LOCKED`` (pushing their due time a lease ahead, so a poller that dies
 gives its work back after the lease) and starts one poll for each. A poll
 holds its account's semaphore (20 per account, as in the reference) only
@@ -19,7 +19,22 @@ A poll of a status step:
 3. a failed call publishes a failure collection record (D7) and backs off;
 4. a risk answer stops polling the card at once, from the answer alone (D8);
 5. ``Pipeline.submit``: applied in place (``sync``) or published (``async``,
-   degrading to in place when the publish fails).
+   degrading to in place when the publish fails); when neither works for a
+   few seconds, kept in the pipeline's spool on disk and replayed later.
+
+A 429 with ``Retry-After`` holds the whole account in this poller: every
+call for it waits until the Retry-After has passed (the rate-limited poll
+too, which then calls again, up to ``rate_limit_retries`` times), and the
+claim takes no steps of a held account meanwhile. The gateway's limit is per
+account, so calling it for the account's other cards would only earn more
+429s.
+
+Every count goes to :class:`~shoal_polling.metrics.PollerMetrics` as well as
+to :class:`PollerStats`.
+
+A round takes no new work while ``Pipeline.admit`` says no: the backlog
+monitor paused the topic (D10), or the spool is full, so that the gateway is
+not called for observations that could not be kept.
 
 The plan step skips while the traffic apply's "flow evaluated" marker is
 fresh, and evaluates the threshold otherwise.
@@ -29,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -37,7 +53,7 @@ from datetime import datetime, timedelta
 
 from shoal import Clock, Database, Pipeline, ShoalError, SystemClock
 from shoal.ingest.pipeline import check_connection_budget
-from shoal_polling.apply import evaluate_plan
+from shoal_polling.apply import PRIORITY_CHANNEL, evaluate_plan
 from shoal_polling.caches import (
     DEFAULT_ACCOUNT_TTL,
     DEFAULT_CARD_TTL,
@@ -49,6 +65,7 @@ from shoal_polling.caches import (
 )
 from shoal_polling.domain import (
     ACCOUNT_CONCURRENCY,
+    COLLECTION,
     OBSERVATIONS,
     AsyncConn,
     CollectionRecord,
@@ -57,8 +74,9 @@ from shoal_polling.domain import (
     Step,
     should_stop_polling_for_risk,
 )
-from shoal_polling.gateway_client import GatewayClient, GatewayError
+from shoal_polling.gateway_client import GatewayAnswer, GatewayClient, GatewayError
 from shoal_polling.ingest import PollingIngest
+from shoal_polling.metrics import DEAD_LETTER_CAP, PollerMetrics, gateway_error_reason
 
 log = logging.getLogger("shoal_polling.poller")
 
@@ -78,6 +96,12 @@ class PollerSettings:
     priority_refresh: timedelta = timedelta(seconds=30)
     card_ttl: timedelta = DEFAULT_CARD_TTL
     account_ttl: timedelta = DEFAULT_ACCOUNT_TTL
+    # A 429: how often one poll calls again after its account's pause, and the
+    # longest pause a Retry-After may ask for (the pause is 1 s without one).
+    rate_limit_retries: int = 3
+    max_account_pause: timedelta = timedelta(minutes=1)
+    # How often the dead letters of the polling topics are counted for the metrics.
+    dead_letter_interval: timedelta = timedelta(seconds=30)
 
     def interval(self, step: Step) -> timedelta:
         return {
@@ -97,11 +121,14 @@ class PollerStats:
     handed_off: int = 0  # of those, handed to the topic for a consumer to apply
     degraded: int = 0  # async mode, publish failed: applied in place (D11)
     resubmitted: int = 0  # neither apply nor publish worked at first; tried again
+    spooled: int = 0  # neither worked for a while: kept in the pipeline's spool on disk
     priority_applied: int = 0
     risk_stops: int = 0
     plan_skipped: int = 0
     plan_evaluated: int = 0
     paused_rounds: int = 0
+    rate_limited: int = 0  # 429 answers
+    account_pauses: int = 0  # of those, the ones that held (or held longer) their account
     errors: dict[str, int] = field(default_factory=dict)
 
     def error(self, kind: str) -> None:
@@ -125,6 +152,7 @@ class Poller:
         *,
         settings: PollerSettings | None = None,
         clock: Clock | None = None,
+        metrics: PollerMetrics | None = None,
     ) -> None:
         self.db = db
         self.pipeline = pipeline
@@ -133,16 +161,32 @@ class Poller:
         self.settings = settings or PollerSettings()
         self.clock = clock or SystemClock()
         self.stats = PollerStats()
+        self.metrics = metrics if metrics is not None else PollerMetrics()
         self.cards: TtlCache[str, CardInfo] = TtlCache(self.settings.card_ttl, self.clock)
         self.real_name: TtlCache[str, bool] = TtlCache(self.settings.account_ttl, self.clock)
-        self.invalidator = CardInvalidator(db, self.cards)
+        self.invalidator = CardInvalidator(
+            db, self.cards, on_priority=self._priority_announced, on_listen=self._priority_unknown
+        )
         # Active priority items, (card, step) -> item id: rebuilt from the database
-        # every priority_refresh by the refresher, read (and popped once applied) by polls.
+        # every priority_refresh by the refresher, added to at once by the
+        # invalidator's LISTEN when add_priority_item commits (D9), read (and
+        # popped once applied) by polls.
         self.priority: dict[tuple[str, str], int] = {}
+        # Set once a re-read that started after the latest LISTEN finished: from
+        # then on every new item reaches the set through its notification.
+        self.priority_ready = asyncio.Event()
+        self._priority_reread = asyncio.Event()  # set: re-read now, not at the interval
+        self._listen_generation = 0
+        # Items announced since the running re-read began: merged into its result,
+        # which may predate them.
+        self._announced: dict[tuple[str, str], int] = {}
         self._semaphores: dict[str, asyncio.Semaphore] = {}
         self._polls: set[asyncio.Task[None]] = set()
         self._results: list[_Result] = []
         self._failures: dict[tuple[str, str], int] = {}
+        # Accounts held by a 429's Retry-After: account -> clock.monotonic() it ends.
+        self._held_until: dict[str, float] = {}
+        self.account_waits = 0  # polls waiting for their account's hold to pass
 
     # -- the budget check (D12) ---------------------------------------------------------
 
@@ -164,8 +208,13 @@ class Poller:
         room = self.settings.max_in_flight - len(self._polls)
         if room <= 0:
             return 0
-        if not await self.pipeline.admit(OBSERVATIONS):
+        # Every poll publishes to both topics (its observation, its record):
+        # a backlog on either one holds the poller off (D10).
+        self.metrics.in_flight.set(len(self._polls))
+        self.metrics.spool(self.pipeline.spool_stats())
+        if not await self.pipeline.admit(OBSERVATIONS) or not await self.pipeline.admit(COLLECTION):
             self.stats.paused_rounds += 1
+            self.metrics.paused_rounds.inc()
             return 0
         claimed = await self._claim(room)
         if not claimed:
@@ -182,12 +231,14 @@ class Poller:
         background = [
             asyncio.create_task(self.invalidator.run(stop)),
             asyncio.create_task(self._refresh_priority(stop)),
+            asyncio.create_task(self._count_dead_letters(stop)),
         ]
         try:
             while not stop.is_set():
                 try:
                     started = await self.run_once()
                 except ShoalError as exc:
+                    self.metrics.sql_timeout(exc)
                     log.warning("poller round failed: %s", exc)
                     started = 0
                 if not started:
@@ -200,6 +251,11 @@ class Poller:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
 
+    @property
+    def in_flight(self) -> int:
+        """Polls started and not finished."""
+        return len(self._polls)
+
     async def drain(self) -> None:
         """Wait for every started poll, then write their results back."""
         if self._polls:
@@ -208,6 +264,7 @@ class Poller:
 
     async def _claim(self, limit: int) -> list[tuple[str, str, Step]]:
         now = self.clock.now()
+        held = self.held_accounts()
 
         async def run(conn: AsyncConn) -> list[tuple[str, str, Step]]:
             # SKIP LOCKED: pollers in several processes share the schedule
@@ -218,11 +275,12 @@ class Poller:
                 " SELECT d.card_id, d.step, c.account_id FROM shoal_polling.due d"
                 " JOIN shoal_polling.card c ON c.id = d.card_id"
                 " WHERE d.due_at <= %(now)s AND c.polling_enabled"
+                " AND c.account_id <> ALL(%(held)s::text[])"
                 " ORDER BY d.due_at LIMIT %(limit)s FOR UPDATE OF d SKIP LOCKED)"
                 " UPDATE shoal_polling.due d SET due_at = %(lease)s FROM picked"
                 " WHERE d.card_id = picked.card_id AND d.step = picked.step"
                 " RETURNING d.card_id, picked.account_id, d.step",
-                {"now": now, "limit": limit, "lease": now + self.settings.lease},
+                {"now": now, "limit": limit, "lease": now + self.settings.lease, "held": held},
             )
             return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
@@ -271,7 +329,29 @@ class Poller:
         try:
             await self.db.run(run)
         except ShoalError as exc:
+            self.metrics.sql_timeout(exc)
             log.warning("poll results not written (%s); their leases will hand them back", exc)
+
+    # -- dead letters (for the metrics) ------------------------------------------------------
+
+    async def count_dead_letters(self) -> dict[str, int]:
+        """Each polling topic's dead letters waiting for a redrive (up to the cap), as gauges."""
+        counts = {}
+        for topic in (OBSERVATIONS.name, COLLECTION.name):
+            letters = await self.pipeline.store.dead_letters(topic, limit=DEAD_LETTER_CAP)
+            counts[topic] = len(letters)
+            self.metrics.dead_letters.labels(topic=topic).set(len(letters))
+        return counts
+
+    async def _count_dead_letters(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.count_dead_letters()
+            except ShoalError as exc:
+                log.warning("dead letters not counted: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.dead_letter_interval.total_seconds()):
+                    await stop.wait()
 
     # -- caches ----------------------------------------------------------------------------
 
@@ -300,9 +380,14 @@ class Poller:
                 log.warning("priority items not refreshed: %s", exc)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.priority_refresh.total_seconds()):
-                    await stop.wait()
+                    await _either(stop, self._priority_reread)
 
     async def refresh_priority(self) -> None:
+        """Re-read the active priority items; the safety net under their notifications."""
+        self._priority_reread.clear()
+        generation = self._listen_generation
+        self._announced = {}
+
         async def run(conn: AsyncConn) -> dict[tuple[str, str], int]:
             cur = await conn.execute(
                 "SELECT card_id, step, max(id) FROM shoal_polling.priority_item"
@@ -310,7 +395,33 @@ class Poller:
             )
             return {(r[0], r[1]): r[2] for r in await cur.fetchall()}
 
-        self.priority = await self.db.run(run, transaction=False)
+        found = await self.db.run(run, transaction=False)
+        for key, item in self._announced.items():
+            found[key] = max(found.get(key, 0), item)
+        self.priority = found
+        if generation == self._listen_generation:
+            self.priority_ready.set()
+
+    def _priority_announced(self, payload: str) -> None:
+        """A priority item committed (``add_priority_item``): into the set at once."""
+        try:
+            doc = json.loads(payload)
+            key = (str(doc["card_id"]), str(doc["step"]))
+            item = int(doc["id"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning(
+                "priority notification %r unreadable (%s); the re-read finds it", payload, exc
+            )
+            self._priority_reread.set()
+            return
+        self.priority[key] = max(self.priority.get(key, 0), item)
+        self._announced[key] = max(self._announced.get(key, 0), item)
+
+    def _priority_unknown(self) -> None:
+        """LISTEN (re)started: items announced while nobody listened need a re-read."""
+        self._listen_generation += 1
+        self.priority_ready.clear()
+        self._priority_reread.set()
 
     # -- one poll -------------------------------------------------------------------------
 
@@ -333,7 +444,9 @@ class Poller:
         except Exception as exc:  # a loop boundary: log with the card, keep polling
             log.warning("poll %s/%s failed: %s: %s", card_id, step, type(exc).__name__, exc)
             self.stats.error(type(exc).__name__)
+            self.metrics.sql_timeout(exc)
             outcome = "failed"
+        self.metrics.polls.labels(step=step, outcome=outcome).inc()
         self._results.append(_Result(card_id, step, outcome))
 
     async def _observe(self, card_id: str, account_id: str, kind: Kind) -> str:
@@ -346,7 +459,7 @@ class Poller:
             return "stop"
         priority_item = self.priority.get((card_id, kind))
         try:
-            answer = await self.gateway.query(account_id, card_id, kind)
+            answer = await self._call(account_id, card_id, kind)
         except GatewayError as exc:
             self.stats.gateway_errors += 1
             # D7: a failed poll is recorded by the step itself.
@@ -386,6 +499,8 @@ class Poller:
         except Exception as exc:
             self.stats.apply_errors += 1
             self.stats.error(type(exc).__name__)
+            self.metrics.observations.labels(route="failed").inc()
+            self.metrics.sql_timeout(exc)
             log.warning(
                 "observation %s of %s not applied: %s: %s",
                 observation.observation_id,
@@ -394,6 +509,8 @@ class Poller:
                 exc,
             )
             return "stop" if stop else "failed"
+        self.metrics.observations.labels(route=submitted.route).inc()
+        self.metrics.sql_timeout(submitted.error)
         if submitted.rounds > 1:
             self.stats.resubmitted += 1
         if submitted.route == "handed_off":
@@ -403,13 +520,92 @@ class Poller:
             self.stats.error(type(submitted.error).__name__)
         elif submitted.route == "degraded":
             self.stats.degraded += 1
+        elif submitted.route == "spooled":
+            # On disk; the pipeline's replayer applies or publishes it once a path is back.
+            self.stats.spooled += 1
         elif priority_item is not None:
             self.priority.pop((card_id, kind), None)
+            self._announced.pop((card_id, kind), None)
             self.stats.priority_applied += 1
         if stop:
             self.stats.risk_stops += 1
             return "stop"
         return "ok"
+
+    async def _call(self, account_id: str, card_id: str, kind: Kind) -> GatewayAnswer:
+        """The gateway call, after the account's hold; a 429 holds the account and calls again."""
+        account = self.metrics.account(account_id)
+        retries = 0
+        while True:
+            await self._wait_for_account(account_id)
+            started = self.clock.monotonic()
+            try:
+                answer = await self.gateway.query(account_id, card_id, kind)
+            except GatewayError as exc:
+                self.metrics.gateway_seconds.labels(account=account).observe(
+                    self.clock.monotonic() - started
+                )
+                self.metrics.gateway_errors.labels(
+                    account=account, reason=gateway_error_reason(exc.status)
+                ).inc()
+                if exc.status != 429:
+                    raise
+                self.stats.rate_limited += 1
+                self.metrics.rate_limited.labels(account=account).inc()
+                self.hold_account(account_id, exc.retry_after)
+                if retries >= self.settings.rate_limit_retries:
+                    raise
+                retries += 1
+                continue
+            self.metrics.gateway_seconds.labels(account=account).observe(
+                self.clock.monotonic() - started
+            )
+            return answer
+
+    def hold_account(self, account_id: str, retry_after: float | None) -> None:
+        """Hold ``account_id``'s calls for ``retry_after`` seconds (1 s when None), capped."""
+        seconds = min(
+            1.0 if retry_after is None else retry_after,
+            self.settings.max_account_pause.total_seconds(),
+        )
+        until = self.clock.monotonic() + seconds
+        if until <= self._held_until.get(account_id, 0.0):
+            return  # a pause that lasts longer is already in force
+        if account_id not in self._held_until:
+            log.warning(
+                "account %s: gateway answered 429; holding its calls %.1f s", account_id, seconds
+            )
+        self._held_until[account_id] = until
+        self.stats.account_pauses += 1
+        self.metrics.account_pauses.labels(account=self.metrics.account(account_id)).inc()
+        self.metrics.accounts_paused.set(len(self._held_until))
+
+    def held_accounts(self) -> list[str]:
+        """Accounts whose hold has not yet passed (and forget those whose has)."""
+        now = self.clock.monotonic()
+        for account_id in [a for a, until in self._held_until.items() if until <= now]:
+            del self._held_until[account_id]
+        self.metrics.accounts_paused.set(len(self._held_until))
+        return sorted(self._held_until)
+
+    async def _wait_for_account(self, account_id: str) -> None:
+        while True:
+            until = self._held_until.get(account_id)
+            if until is None:
+                return
+            left = until - self.clock.monotonic()
+            if left <= 0:
+                if self._held_until.get(account_id) == until:
+                    del self._held_until[account_id]
+                    self.metrics.accounts_paused.set(len(self._held_until))
+                return
+            self.account_waits += 1
+            self.metrics.account_waits.set(self.account_waits)
+            try:
+                await self.clock.sleep(left)
+            finally:
+                self.account_waits -= 1
+                self.metrics.account_waits.set(self.account_waits)
 
     async def _plan(self, card_id: str) -> str:
         card = await self._card(card_id)
@@ -427,7 +623,9 @@ class Poller:
 async def add_priority_item(db: Database, card_id: str, step: Kind) -> int:
     """Ask for the next poll of ``card_id``'s ``step`` to be applied synchronously (D8).
 
-    Pollers see it at their next priority refresh (``priority_refresh``, 30 s).
+    Listening pollers add it to their priority set as soon as this commits
+    (``pg_notify``, delivered on commit); a poller that missed the
+    notification finds it at its next re-read (``priority_refresh``, 30 s).
     """
 
     async def run(conn: AsyncConn) -> int:
@@ -437,6 +635,19 @@ async def add_priority_item(db: Database, card_id: str, step: Kind) -> int:
         )
         row = await cur.fetchone()
         assert row is not None
-        return int(row[0])
+        item = int(row[0])
+        announce = json.dumps({"id": item, "card_id": card_id, "step": step})
+        await conn.execute("SELECT pg_notify(%s, %s)", (PRIORITY_CHANNEL, announce))
+        return item
 
     return await db.run(run)
+
+
+async def _either(*events: asyncio.Event) -> None:
+    """Until one of ``events`` is set."""
+    waits = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()

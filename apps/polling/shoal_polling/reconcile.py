@@ -11,6 +11,15 @@ For every observation the gateway answered (its served log):
 
 Records and applied observations the gateway never served are reported too.
 The expected report is empty.
+
+While polling goes on, the newest observations are still on their way
+(queued on the topic, in an apply). ``settled_before`` leaves those out of
+the "missing" findings: an observation served after it is only checked for
+being doubled, and a card's usage may not be below the largest reading
+served before it, nor above the largest served at all. Reading the database
+before asking the gateway (:func:`load_snapshot`, then :func:`compare`)
+keeps observations served in between from showing as "recorded but never
+served".
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ SAMPLE = 10  # ids listed per finding
 @dataclass(slots=True)
 class Reconciliation:
     served: int = 0
+    unsettled: int = 0  # served after settled_before: checked for doubles only
     recorded: int = 0
     failed_records: int = 0
     applied: int = 0
@@ -56,7 +66,8 @@ class Reconciliation:
 
     def lines(self) -> list[str]:
         out = [
-            f"served by the gateway: {self.served}",
+            f"served by the gateway: {self.served}"
+            + (f" ({self.unsettled} too recent to be missed)" if self.unsettled else ""),
             f"collection records: {self.recorded} ok, {self.failed_records} failed polls",
             f"applied observations: {self.applied}",
         ]
@@ -82,10 +93,23 @@ async def _rows(conn: AsyncConn, query: str) -> list[tuple[Any, ...]]:
     return list(await cur.fetchall())
 
 
-async def reconcile(db: Database, served: Sequence[dict[str, Any]]) -> Reconciliation:
-    """Compare ``served`` (the gateway's served log) with the database."""
+Snapshot = dict[str, list[tuple[Any, ...]]]
 
-    async def load(conn: AsyncConn) -> dict[str, list[tuple[Any, ...]]]:
+
+async def reconcile(
+    db: Database,
+    served: Sequence[dict[str, Any]],
+    *,
+    settled_before: datetime | None = None,
+) -> Reconciliation:
+    """Compare ``served`` (the gateway's served log) with the database."""
+    return compare(await load_snapshot(db), served, settled_before=settled_before)
+
+
+async def load_snapshot(db: Database) -> Snapshot:
+    """What reconciliation reads from the database, in one snapshot."""
+
+    async def load(conn: AsyncConn) -> Snapshot:
         # One snapshot for every read.
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         return {
@@ -116,35 +140,56 @@ async def reconcile(db: Database, served: Sequence[dict[str, Any]]) -> Reconcili
             ),
         }
 
-    data = await db.run(load)
-    report = Reconciliation(served=len(served))
+    return await db.run(load)
+
+
+def compare(
+    data: Snapshot,
+    served: Sequence[dict[str, Any]],
+    *,
+    settled_before: datetime | None = None,
+) -> Reconciliation:
+    """The findings of ``served`` against a :func:`load_snapshot` taken before it was read."""
+
+    def observed(s: dict[str, Any]) -> datetime:
+        return datetime.fromisoformat(s["observed_at"])
+
+    settled_served = (
+        served if settled_before is None else [s for s in served if observed(s) < settled_before]
+    )
+    report = Reconciliation(served=len(served), unsettled=len(served) - len(settled_served))
     served_ids = {s["observation_id"] for s in served}
+    settled_ids = {s["observation_id"] for s in settled_served}
     records = {row[0]: int(row[1]) for row in data["records"]}
     applied = {row[0] for row in data["applied"]}
     report.recorded = len(records)
     report.failed_records = int(data["failed"][0][0])
     report.applied = len(applied)
-    report.missing_records = sorted(served_ids - records.keys())
+    report.missing_records = sorted(settled_ids - records.keys())
     report.doubled_records = sorted(i for i, n in records.items() if n > 1)
-    report.missing_applied = sorted(served_ids - applied)
+    report.missing_applied = sorted(settled_ids - applied)
     report.unserved_records = sorted(records.keys() - served_ids)
     report.unserved_applied = sorted(applied - served_ids)
 
     reset_day = {row[0]: int(row[1]) for row in data["reset"]}
-    expected: dict[tuple[str, date], int] = defaultdict(int)
+    # Per card and period: the largest reading served before the cut (usage may
+    # not be below it) and the largest served at all (usage may not be above it).
+    at_least: dict[tuple[str, date], int] = defaultdict(int)
+    at_most: dict[tuple[str, date], int] = defaultdict(int)
     for s in served:
         if s["kind"] != "traffic" or s["card_id"] not in reset_day:
             continue
-        day = datetime.fromisoformat(s["observed_at"]).date()
-        key = (s["card_id"], period_start(day, reset_day[s["card_id"]]))
-        expected[key] = max(expected[key], int(s["used_kb"]))
+        key = (s["card_id"], period_start(observed(s).date(), reset_day[s["card_id"]]))
+        at_most[key] = max(at_most[key], int(s["used_kb"]))
+        if s["observation_id"] in settled_ids:
+            at_least[key] = max(at_least[key], int(s["used_kb"]))
     settled = {(row[0], row[1]): int(row[2]) for row in data["usage"]}
     increments = {(row[0], row[1]): int(row[2]) for row in data["increments"]}
-    for key in sorted(expected.keys() | settled.keys()):
+    for key in sorted(at_most.keys() | settled.keys()):
         name = f"{key[0]}/{key[1].isoformat()}"
-        want, got = expected.get(key, 0), settled.get(key, 0)
-        if got > want or increments.get(key, 0) > got:
+        got = settled.get(key, 0)
+        if got > at_most.get(key, 0) or increments.get(key, 0) > got:
             report.usage_doubled.append(name)
-        elif got < want:
+        elif got < at_least.get(key, 0):
             report.usage_short.append(name)
     return report
