@@ -4,7 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test stress-test lint bench clean system-packages
+
+# Debian packages the project uses beyond Python: Tesseract for the extraction
+# workbench's OCR of scanned pages, Chromium for the browser tests. Optional:
+# without Tesseract a scanned PDF ends in an error naming the package, and the
+# browser tests are skipped.
+SYSTEM_PACKAGES := tesseract-ocr tesseract-ocr-eng chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +34,16 @@ lint: $(STAMP)
 test: lint
 	$(VENV)/bin/pytest
 
+# `make test` while busy processes keep every core loaded (docs/testing.md).
+stress-test: $(STAMP)
+	scripts/stress-test
+
 bench: $(STAMP)
 	$(VENV)/bin/python bench/queue_bench.py
+
+system-packages:
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SYSTEM_PACKAGES)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
