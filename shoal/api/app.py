@@ -28,6 +28,7 @@ from shoal.api.errors import install_error_handlers
 from shoal.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_DEADLINE_S, RequestLimits
 from shoal.api.metrics import metrics_router
 from shoal.api.status import health_router, ready_router
+from shoal.api.storable import refuse_unstorable_params
 from shoal.api.tasks import tasks_router
 from shoal.batch.service import Batches
 from shoal.batch.states import TaskStatus
@@ -77,7 +78,10 @@ def create_api(
     auth = [Depends(require_token(token))]
     queues = QueueInspector(boss)
 
-    v1 = APIRouter(prefix="/v1", dependencies=[*auth, Depends(refuse_writes(read_only))])
+    v1 = APIRouter(
+        prefix="/v1",
+        dependencies=[*auth, Depends(refuse_writes(read_only)), Depends(refuse_unstorable_params)],
+    )
     v1.include_router(tasks_router(batches))
     v1.include_router(queues_router(queues))
     v1.include_router(jobs_router(queues))

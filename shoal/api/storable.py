@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from starlette.requests import Request
+
 from shoal.errors import InvalidInput
 
 # Deeper than any real payload; far below the encoder's recursion limit.
@@ -61,4 +63,19 @@ def check_storable(value: Any, field: str) -> None:
             )
 
 
-__all__ = ["MAX_DEPTH", "check_storable"]
+def refuse_unstorable_params(request: Request) -> None:
+    """A route dependency: 422 for a query or path parameter Postgres could not compare.
+
+    A NUL in ``?q=`` reached the database as a text parameter and failed there
+    as a server error (found by the API fuzz test); every parameter of every
+    route is checked here, once, before any route reads it.
+    """
+    params = [("query", k, v) for k, v in request.query_params.multi_items()]
+    params += [("path", k, str(v)) for k, v in request.path_params.items()]
+    for where, name, value in params:
+        problem = _problem(value)
+        if problem is not None:
+            raise InvalidInput(f"{where} parameter {name}", problem)
+
+
+__all__ = ["MAX_DEPTH", "check_storable", "refuse_unstorable_params"]
