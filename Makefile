@@ -13,10 +13,16 @@ STAMP := $(VENV)/.installed
 SYSTEM_PACKAGES := tesseract-ocr tesseract-ocr-eng chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-$(STAMP): pyproject.toml
+# Three distributions, editable, in one pip run (so the apps' `shoal[...]`
+# requirement is this checkout, never a download): the core with every extra,
+# and the two reference apps. editable_mode=compat installs each as a path in a
+# .pth file, which mypy follows (the default finder hook it cannot).
+APPS := apps/extraction apps/polling
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(APPS))
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
+	$(VENV)/bin/pip install --quiet --config-settings editable_mode=compat \
+		-e '.[all,test,bench]' $(addprefix -e ,$(APPS))
 	touch $(STAMP)
 
 # The main job: the extraction workbench on the sample corpus (docs/extraction.md).
@@ -30,6 +36,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy apps/extraction/shoal_extract
 	$(VENV)/bin/mypy apps/polling/shoal_polling
 	$(VENV)/bin/mypy tests
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(VENV)/bin/pytest
@@ -46,4 +53,4 @@ system-packages:
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SYSTEM_PACKAGES)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache

@@ -8,8 +8,10 @@ from shoal.batch.kinds import BatchKind
 from shoal.batch.service import Batches
 from shoal.batch.states import ItemStatus, TaskOutcome, TaskStatus
 from shoal.batch.views import Created, ItemsPage, Progress, TaskView
+from shoal.batch.watch import watch_task
 from shoal.clock import Clock, FakeClock, SystemClock
 from shoal.db.embedded import EmbeddedPostgres
+from shoal.db.migrate import migrate
 from shoal.db.pool import Database
 from shoal.errors import (
     Cancel,
@@ -20,6 +22,7 @@ from shoal.errors import (
     IdempotencyMismatch,
     InvalidInput,
     MigrationChanged,
+    MissingExtra,
     NotFound,
     PermanentError,
     ShoalError,
@@ -82,6 +85,7 @@ __all__ = [
     "JobState",
     "Message",
     "MigrationChanged",
+    "MissingExtra",
     "NotFound",
     "PermanentError",
     "Pipeline",
@@ -103,4 +107,6 @@ __all__ = [
     "TransientError",
     "UnsafeDurability",
     "Worker",
+    "migrate",
+    "watch_task",
 ]

@@ -38,24 +38,27 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from shoal.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_DEADLINE_S
-from shoal.api.server import DEFAULT_HEADER_TIMEOUT_S
-from shoal.app import App
-from shoal.cli_console import add_commands as add_console_commands
-from shoal.db.embedded import EmbeddedPostgres, default_data_dir
-from shoal.db.migrate import migrate
-from shoal.db.pool import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, Database, check_schema_name
-from shoal.errors import InvalidInput, ShoalError
-from shoal.ingest.runner import DEFAULT_NATS_URL, TransportFactory, transport_factory
-from shoal.ingest.store import IngestStore, TopicState
+# The modules of the subcommands are imported by the commands that use them, so
+# `shoal --help` and `shoal migrate` load neither the HTTP API nor the ingest
+# runner, and a missing extra is an error of the one command that needs it.
+from shoal.api.defaults import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REQUEST_DEADLINE_S,
+)
+from shoal.db.pool import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, check_schema_name
+from shoal.errors import InvalidInput, MissingExtra, ShoalError
+from shoal.extras import require
 from shoal.logs import LOG_FORMATS
 from shoal.logs import configure as configure_logging
-from shoal.queue.client import Shoal
-from shoal.queue.states import JobState
-from shoal.queue.store import QueueStateCount
 
 if TYPE_CHECKING:
+    from shoal.app import App
+    from shoal.ingest.runner import TransportFactory
+    from shoal.ingest.store import TopicState
     from shoal.metrics import WorkerMetrics
+    from shoal.queue.client import Shoal
+    from shoal.queue.store import QueueStateCount
 
 EMBEDDED_DATABASE = "shoal"
 console = Console(stderr=True)
@@ -77,6 +80,12 @@ def database_url(args: argparse.Namespace) -> Iterator[str]:
     if url:
         yield url
         return
+    from shoal.db.embedded import EmbeddedPostgres, default_data_dir
+
+    require(
+        "embedded",
+        "an embedded PostgreSQL (used when neither --database-url nor DATABASE_URL is set)",
+    )
     data_dir = Path(os.environ.get("SHOAL_DATA_DIR") or default_data_dir())
     server = EmbeddedPostgres(data_dir)
     if not server.is_running():
@@ -98,6 +107,8 @@ def ingest_transport() -> TransportFactory:
     ``SHOAL_INGEST_TRANSPORT``: ``postgres`` (the default) or ``nats``, on
     ``SHOAL_NATS_URL`` with ``SHOAL_NATS_MONITOR_URL`` for its durability check.
     """
+    from shoal.ingest.runner import DEFAULT_NATS_URL, transport_factory
+
     kind = os.environ.get(TRANSPORT_ENV, "").strip() or "postgres"
     try:
         return transport_factory(
@@ -116,6 +127,8 @@ def load_app(spec: str) -> App:
     raised while the module itself runs (a missing dependency of its own) keeps
     its traceback, since it is a bug in that module, not in ``--app``.
     """
+    from shoal.app import App
+
     field = f"--app {spec}"
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -144,10 +157,15 @@ def load_app(spec: str) -> App:
 
 
 async def _connect(args: argparse.Namespace, url: str, **kwargs: object) -> Shoal:
+    from shoal.queue.client import Shoal
+
     return await Shoal.connect(url, schema=args.schema, **kwargs)  # type: ignore[arg-type]  # kwargs are Shoal.connect's own
 
 
 async def cmd_migrate(args: argparse.Namespace, url: str) -> int:
+    from shoal.db.migrate import migrate
+    from shoal.db.pool import Database
+
     async with Database(url, schema=args.schema) as db:
         applied = await migrate(db)
     console.print(f"schema {args.schema!r}: " + (f"applied {applied}" if applied else "up to date"))
@@ -170,9 +188,6 @@ def worker_pool_size(args: argparse.Namespace, app: App) -> int:
     )
 
 
-METRICS_EXTRA = "--metrics-port needs the prometheus-client package: pip install 'shoal[metrics]'"
-
-
 def metrics_class() -> type[WorkerMetrics]:
     """:class:`~shoal.metrics.WorkerMetrics`, or one line naming the extra to install."""
     try:
@@ -180,7 +195,7 @@ def metrics_class() -> type[WorkerMetrics]:
     except ImportError as exc:
         if not (exc.name or "").startswith("prometheus_client"):
             raise
-        raise ShoalError(METRICS_EXTRA) from None
+        raise MissingExtra("shoal worker --metrics-port", "metrics") from None
     return WorkerMetrics
 
 
@@ -253,7 +268,7 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
 
     from shoal.api import create_api
     from shoal.api.console import LazyTransport
-    from shoal.api.server import DEFAULT_HEADER_TIMEOUT_S, api_config
+    from shoal.api.server import api_config
 
     token = api_token(args)
     app = load_app(args.app)
@@ -311,6 +326,8 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
 
 
 async def cmd_status(args: argparse.Namespace, url: str) -> int:
+    from shoal.ingest.store import IngestStore
+
     boss = await _connect(args, url, listen=False)
     try:
         while True:
@@ -333,6 +350,8 @@ def print_status(
     paused: set[str],
     topics: list[TopicState],
 ) -> None:
+    from shoal.queue.states import JobState
+
     states = list(JobState)
     table = Table(title=f"shoal queues (schema {args.schema})")
     table.add_column("queue")
@@ -756,6 +775,8 @@ def parser() -> argparse.ArgumentParser:
         help="for set: create a key that is not stored yet (an unknown key is refused "
         "as a likely typo)",
     )
+    from shoal.cli_console import add_commands as add_console_commands
+
     add_console_commands(command, positive_int)
     demo = command("demo", "run the end-to-end demo")
     demo.add_argument("--items", type=positive_int, default=300, help="items in the demo task")
@@ -788,6 +809,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Refused before anything starts (an embedded server, a pool).
         check_schema_name(args.schema)
+        if args.command in ("api", "demo"):
+            require("api", f"shoal {args.command}")  # its HTTP server
         if args.command == "api":
             api_token(args)  # refuse an open non-loopback bind before starting anything
         if args.command in ("worker", "api"):

@@ -18,6 +18,8 @@ and is importable from ``shoal``::
     ├── ExpiredError          a handler ran past its ``expire_in`` (recorded on the job;
     │                         also a TimeoutError)
     ├── MigrationChanged      an applied migration's text differs from the code's
+    ├── MissingExtra          a feature needs an optional extra that is not installed
+    │                         (also an ImportError); the message names the pip command
     ├── PipelineClosed        a held submit met its pipeline's close (shoal.ingest.pipeline)
     └── UnsafeDurability      the NATS server may lose acknowledged messages (shoal.ingest.nats)
 
@@ -99,6 +101,20 @@ class ExpiredError(ShoalError, TimeoutError):
 
 class MigrationChanged(ShoalError):
     """A migration's text differs from the one applied: the schema is not what the code expects."""
+
+
+class MissingExtra(ShoalError, ImportError):
+    """A feature needs an optional part of shoal that is not installed.
+
+    ``extra`` names it; the message is one line with the command that installs it::
+
+        shoal api needs the api extra: pip install 'shoal[api]'
+    """
+
+    def __init__(self, feature: str, extra: str) -> None:
+        super().__init__(f"{feature} needs the {extra} extra: pip install 'shoal[{extra}]'")
+        self.feature = feature
+        self.extra = extra
 
 
 class Snooze(Exception):

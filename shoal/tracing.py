@@ -37,7 +37,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from shoal.errors import Cancel, PermanentError, ShoalError, Snooze
+from shoal.errors import Cancel, MissingExtra, PermanentError, Snooze
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -49,7 +49,6 @@ TRACE_KEY = "_shoal_trace"
 """The reserved payload key that carries a job's trace context."""
 
 TRACER_NAME = "shoal"
-MISSING = "tracing needs OpenTelemetry: pip install 'shoal[otel]'"
 
 # Set by instrument(): the tracer to use whatever the global provider is.
 _tracer: Tracer | None = None
@@ -63,7 +62,7 @@ def instrument(tracer_provider: Any = None) -> None:
     try:
         from opentelemetry import trace
     except ImportError:
-        raise ShoalError(MISSING) from None
+        raise MissingExtra("tracing", "otel") from None
     _tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
 
 

@@ -249,6 +249,9 @@ BROWSER_SKIP = "browser test skipped: "
 # skip into a failure: there, a missing program is a broken set-up.
 PROGRAM_SKIP = "program missing: "
 REQUIRE_PROGRAMS = "SHOAL_REQUIRE_SYSTEM_PACKAGES"
+# Tests that install packages (tests/test_core_install.py) skip with this
+# prefix when the package index cannot be reached, and the run says so at the end.
+NETWORK_SKIP = "package index unreachable: "
 
 
 def require_program(program: str, package: str) -> str:
@@ -283,6 +286,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterat
     if reasons:
         terminalreporter.write_line(
             f"BROWSER TESTS SKIPPED ({len(reasons)}): {reasons[0]} (README: Browser tests)",
+            red=True,
+            bold=True,
+        )
+    offline = _skip_reasons(terminalreporter, NETWORK_SKIP)
+    if offline:
+        terminalreporter.write_line(
+            f"TESTS SKIPPED WITHOUT A PACKAGE INDEX ({len(offline)}): {offline[0]}",
             red=True,
             bold=True,
         )

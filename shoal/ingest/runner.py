@@ -18,6 +18,7 @@ from psycopg import sql
 
 from shoal.clock import Clock
 from shoal.errors import InvalidInput, TransientError
+from shoal.extras import require
 from shoal.ingest.consumer import (
     DEFAULT_CONCURRENCY,
     Apply,
@@ -89,6 +90,7 @@ def transport_factory(
     if kind == "postgres":
         return PostgresTransport
     if kind == "nats":
+        require("nats", "the nats transport")  # here, before a worker starts
 
         def nats(_: Shoal) -> Transport:
             from shoal.ingest.nats import NatsTransport

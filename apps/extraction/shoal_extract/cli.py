@@ -36,8 +36,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from shoal import InvalidInput, Shoal, ShoalError, SystemClock
-from shoal.batch.watch import watch_task
+from shoal import InvalidInput, Shoal, ShoalError, SystemClock, watch_task
 from shoal.cli import api_token, database_url
 from shoal.db import default_data_dir
 from shoal_extract.console import accuracy_table, errors_table, task_table

@@ -23,8 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from shoal import Shoal, SystemClock
-from shoal.batch.watch import watch_task
+from shoal import Shoal, SystemClock, watch_task
 from shoal_extract.console import accuracy_table, errors_table, task_table
 from shoal_extract.corpus import KEY_FILE, write_corpus
 from shoal_extract.evaluate import ResultRow as ScoredRow

@@ -12,8 +12,7 @@ from __future__ import annotations
 import psycopg
 from psycopg.rows import TupleRow
 
-from shoal import Database
-from shoal.db.migrate import migrate
+from shoal import Database, migrate
 
 AsyncConn = psycopg.AsyncConnection[TupleRow]
 

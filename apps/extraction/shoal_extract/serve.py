@@ -10,10 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 import uvicorn
 from fastapi import FastAPI
 
-from shoal import Batches
-from shoal.api import create_api
-from shoal.api.server import api_config
-from shoal.queue.client import Shoal
+from shoal import Batches, Shoal
+from shoal.api import api_config, create_api
 from shoal_extract.api import mount_workbench
 from shoal_extract.workbench import Workbench
 

@@ -27,7 +27,7 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from shoal import InvalidInput, NotFound
-from shoal.ingest.guard import newer_than_applied
+from shoal.ingest import newer_than_applied
 from shoal_polling.domain import (
     AsyncConn,
     CollectionRecord,

@@ -59,7 +59,7 @@ from shoal_polling.schema import ensure_schema
 async def serve_gateway(settings: GatewaySettings, *, host: str, port: int) -> None:
     import uvicorn
 
-    from shoal.api.server import api_config
+    from shoal.api import api_config
 
     app = build_gateway_app(Gateway(settings))
     # Served as shoal api is: a deadline on request heads, a lingering close.

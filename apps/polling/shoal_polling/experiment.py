@@ -28,7 +28,7 @@ shoal's normal deadline, so a slow DDL or a long reconciliation query on a
 busy machine cannot fail the run.
 
 Reported per run: polls/s, SQL timeouts, slow statements and pool waits (as
-the app's pool saw them, :class:`~shoal.db.usage.CallTimes`), ingest lag, the
+the app's pool saw them, :class:`~shoal.db.CallTimes`), ingest lag, the
 largest backlog, the time to drain it, and the reconciliation of what the
 gateway served against what was recorded and applied.
 """
@@ -55,13 +55,14 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from shoal import Database, Pipeline, Shoal, ShoalError, SystemClock
-from shoal.db.embedded import free_port
-from shoal.db.usage import CallTimes
-from shoal.ingest.config import RuntimeConfig
-from shoal.ingest.pipeline import check_connection_budget
-from shoal.ingest.postgres import PostgresTransport
-from shoal.ingest.store import IngestStore
-from shoal.ingest.transport import Transport
+from shoal.db import CallTimes, free_port
+from shoal.ingest import (
+    IngestStore,
+    PostgresTransport,
+    RuntimeConfig,
+    Transport,
+    check_connection_budget,
+)
 from shoal_polling.domain import COLLECTION, MODE_KEY, OBSERVATIONS
 from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.gateway_client import GatewayClient, GatewayError
@@ -407,7 +408,7 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         url = await stack.enter_async_context(scratch_database(server_url))
         nats_url, monitor_url, nats = s.nats_url, None, None
         if chaos:
-            from shoal.ingest.natsd import NatsServer
+            from shoal.ingest import NatsServer
 
             store = stack.enter_context(tempfile.TemporaryDirectory(prefix="shoal-polling-nats-"))
             nats = NatsServer(Path(store))
@@ -425,7 +426,7 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         await set_up(pools.control.db, s, today=clock.now().date())
         topics: Transport = PostgresTransport(carrier)
         if nats_url is not None:
-            from shoal.ingest.nats import NatsTransport
+            from shoal.ingest import NatsTransport
 
             topics = NatsTransport(nats_url, monitor_url=monitor_url)
         # The poller's spool: what neither path takes in time waits here, on disk.

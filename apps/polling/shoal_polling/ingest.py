@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from shoal import Database, InvalidInput, Message, Pipeline, PublishError
-from shoal.ingest.retry import is_retryable
+from shoal.ingest import is_retryable
 from shoal_polling.apply import Applied, apply_observation, write_collection_records
 from shoal_polling.domain import COLLECTION, AsyncConn, CollectionRecord, Observation
 

@@ -67,12 +67,12 @@ from prometheus_client import (
 )
 
 from shoal import DeadlineExceeded
-from shoal.db.usage import CallTimes
+from shoal.db import CallTimes
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from shoal.ingest.spool import SpoolStats
+    from shoal.ingest import SpoolStats
     from shoal_polling.reconcile import Reconciliation
 
 log = logging.getLogger("shoal_polling.metrics")

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from shoal import Clock, Database, Pipeline, ShoalError, SystemClock
-from shoal.ingest.pipeline import check_connection_budget
+from shoal.ingest import check_connection_budget
 from shoal_polling.apply import PRIORITY_CHANNEL, evaluate_plan
 from shoal_polling.caches import (
     DEFAULT_ACCOUNT_TTL,
