@@ -32,9 +32,10 @@ from shoal.ingest.pipeline import Pipeline, PipelineClosed, Submitted
 from shoal.ingest.transport import PublishError
 from shoal.queue.client import Shoal
 from shoal.queue.job import Job
-from shoal.queue.options import JobOptions, SendOptions, SharedJobOptions
+from shoal.queue.options import JobOptions, QueueDefaults, SendOptions, SharedJobOptions
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import JobError, JobRecord
+from shoal.queue.sync import SyncClient
 from shoal.queue.worker import Worker
 
 if _typing.TYPE_CHECKING:
@@ -88,6 +89,7 @@ __all__ = [
     "PipelineClosed",
     "Progress",
     "PublishError",
+    "QueueDefaults",
     "SendOptions",
     "SharedJobOptions",
     "Shoal",
@@ -95,6 +97,7 @@ __all__ = [
     "Snooze",
     "StillCreating",
     "Submitted",
+    "SyncClient",
     "SystemClock",
     "TaskOutcome",
     "TaskStatus",
