@@ -16,7 +16,7 @@ django = pytest.importorskip("django")
 
 def configure_django(url: str) -> None:
     """A settings module of one database, made in place (no project needed)."""
-    from django.conf import settings
+    from django.conf import settings  # type: ignore[import-untyped]  # Django ships no types
 
     info = conninfo_to_dict(url)
     database = {
@@ -30,7 +30,7 @@ def configure_django(url: str) -> None:
         settings.configure(DATABASES={"default": database}, INSTALLED_APPS=[], USE_TZ=True)
         django.setup()
     else:  # a second test in this process: point the connection at its database
-        from django.db import connections
+        from django.db import connections  # type: ignore[import-untyped]  # no types
 
         connections["default"].close()
         connections["default"].settings_dict.update(database)
@@ -40,7 +40,7 @@ def test_django_enqueues_in_transaction_atomic_and_a_rollback_enqueues_nothing(
     db_url: str,
 ) -> None:
     configure_django(db_url)
-    from django.db import connection, transaction
+    from django.db import connection, transaction  # type: ignore[import-untyped]  # no types
 
     ran: list[int] = []
     with SyncClient.connect(db_url, min_size=0, max_size=1) as shoal:

@@ -1,4 +1,4 @@
-"""shoal.send() in SQL: from psql and triggers, in the caller's transaction, checked as in Python."""
+"""shoal.send() in SQL: from psql and triggers, in the caller's transaction, checked as Python."""
 
 from __future__ import annotations
 
@@ -30,16 +30,13 @@ def settings(record: JobRecord) -> tuple[Any, ...]:
     return (record.priority, record.policy, record.expire_in, record.dead_letter)
 
 
-async def test_psql_sends_a_job_and_is_told_which_option_is_wrong(
-    db_url: str, boss: Shoal
-) -> None:
+def test_psql_sends_a_job_and_is_told_which_option_is_wrong(db_url: str) -> None:
     psql = require_program("psql", "postgresql-client")
     sent = subprocess.run(
         [psql, db_url, "-XAtq", "-v", "ON_ERROR_STOP=1", "-c",
          """SELECT shoal.send('email_send', '{"id": 1}'::jsonb, '{"retry_limit": 3}'::jsonb)"""],
         capture_output=True, text=True, check=True, timeout=30,
     )  # fmt: skip
-    job_id = int(sent.stdout)
     refused = subprocess.run(
         [psql, db_url, "-XAtq", "-c",
          """SELECT shoal.send('email_send', '{}', '{"retry_limit": -1}')"""],
@@ -47,9 +44,9 @@ async def test_psql_sends_a_job_and_is_told_which_option_is_wrong(
     )  # fmt: skip
     assert refused.returncode != 0
     assert "retry_limit: must be an integer >= 0, got -1" in refused.stderr
-
-    record = await boss.get_job(job_id)  # type: ignore[arg-type]
-    assert (record.queue, record.data, record.policy.retry_limit) == ("email_send", {"id": 1}, 3)
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT id, queue, data, retry_limit FROM shoal.job").fetchall()
+    assert rows == [(int(sent.stdout), "email_send", {"id": 1}, 3)]
 
 
 BAD_SENDS: list[tuple[Any, dict[str, Any]]] = [
@@ -101,15 +98,17 @@ async def test_sql_send_refuses_what_the_python_api_refuses_with_the_same_messag
 async def test_sql_send_gives_the_same_job_as_python_and_returns_null_for_a_taken_key(
     boss: Shoal, db_url: str
 ) -> None:
-    for options in [
+    sends: list[dict[str, Any]] = [
         {},
         {"retry_limit": 0, "retry_delay": 1.5, "retry_backoff": True, "priority": -3},
         {"retry_delay_max": 60, "expire_in": 30, "dead_letter": "dead"},
-    ]:
+    ]
+    for options in sends:
         from_python = await boss.send("same", {"n": 1}, **options)
         from_sql = sql_send(db_url, "same", {"n": 1}, options)
         assert from_python is not None and from_sql is not None
-        python_job, sql_job = await boss.get_job(from_python), await boss.get_job(from_sql)  # type: ignore[arg-type]
+        python_job = await boss.get_job(from_python)
+        sql_job = await boss.get_job(from_sql)  # type: ignore[arg-type]
         assert settings(sql_job) == settings(python_job)
         assert sql_job.data == python_job.data
     assert sql_send(db_url, "keyed", None, {"singleton_key": "k"}) is not None
@@ -212,3 +211,20 @@ def test_a_trigger_sends_in_the_callers_transaction(db_url: str) -> None:
         woken = [n.payload for n in listener.notifies(timeout=10, stop_after=1)]
         listener.close()
         assert woken == ["order_mail"]
+
+
+def test_the_sql_examples_of_the_queue_page_run(db_url: str) -> None:
+    """docs/queue.md's SQL blocks, in order, on a database with the `orders` they assume."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "queue.md").read_text()
+    blocks = re.findall(r"^```sql\n(.*?)^```$", page, re.MULTILINE | re.DOTALL)
+    assert blocks
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY)")
+        for block in blocks:
+            conn.execute(block)
+        conn.execute("INSERT INTO orders VALUES (42)")
+        queues = conn.execute("SELECT queue FROM shoal.job ORDER BY id").fetchall()
+    assert [q for (q,) in queues] == ["email_send", "digest", "report", "order_mail"]

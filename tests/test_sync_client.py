@@ -38,9 +38,11 @@ def test_send_insert_get_and_cancel_from_synchronous_code(client: SyncClient) ->
     many = client.insert_many("mail", [{"n": 1}, {"n": 2}], singleton_keys=["a", "b"])
     again = client.insert_many("mail", [{"n": 3}], singleton_keys=["a"])
     assert all(ids) and all(many) and again == [None]  # "a" is taken by a waiting job
-    assert client.get_job(ids[1] or 0).priority == 3
+    first, second = ids
+    assert first is not None and second is not None
+    assert client.get_job(second).priority == 3
 
-    assert client.cancel([job_id, ids[0] or 0]) == {job_id, ids[0]}
+    assert client.cancel([job_id, first]) == {job_id, first}
     assert client.get_job(job_id).state is JobState.CANCELLED
     with pytest.raises(NotFound, match="job 999999 does not exist"):
         client.get_job(999_999)  # type: ignore[arg-type]
