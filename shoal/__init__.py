@@ -35,9 +35,10 @@ from shoal.ingest.pipeline import Pipeline, PipelineClosed, Submitted
 from shoal.ingest.transport import PublishError
 from shoal.queue.client import Shoal
 from shoal.queue.job import Job
-from shoal.queue.options import JobOptions, SendOptions, SharedJobOptions
+from shoal.queue.options import JobOptions, QueueDefaults, SendOptions, SharedJobOptions
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import JobError, JobRecord
+from shoal.queue.sync import SyncClient
 from shoal.queue.worker import Worker
 
 if _typing.TYPE_CHECKING:
@@ -92,6 +93,7 @@ __all__ = [
     "PipelineClosed",
     "Progress",
     "PublishError",
+    "QueueDefaults",
     "SendOptions",
     "SharedJobOptions",
     "Shoal",
@@ -99,6 +101,7 @@ __all__ = [
     "Snooze",
     "StillCreating",
     "Submitted",
+    "SyncClient",
     "SystemClock",
     "TaskOutcome",
     "TaskStatus",

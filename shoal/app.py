@@ -64,7 +64,13 @@ from shoal.queue.cron import check_cron, check_timezone
 from shoal.queue.history import HistorySampler
 from shoal.queue.inspect import QueueInspector
 from shoal.queue.job import Handler, Job
-from shoal.queue.options import SendOptions, check_queue_name, parse_options
+from shoal.queue.options import (
+    QueueDefaults,
+    SendOptions,
+    check_queue_name,
+    parse_options,
+    parse_queue_defaults,
+)
 from shoal.queue.registry import WorkerRegistry
 from shoal.queue.threaded import is_async_callable
 from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Worker
@@ -85,6 +91,9 @@ class HandlerSpec:
     handler: Handler
     concurrency: int
     batch_size: int | None
+    # Default options of every job sent to the queue (QueueDefaults), stored
+    # for all senders when a worker starts.
+    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,15 +124,35 @@ class App:
         self._pipeline: Pipeline | None = None
 
     def handler(
-        self, queue: str, *, concurrency: int = DEFAULT_CONCURRENCY, batch_size: int | None = None
+        self,
+        queue: str,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        batch_size: int | None = None,
+        **defaults: Unpack[QueueDefaults],
     ) -> Callable[[Handler], Handler]:
-        """Register a handler for ``queue``, running at most ``concurrency`` jobs at once."""
+        """Register a handler for ``queue``, running at most ``concurrency`` jobs at once.
+
+        ``defaults`` (``retry_limit``, ``retry_delay``, ``retry_backoff``,
+        ``retry_delay_max``, ``expire_in``, ``priority``, ``dead_letter``)
+        apply to every job sent to ``queue`` that does not name the option
+        itself, whoever sends it: a worker's start stores them in the
+        database (:meth:`Shoal.set_queue_defaults`), where every client,
+        process and ``shoal.send()`` in SQL reads them. A handler declared
+        without defaults removes its queue's stored ones when a worker starts.
+
+        >>> app = App()
+        >>> @app.handler("email_send", retry_limit=5, retry_backoff=True)
+        ... def send_email(job: Job) -> None:
+        ...     ...
+        """
         check_queue_name(queue)
         if queue in self.handlers:
             raise InvalidInput("queue", f"{queue!r} already has a handler")
+        parsed = parse_queue_defaults(defaults)
 
         def register(fn: Handler) -> Handler:
-            self.handlers[queue] = HandlerSpec(queue, fn, concurrency, batch_size)
+            self.handlers[queue] = HandlerSpec(queue, fn, concurrency, batch_size, parsed)
             return fn
 
         return register
@@ -276,6 +305,9 @@ class App:
             await boss.schedule(
                 spec.name, spec.cron, spec.data, queue=spec.queue, tz=spec.tz, **spec.options
             )
+        for handler in self.handlers.values():
+            # Before any start hook or handler sends: their sends get them too.
+            await boss.set_queue_defaults(handler.queue, **handler.defaults)
         if self.name is not None:
             removed = await QueueInspector(boss).adopt_schedules(self.name, list(self.schedules))
             for name in removed:

@@ -203,6 +203,7 @@ SETTINGS: dict[str, Setting] = {
         _observability_after,
         replace={'serve("127.0.0.1", 9300)': 'serve("127.0.0.1", 0)'},
     ),
+    "sync.md": Setting(_plain),
     "testing.md": Setting(_testing, _testing_after),
 }
 

@@ -18,6 +18,10 @@ from shoal.db.migrate import load_migrations
 
 from .schema_catalog import DECLARED, WRITE, describe
 
+# The SQL API users call by a name that stays across releases; each only
+# calls a versioned function, which a later release may repoint it from.
+PUBLIC_SQL_FUNCTIONS = {"send"}
+
 
 def drift(actual: str) -> str:
     """A unified diff from the declared schema to ``actual`` ('' when they match)."""
@@ -71,7 +75,11 @@ def test_the_code_calls_only_versioned_database_functions_that_the_schema_declar
     for where, text in texts.items():
         for name in re.findall(r"\{schema\}\.(\w+)\(", text):
             called.setdefault(name, set()).add(where)
-    unversioned = {n: w for n, w in called.items() if not re.search(r"_v\d+$", n)}
+    unversioned = {
+        n: w
+        for n, w in called.items()
+        if not re.search(r"_v\d+$", n) and n not in PUBLIC_SQL_FUNCTIONS
+    }
     assert not unversioned, f"calls of unversioned functions: {unversioned}"
     assert set(called) <= declared, (
         f"functions not in the declared schema: {set(called) - declared}"

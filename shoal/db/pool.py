@@ -152,6 +152,27 @@ def check_schema_name(name: object) -> str:
     return name
 
 
+def connection_kwargs(deadline: timedelta, application_name: str) -> dict[str, Any]:
+    """The settings of every connection shoal opens, async or sync."""
+    return {
+        "autocommit": True,
+        "application_name": application_name,
+        "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+        "keepalives": 1,
+        "keepalives_idle": KEEPALIVES_IDLE_S,
+        "connect_timeout": max(2, int(deadline.total_seconds())),
+        # Plans from the parameters at hand, never a generic plan whose
+        # estimates (unknown array sizes, stale statistics) can turn a
+        # batch write quadratic. And the server stops a statement a little
+        # before our deadline, so a slow call fails cleanly on a reusable
+        # connection, and an abandoned one does not keep running.
+        "options": (
+            "-c plan_cache_mode=force_custom_plan "
+            f"-c statement_timeout={int(deadline.total_seconds() * 1000 * 0.9)}"
+        ),
+    }
+
+
 class Database:
     """A pool of connections to one database, and the schema shoal lives in.
 
@@ -180,23 +201,7 @@ class Database:
         self.max_size = max_size
         # Attach a CallTimes to time every call's wait for a connection.
         self.call_times: CallTimes | None = None
-        self._kwargs: dict[str, Any] = {
-            "autocommit": True,
-            "application_name": application_name,
-            "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
-            "keepalives": 1,
-            "keepalives_idle": KEEPALIVES_IDLE_S,
-            "connect_timeout": max(2, int(deadline.total_seconds())),
-            # Plans from the parameters at hand, never a generic plan whose
-            # estimates (unknown array sizes, stale statistics) can turn a
-            # batch write quadratic. And the server stops a statement a little
-            # before our deadline, so a slow call fails cleanly on a reusable
-            # connection, and an abandoned one does not keep running.
-            "options": (
-                "-c plan_cache_mode=force_custom_plan "
-                f"-c statement_timeout={int(deadline.total_seconds() * 1000 * 0.9)}"
-            ),
-        }
+        self._kwargs = connection_kwargs(deadline, application_name)
         self.pool: psycopg_pool.AsyncConnectionPool[AsyncConn] = psycopg_pool.AsyncConnectionPool(
             url,
             min_size=min_size,

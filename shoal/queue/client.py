@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Unpack
 
@@ -20,24 +19,26 @@ from shoal.db.pool import AsyncConn, Database
 from shoal.errors import InvalidInput, NotFound
 from shoal.hooks import Hooks
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
+from shoal.queue.enqueue import MAX_INSERT, JobBuilder
 from shoal.queue.job import Handler, Job, error_entry
 from shoal.queue.maintenance import Maintenance, MaintenanceReport
 from shoal.queue.notifier import Notifier
 from shoal.queue.options import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     JobOptions,
+    QueueDefaults,
     SendOptions,
     SharedJobOptions,
     check_queue_name,
     encode_payload,
     parse_options,
+    parse_queue_defaults,
 )
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import (
     Failure,
     JobRecord,
-    JobSettings,
     JobStore,
     NewJob,
     QueueStateCount,
@@ -51,16 +52,9 @@ from shoal.queue.worker import (
     Finalize,
     Worker,
 )
-from shoal.tracing import carrier, traced_handler, with_carrier
-
-MAX_INSERT = 100_000
-SETTINGS_CACHE_SIZE = 1024
+from shoal.tracing import carrier, traced_handler
 
 log = logging.getLogger("shoal.cron")
-
-
-def _settings_for(queue: str, defaults: JobOptions, overrides: Mapping[str, Any]) -> JobSettings:
-    return JobSettings.of(queue, replace(defaults, **overrides))
 
 
 class Shoal:
@@ -83,10 +77,10 @@ class Shoal:
         self.hooks = hooks if hooks is not None else Hooks()
         self.clock = clock
         self.jitter = jitter
+        # Validation and job rows, shared with SyncClient.
+        self.builder = JobBuilder(max_payload_bytes=max_payload_bytes, defaults=defaults)
         self.max_payload_bytes = max_payload_bytes
-        self.defaults = defaults or JobOptions()
-        # JobSettings by (queue, options): jobs sent alike share one object.
-        self._settings: dict[tuple[Any, ...], JobSettings] = {}
+        self.defaults = self.builder.defaults
         self.store = JobStore(db)
         self.notifier: Notifier | None = (
             Notifier(db, self.store.channel, clock=clock) if listen else None
@@ -128,22 +122,7 @@ class Shoal:
         field: str,
         trace: Mapping[str, str] | None = None,
     ) -> NewJob:
-        name = check_queue_name(queue, field=f"{field}queue")
-        if trace is not None:
-            data = with_carrier(data, trace)
-        try:
-            parsed = parse_options(options) if options else {}
-        except InvalidInput as exc:
-            raise InvalidInput(f"{field}{exc.field}", exc.message) from None
-        payload = encode_payload(data, max_bytes=self.max_payload_bytes, field=f"{field}data")
-        singleton_key = parsed.pop("singleton_key", self.defaults.singleton_key)
-        key = (name, *sorted(parsed.items()))
-        settings = self._settings.get(key)
-        if settings is None:
-            settings = self._settings[key] = _settings_for(name, self.defaults, parsed)
-            if len(self._settings) > SETTINGS_CACHE_SIZE:
-                self._settings.pop(next(iter(self._settings)))
-        return NewJob(settings, payload, singleton_key)
+        return self.builder.job(queue, data, options, field, trace)
 
     async def send(
         self,
@@ -170,23 +149,7 @@ class Shoal:
         Returns ids in input order (None for a skipped singleton). All are
         validated first; one bad job writes nothing.
         """
-        new_jobs = []
-        trace = carrier()
-        for i, spec in enumerate(jobs):
-            if not isinstance(spec, Mapping):
-                raise InvalidInput(f"jobs[{i}]", f"expected a mapping, got {type(spec).__name__}")
-            options = (
-                {k: v for k, v in spec.items() if k not in ("queue", "data")}
-                if len(spec) > 2 or (len(spec) == 2 and "data" not in spec)
-                else {}
-            )
-            if "queue" not in spec:
-                raise InvalidInput(f"jobs[{i}].queue", "missing")
-            new_jobs.append(
-                self._new_job(spec["queue"], spec.get("data"), options, f"jobs[{i}].", trace)
-            )
-            if len(new_jobs) > MAX_INSERT:
-                raise InvalidInput("jobs", f"more than {MAX_INSERT} jobs in one insert")
+        new_jobs = self.builder.jobs(jobs, carrier())
         return await self.store.insert(new_jobs, now=self.clock.sql_now(), conn=conn)
 
     async def insert_many(
@@ -204,33 +167,9 @@ class Shoal:
         once, each payload on its own. ``singleton_keys``, when given, holds
         one key (or None) per payload.
         """
-        if singleton_keys is not None and len(singleton_keys) != len(payloads):
-            raise InvalidInput(
-                "singleton_keys",
-                f"has {len(singleton_keys)} keys for {len(payloads)} payloads",
-            )
-        if len(payloads) > MAX_INSERT:
-            raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
-        if "singleton_key" in options:
-            raise InvalidInput("singleton_key", "use singleton_keys=[...] with insert_many")
-        template = self._new_job(queue, None, options, "")
-        keys = singleton_keys or [None] * len(payloads)
-        trace = carrier()
-        for i, key in enumerate(keys):
-            if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
-                raise InvalidInput(f"singleton_keys[{i}]", "must be a non-empty string")
-        jobs = [
-            NewJob(
-                template.settings,
-                encode_payload(
-                    payload if trace is None else with_carrier(payload, trace),
-                    max_bytes=self.max_payload_bytes,
-                    field=f"payloads[{i}]",
-                ),
-                key,
-            )
-            for i, (payload, key) in enumerate(zip(payloads, keys, strict=True))
-        ]
+        jobs = self.builder.many(
+            queue, payloads, options, singleton_keys=singleton_keys, trace=carrier()
+        )
         return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
 
     async def insert_json(
@@ -257,9 +196,24 @@ class Shoal:
 
     def check_payload_sizes(self, payloads: Sequence[str]) -> None:
         """Refuse, by position, a JSON payload text over the payload cap."""
-        for i, text in enumerate(payloads):
-            if len(text) > self.max_payload_bytes:
-                raise InvalidInput(f"payloads[{i}]", f"over the {self.max_payload_bytes}-byte cap")
+        self.builder.check_payload_sizes(payloads)
+
+    async def set_queue_defaults(self, queue: str, **options: Unpack[QueueDefaults]) -> None:
+        """Store default options for every job sent to ``queue``, from any process.
+
+        Every sender sees them (this client, other processes, ``SyncClient``
+        and the SQL function ``shoal.send``): an option a send names keeps
+        its value, the others take the queue's default, then the client's.
+        No options removes the queue's defaults. ``App.handler(...,
+        retry_limit=...)`` stores its handler's defaults this way when a
+        worker starts.
+        """
+        await self.store.set_queue_default(check_queue_name(queue), parse_queue_defaults(options))
+
+    async def queue_defaults(self, queue: str) -> dict[str, Any]:
+        """The default options stored for ``queue`` (empty when it has none)."""
+        row = await self.store.queue_default(check_queue_name(queue))
+        return {} if row is None else dict(row.options)
 
     # -- working -----------------------------------------------------------
 

@@ -78,6 +78,28 @@ class SendOptions(SharedJobOptions, total=False):
 
 
 OPTION_NAMES = frozenset(f.name for f in fields(JobOptions))
+
+
+class QueueDefaults(TypedDict, total=False):
+    """Default options of every job sent to one queue (``App.handler``, ``set_queue_defaults``).
+
+    A send that names an option keeps its own value; the others come from
+    here, then from the client's defaults. A job's ``singleton_key`` and
+    ``start_after`` belong to the job alone and have no queue default.
+    """
+
+    retry_limit: int
+    retry_delay: timedelta | float
+    retry_backoff: bool
+    retry_delay_max: timedelta | float
+    expire_in: timedelta | float
+    priority: int
+    dead_letter: str | None
+
+
+# The options a queue may set defaults for, in the order of the queue_default
+# table's columns (migrations/0011_sql_api.sql).
+QUEUE_DEFAULT_NAMES = frozenset(QueueDefaults.__optional_keys__)
 _PG_BOSS_SPELLINGS = {
     "retryLimit": "retry_limit",
     "retryDelay": "retry_delay",
@@ -196,3 +218,13 @@ def parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
             check_queue_name(value, field=name)
         parsed[name] = value
     return parsed
+
+
+def parse_queue_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a queue's default options: job options, less the ones only a job can have."""
+    for name in options:
+        if name in OPTION_NAMES and name not in QUEUE_DEFAULT_NAMES:
+            raise InvalidInput(
+                name, "is an option of one job and has no queue default; give it on each send"
+            )
+    return parse_options(options)

@@ -7,14 +7,39 @@
 -- Jobs arrive as (option set, data, singleton key) with the distinct option
 -- sets sent once: a batch of 10,000 usually shares one. `input` is
 -- materialized (nextval is volatile), so ids match on the final join.
-WITH opts AS (
+-- An option the send did not name (its bit in `given` is clear, bits as
+-- store.GIVEN_BITS) takes the queue's stored default when it has one.
+WITH sent AS (
     SELECT * FROM unnest(
         %(queue)s::text[], %(priority)s::int[], %(retry_limit)s::int[],
         %(retry_delay_s)s::float8[], %(retry_backoff)s::bool[], %(retry_delay_max_s)s::float8[],
         %(expire_in_s)s::float8[], %(dead_letter)s::text[], %(start_at)s::timestamptz[],
-        %(start_in_s)s::float8[]
+        %(start_in_s)s::float8[], %(given)s::int[]
     ) WITH ORDINALITY AS o(queue, priority, retry_limit, retry_delay_s, retry_backoff,
-                          retry_delay_max_s, expire_in_s, dead_letter, start_at, start_in_s, k)
+                          retry_delay_max_s, expire_in_s, dead_letter, start_at, start_in_s,
+                          given, k)
+), opts AS (
+    SELECT s.queue,
+           CASE WHEN s.given & 1 = 0 THEN coalesce(d.priority, s.priority) ELSE s.priority END
+               AS priority,
+           CASE WHEN s.given & 2 = 0 THEN coalesce(d.retry_limit, s.retry_limit)
+                ELSE s.retry_limit END AS retry_limit,
+           CASE WHEN s.given & 4 = 0
+                THEN coalesce(extract(epoch FROM d.retry_delay)::float8, s.retry_delay_s)
+                ELSE s.retry_delay_s END AS retry_delay_s,
+           CASE WHEN s.given & 8 = 0 THEN coalesce(d.retry_backoff, s.retry_backoff)
+                ELSE s.retry_backoff END AS retry_backoff,
+           CASE WHEN s.given & 16 = 0
+                THEN coalesce(extract(epoch FROM d.retry_delay_max)::float8, s.retry_delay_max_s)
+                ELSE s.retry_delay_max_s END AS retry_delay_max_s,
+           CASE WHEN s.given & 32 = 0
+                THEN coalesce(extract(epoch FROM d.expire_in)::float8, s.expire_in_s)
+                ELSE s.expire_in_s END AS expire_in_s,
+           -- A queue whose default dead letter is NULL has none to give.
+           CASE WHEN s.given & 64 = 0 AND d.dead_letter IS NOT NULL THEN d.dead_letter
+                ELSE s.dead_letter END AS dead_letter,
+           s.start_at, s.start_in_s, s.k
+    FROM sent s LEFT JOIN {schema}.queue_default d ON d.queue = s.queue
 ), input AS MATERIALIZED (
     SELECT nextval({job_id_seq}) AS id, u.ord, u.data, u.singleton_key, o.*
     FROM unnest(%(option_set)b::int[], %(data)b::text[], %(singleton_key)b::text[])
@@ -304,3 +329,27 @@ RETURNING name
 -- name: notify_queues
 -- Wakes idle workers of these queues in every process (delivered on commit).
 SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q
+
+-- name: set_queue_default
+-- Creates or replaces a queue's default job options (NULL: no default for it).
+INSERT INTO {schema}.queue_default (
+    queue, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max, expire_in,
+    dead_letter, updated_at)
+VALUES (%(queue)s, %(priority)s, %(retry_limit)s, %(retry_delay_s)s * interval '1 second',
+        %(retry_backoff)s, %(retry_delay_max_s)s * interval '1 second',
+        %(expire_in_s)s * interval '1 second', %(dead_letter)s, now())
+ON CONFLICT (queue) DO UPDATE SET
+    priority = EXCLUDED.priority, retry_limit = EXCLUDED.retry_limit,
+    retry_delay = EXCLUDED.retry_delay, retry_backoff = EXCLUDED.retry_backoff,
+    retry_delay_max = EXCLUDED.retry_delay_max, expire_in = EXCLUDED.expire_in,
+    dead_letter = EXCLUDED.dead_letter, updated_at = EXCLUDED.updated_at
+
+-- name: delete_queue_default
+DELETE FROM {schema}.queue_default WHERE queue = %(queue)s
+
+-- name: get_queue_default
+-- A queue's default options, intervals in seconds.
+SELECT queue, priority, retry_limit, extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+       dead_letter, updated_at
+FROM {schema}.queue_default WHERE queue = %(queue)s

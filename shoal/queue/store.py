@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database, Pending
 from shoal.db.queries import fetch_named, int_array, load_queries, positions
+from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.options import JobOptions
 from shoal.queue.retry import RetryPolicy
 from shoal.queue.states import JobId, JobState
@@ -45,10 +46,19 @@ class JobSettings:
     dead_letter: str | None
     start_at: datetime | None
     start_in: timedelta | None
+    # The options the sender named (of QUEUE_DEFAULT_NAMES): these keep their
+    # value, the others give way to the queue's stored defaults.
+    given: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, queue: str, options: JobOptions) -> JobSettings:
-        """The settings of jobs sent to ``queue`` with ``options`` (already validated)."""
+    def of(
+        cls, queue: str, options: JobOptions, *, given: frozenset[str] = frozenset()
+    ) -> JobSettings:
+        """The settings of jobs sent to ``queue`` with ``options`` (already validated).
+
+        ``given`` names the options the send named; the queue's defaults
+        (``queue_default``) replace the others when the job is inserted.
+        """
         start_after = options.start_after
         return cls(
             queue=queue,
@@ -61,6 +71,7 @@ class JobSettings:
             dead_letter=options.dead_letter,
             start_at=start_after if isinstance(start_after, datetime) else None,
             start_in=start_after if isinstance(start_after, timedelta) else None,
+            given=given,
         )
 
     @property
@@ -84,6 +95,7 @@ class JobSettings:
             self.dead_letter,
             self.start_at,
             None if self.start_in is None else self.start_in.total_seconds(),
+            sum(GIVEN_BITS[name] for name in self.given),
         )
 
 
@@ -98,7 +110,20 @@ OPTION_COLUMNS = (
     "dead_letter",
     "start_at",
     "start_in_s",
+    "given",
 )
+
+# One bit per option a queue may default, set when the send named it: the
+# insert statement (insert_jobs in queries.sql) tests these same numbers.
+GIVEN_BITS = {
+    "priority": 1,
+    "retry_limit": 2,
+    "retry_delay": 4,
+    "retry_backoff": 8,
+    "retry_delay_max": 16,
+    "expire_in": 32,
+    "dead_letter": 64,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +333,75 @@ def _record(row: Sequence[Any]) -> JobRecord:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class InsertPlan:
+    """The parameters of one ``insert_jobs`` statement, whichever client runs it."""
+
+    params: dict[str, Any]
+    # Queues whose new jobs may run at once: their idle workers are woken.
+    wake: list[str]
+
+    @classmethod
+    def of(cls, jobs: Sequence[NewJob], now: datetime | None) -> InsertPlan:
+        sets: dict[JobSettings, int] = {}
+        option_set = [sets.setdefault(job.settings, len(sets) + 1) for job in jobs]
+        columns = list(zip(*(settings.row() for settings in sets), strict=True))
+        params: dict[str, Any] = dict(zip(OPTION_COLUMNS, map(list, columns), strict=True))
+        params["option_set"] = option_set
+        params["data"] = [j.data for j in jobs]
+        # unnest pads a shorter array with NULLs: no keys at all costs nothing.
+        params["singleton_key"] = (
+            [j.singleton_key for j in jobs] if any(j.singleton_key for j in jobs) else []
+        )
+        params["now"] = now
+        return cls(params, sorted({s.queue for s in sets if s.runs_now}))
+
+    @staticmethod
+    def ids(rows: Sequence[Sequence[Any]]) -> list[JobId | None]:
+        """The statement's rows as ids in input order (None: a singleton key was taken)."""
+        return [None if r[0] is None else JobId(r[0]) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDefaultRow:
+    """A queue's stored default options (None: no default for that option)."""
+
+    queue: str
+    options: Mapping[str, Any]
+    updated_at: datetime
+
+
+def queue_default_params(queue: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters of ``set_queue_default`` from validated options (durations as seconds)."""
+
+    def seconds(name: str) -> float | None:
+        value = options.get(name)
+        return None if value is None else float(value.total_seconds())
+
+    return {
+        "queue": queue,
+        "priority": options.get("priority"),
+        "retry_limit": options.get("retry_limit"),
+        "retry_delay_s": seconds("retry_delay"),
+        "retry_backoff": options.get("retry_backoff"),
+        "retry_delay_max_s": seconds("retry_delay_max"),
+        "expire_in_s": seconds("expire_in"),
+        "dead_letter": options.get("dead_letter"),
+    }
+
+
+def _queue_default(row: Sequence[Any]) -> QueueDefaultRow:
+    """A get_queue_default row: the options as ``set_queue_defaults`` takes them."""
+    names = ("priority", "retry_limit", "retry_delay", "retry_backoff", "retry_delay_max")
+    values = dict(zip((*names, "expire_in", "dead_letter"), row[1:8], strict=True))
+    options = {
+        k: timedelta(seconds=v) if k in ("retry_delay", "retry_delay_max", "expire_in") else v
+        for k, v in values.items()
+        if v is not None
+    }
+    return QueueDefaultRow(row[0], options, row[8])
+
+
 class JobStore:
     """Typed access to the queue tables of one schema."""
 
@@ -331,25 +425,14 @@ class JobStore:
         """Insert ``jobs`` in one statement; ids in input order, None for skipped singletons."""
         if not jobs:
             return []
-        sets: dict[JobSettings, int] = {}
-        option_set = [sets.setdefault(job.settings, len(sets) + 1) for job in jobs]
-        columns = list(zip(*(settings.row() for settings in sets), strict=True))
-        params: dict[str, Any] = dict(zip(OPTION_COLUMNS, map(list, columns), strict=True))
-        params["option_set"] = option_set
-        params["data"] = [j.data for j in jobs]
-        # unnest pads a shorter array with NULLs: no keys at all costs nothing.
-        params["singleton_key"] = (
-            [j.singleton_key for j in jobs] if any(j.singleton_key for j in jobs) else []
-        )
-        params["now"] = now
-        wake = sorted({s.queue for s in sets if s.runs_now})
+        plan = InsertPlan.of(jobs, now)
         insert_q = self.sql["insert_jobs"]
 
         async def run(c: AsyncConn) -> list[JobId | None]:
-            cur = await c.execute(insert_q, params)
-            ids = [None if r[0] is None else JobId(r[0]) for r in await cur.fetchall()]
-            if wake and any(ids):
-                await self.notify(c, wake)
+            cur = await c.execute(insert_q, plan.params)
+            ids = plan.ids(await cur.fetchall())
+            if plan.wake and any(ids):
+                await self.notify(c, plan.wake)
             return ids
 
         return await self.db.on(conn, run)
@@ -586,6 +669,17 @@ class JobStore:
     async def paused_queues(self) -> list[str]:
         return [r[0] for r in await self._rows("paused_queues", {})]
 
+    async def set_queue_default(self, queue: str, options: Mapping[str, Any]) -> None:
+        """Store ``options`` (validated) as ``queue``'s defaults; no options removes them."""
+        if options:
+            await self._rows("set_queue_default", queue_default_params(queue, options))
+        else:
+            await self._rows("delete_queue_default", {"queue": queue})
+
+    async def queue_default(self, queue: str) -> QueueDefaultRow | None:
+        rows = await self._rows("get_queue_default", {"queue": queue})
+        return _queue_default(rows[0]) if rows else None
+
     # -- inspection ------------------------------------------------------
 
     async def get_job(self, job_id: JobId) -> JobRecord | None:
@@ -646,3 +740,64 @@ class JobStore:
     async def advance_schedule(self, conn: AsyncConn, name: str, tick: datetime) -> bool:
         """Claim ``tick`` of schedule ``name`` inside ``conn``'s transaction."""
         return bool(await self._rows("advance_schedule", {"name": name, "tick": tick}, conn))
+
+
+class SyncJobStore:
+    """The statements a synchronous client runs, from the same ``queries.sql``.
+
+    Each method runs on ``conn`` inside the caller's transaction when given
+    one, else on a connection of ``db``'s pool in a transaction of its own.
+    """
+
+    def __init__(self, db: SyncDatabase) -> None:
+        self.db = db
+        self.sql = load_queries("shoal.queue", db.schema, regclasses=["job_id_seq"])
+        self.channel = f"{db.schema}_jobs"
+
+    def _rows(
+        self, name: str, params: Mapping[str, Any], conn: SyncConn | None = None
+    ) -> list[tuple[Any, ...]]:
+        query = self.sql[name]
+
+        def run(cur: SyncCursor) -> list[tuple[Any, ...]]:
+            cur.execute(query, params)
+            return cur.fetchall() if cur.description is not None else []
+
+        return self.db.on(conn, run)
+
+    def insert(
+        self, jobs: Sequence[NewJob], *, now: datetime | None, conn: SyncConn | None = None
+    ) -> list[JobId | None]:
+        """As :meth:`JobStore.insert`: one statement, and a wake-up sent on commit."""
+        if not jobs:
+            return []
+        plan = InsertPlan.of(jobs, now)
+        insert_q, notify_q = self.sql["insert_jobs"], self.sql["notify_queues"]
+
+        def run(cur: SyncCursor) -> list[JobId | None]:
+            cur.execute(insert_q, plan.params)
+            ids = plan.ids(cur.fetchall())
+            if plan.wake and any(ids):
+                cur.execute(notify_q, {"channel": self.channel, "queues": plan.wake})
+            return ids
+
+        return self.db.on(conn, run)
+
+    def notify(self, conn: SyncConn | None, queues: Sequence[str]) -> None:
+        self._rows("notify_queues", {"channel": self.channel, "queues": list(queues)}, conn)
+
+    def get_job(self, job_id: JobId, *, conn: SyncConn | None = None) -> JobRecord | None:
+        rows = self._rows("get_job", {"id": job_id}, conn)
+        return _record(rows[0]) if rows else None
+
+    def cancel(
+        self, ids: Sequence[JobId], *, now: datetime | None, conn: SyncConn | None = None
+    ) -> set[JobId]:
+        rows = self._rows("cancel_jobs", {"ids": list(ids), "now": now}, conn)
+        return {JobId(r[0]) for r in rows}
+
+    def set_queue_default(self, queue: str, options: Mapping[str, Any]) -> None:
+        if options:
+            self._rows("set_queue_default", queue_default_params(queue, options))
+        else:
+            self._rows("delete_queue_default", {"queue": queue})

@@ -1,0 +1,145 @@
+"""Send arguments made into validated jobs: the one place both clients check what they send.
+
+``Shoal`` (async) and ``SyncClient`` (sync) hold a :class:`JobBuilder` and
+differ only in how they run the insert: the options are checked by
+``parse_options``, the payload by ``encode_payload``, and jobs sent alike
+share one :class:`JobSettings`, whichever client sends them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from shoal.errors import InvalidInput
+from shoal.queue.options import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    QUEUE_DEFAULT_NAMES,
+    JobOptions,
+    check_queue_name,
+    encode_payload,
+    parse_options,
+)
+from shoal.queue.store import JobSettings, NewJob
+from shoal.tracing import with_carrier
+
+MAX_INSERT = 100_000
+SETTINGS_CACHE_SIZE = 1024
+
+
+class JobBuilder:
+    """Validates sends and builds :class:`NewJob` rows.
+
+    ``defaults`` fill what a send leaves out, below the queue's stored
+    defaults (``Shoal.set_queue_defaults``): the insert statement prefers a
+    queue's stored default to any option the send did not name.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        defaults: JobOptions | None = None,
+    ) -> None:
+        self.max_payload_bytes = max_payload_bytes
+        self.defaults = defaults or JobOptions()
+        # JobSettings by (queue, options): jobs sent alike share one object.
+        # Written and read by the client's caller only (one event loop, or
+        # one thread at a time for the sync client: a race only rebuilds one).
+        self._settings: dict[tuple[Any, ...], JobSettings] = {}
+
+    def job(
+        self,
+        queue: object,
+        data: object,
+        options: Mapping[str, Any],
+        field: str = "",
+        trace: Mapping[str, str] | None = None,
+    ) -> NewJob:
+        """One validated job; errors name ``field`` + the option (``jobs[3].retry_limit``)."""
+        name = check_queue_name(queue, field=f"{field}queue")
+        if trace is not None:
+            data = with_carrier(data, trace)
+        try:
+            parsed = parse_options(options) if options else {}
+        except InvalidInput as exc:
+            raise InvalidInput(f"{field}{exc.field}", exc.message) from None
+        payload = encode_payload(data, max_bytes=self.max_payload_bytes, field=f"{field}data")
+        singleton_key = parsed.pop("singleton_key", self.defaults.singleton_key)
+        key = (name, *sorted(parsed.items()))
+        settings = self._settings.get(key)
+        if settings is None:
+            settings = self._settings[key] = JobSettings.of(
+                name,
+                replace(self.defaults, **parsed),
+                given=frozenset(parsed) & QUEUE_DEFAULT_NAMES,
+            )
+            if len(self._settings) > SETTINGS_CACHE_SIZE:
+                self._settings.pop(next(iter(self._settings)))
+        return NewJob(settings, payload, singleton_key)
+
+    def jobs(
+        self, specs: Iterable[Mapping[str, Any]], trace: Mapping[str, str] | None = None
+    ) -> list[NewJob]:
+        """The jobs of ``insert([{"queue", "data", **options}, ...])``, all validated first."""
+        new_jobs = []
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, Mapping):
+                raise InvalidInput(f"jobs[{i}]", f"expected a mapping, got {type(spec).__name__}")
+            options = (
+                {k: v for k, v in spec.items() if k not in ("queue", "data")}
+                if len(spec) > 2 or (len(spec) == 2 and "data" not in spec)
+                else {}
+            )
+            if "queue" not in spec:
+                raise InvalidInput(f"jobs[{i}].queue", "missing")
+            new_jobs.append(
+                self.job(spec["queue"], spec.get("data"), options, f"jobs[{i}].", trace)
+            )
+            if len(new_jobs) > MAX_INSERT:
+                raise InvalidInput("jobs", f"more than {MAX_INSERT} jobs in one insert")
+        return new_jobs
+
+    def many(
+        self,
+        queue: str,
+        payloads: Sequence[Any],
+        options: Mapping[str, Any],
+        *,
+        singleton_keys: Sequence[str | None] | None = None,
+        trace: Mapping[str, str] | None = None,
+    ) -> list[NewJob]:
+        """The jobs of ``insert_many``: options checked once, each payload on its own."""
+        if singleton_keys is not None and len(singleton_keys) != len(payloads):
+            raise InvalidInput(
+                "singleton_keys",
+                f"has {len(singleton_keys)} keys for {len(payloads)} payloads",
+            )
+        if len(payloads) > MAX_INSERT:
+            raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
+        if "singleton_key" in options:
+            raise InvalidInput("singleton_key", "use singleton_keys=[...] with insert_many")
+        template = self.job(queue, None, options)
+        keys = singleton_keys or [None] * len(payloads)
+        for i, key in enumerate(keys):
+            if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
+                raise InvalidInput(f"singleton_keys[{i}]", "must be a non-empty string")
+        return [
+            NewJob(
+                template.settings,
+                encode_payload(
+                    payload if trace is None else with_carrier(payload, trace),
+                    max_bytes=self.max_payload_bytes,
+                    field=f"payloads[{i}]",
+                ),
+                key,
+            )
+            for i, (payload, key) in enumerate(zip(payloads, keys, strict=True))
+        ]
+
+    def check_payload_sizes(self, payloads: Sequence[str]) -> None:
+        """Refuse, by position, a JSON payload text over the payload cap."""
+        for i, text in enumerate(payloads):
+            if len(text) > self.max_payload_bytes:
+                raise InvalidInput(f"payloads[{i}]", f"over the {self.max_payload_bytes}-byte cap")
