@@ -70,12 +70,11 @@ def refuse_unstorable_params(request: Request) -> None:
     as a server error (found by the API fuzz test); every parameter of every
     route is checked here, once, before any route reads it.
     """
-    params = [("query", k, v) for k, v in request.query_params.multi_items()]
-    params += [("path", k, str(v)) for k, v in request.path_params.items()]
-    for where, name, value in params:
-        problem = _problem(value)
+    params = [*request.query_params.multi_items(), *request.path_params.items()]
+    for name, value in params:
+        problem = _problem(str(value))
         if problem is not None:
-            raise InvalidInput(f"{where} parameter {name}", problem)
+            raise InvalidInput(name, problem)
 
 
 __all__ = ["MAX_DEPTH", "check_storable", "refuse_unstorable_params"]
