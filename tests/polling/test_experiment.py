@@ -16,7 +16,7 @@ from shoal_polling.experiment import ExperimentSettings, run_experiment
 pytestmark = pytest.mark.slow
 
 SMALL = ExperimentSettings(
-    duration_s=6.0,
+    duration_s=4.0,
     accounts=2,
     cards_per_account=6,
     # Three connections for the app's pool: the sync polls (about 30 a second,
