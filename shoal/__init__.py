@@ -7,6 +7,7 @@ from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
 from shoal.batch.service import Batches
 from shoal.batch.states import ItemStatus, TaskOutcome, TaskStatus
+from shoal.batch.sync import SyncBatches
 from shoal.batch.views import Created, ItemsPage, Progress, TaskView
 from shoal.batch.watch import watch_task
 from shoal.clock import Clock, FakeClock, SystemClock
@@ -101,6 +102,7 @@ __all__ = [
     "Snooze",
     "StillCreating",
     "Submitted",
+    "SyncBatches",
     "SyncClient",
     "SystemClock",
     "TaskOutcome",

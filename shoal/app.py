@@ -308,6 +308,9 @@ class App:
         for handler in self.handlers.values():
             # Before any start hook or handler sends: their sends get them too.
             await boss.set_queue_defaults(handler.queue, **handler.defaults)
+        if self.kinds:
+            # Likewise: SyncBatches and create_task() in SQL create tasks from these.
+            await self.batches(boss).store_kinds()
         if self.name is not None:
             removed = await QueueInspector(boss).adopt_schedules(self.name, list(self.schedules))
             for name in removed:

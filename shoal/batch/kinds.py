@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -31,6 +31,23 @@ DEFAULT_EXPIRE_IN = timedelta(minutes=30)
 # only a dead or frozen process misses it, and a crash is noticed in a couple
 # of minutes.
 DEFAULT_ZOMBIE_TIMEOUT = timedelta(minutes=2)
+
+
+@dataclass(frozen=True, slots=True)
+class KindSettings:
+    """What creating a task of a kind needs of it: the part of a :class:`BatchKind`
+    that can be stored, so a creator without the kind's code can create its tasks.
+
+    A worker's start stores its App's kinds (the ``batch_kind`` table), read
+    by :class:`~shoal.batch.sync.SyncBatches` and ``create_task()`` in SQL.
+    """
+
+    name: str
+    max_attempts: int
+    zombie_timeout_s: float
+    item_queue: str
+    job_options: Mapping[str, Any]
+    on_complete_queue: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +115,18 @@ class BatchKind:
             "expire_in": self.expire_in.total_seconds(),
             "priority": self.priority,
         }
+
+    @property
+    def settings(self) -> KindSettings:
+        """What creating a task of this kind needs of it (stored when a worker starts)."""
+        return KindSettings(
+            name=self.name,
+            max_attempts=self.retry_limit + 1,
+            zombie_timeout_s=self.zombie_timeout.total_seconds(),
+            item_queue=self.queue,
+            job_options=self.job_options,
+            on_complete_queue=self.hook_queue,
+        )
 
     def is_permanent(self, error: BaseException) -> bool:
         if isinstance(error, PermanentError | InvalidInput):

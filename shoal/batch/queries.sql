@@ -19,6 +19,37 @@ RETURNING id::text
 -- name: task_by_key
 SELECT id::text, request_hash FROM {schema}.task WHERE idempotency_key = %(idempotency_key)s
 
+-- name: set_lock_timeout
+-- Sets lock_timeout for the rest of this transaction and returns the value in
+-- force before, so a create in the caller's transaction can put it back. The
+-- subquery is fenced (OFFSET 0) so the old value is read before the new is set.
+SELECT b.before, set_config('lock_timeout', %(timeout)s, true)
+FROM (SELECT current_setting('lock_timeout') AS before OFFSET 0) b
+
+-- name: put_kinds
+-- Creates or replaces the stored settings of these kinds (a worker's start),
+-- for creators without the kinds' code (SyncBatches, create_task() in SQL).
+-- In kind order, so two workers starting at once lock the rows in one order.
+INSERT INTO {schema}.batch_kind (
+    kind, max_attempts, zombie_timeout, item_queue, job_options, on_complete_queue, updated_at)
+SELECT u.kind, u.max_attempts, u.zombie_timeout_s * interval '1 second', u.item_queue,
+       u.job_options::jsonb, u.on_complete_queue, coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(kinds)s::text[], %(max_attempts)s::int[], %(zombie_timeout_s)s::float8[],
+            %(item_queues)s::text[], %(job_options)s::text[], %(on_complete_queues)s::text[])
+     AS u(kind, max_attempts, zombie_timeout_s, item_queue, job_options, on_complete_queue)
+ORDER BY u.kind
+ON CONFLICT (kind) DO UPDATE
+SET max_attempts = excluded.max_attempts, zombie_timeout = excluded.zombie_timeout,
+    item_queue = excluded.item_queue, job_options = excluded.job_options,
+    on_complete_queue = excluded.on_complete_queue, updated_at = excluded.updated_at
+
+-- name: get_kinds
+-- Every stored kind (a handful of rows), for a create by a client without the kinds' code.
+SELECT kind, max_attempts, extract(epoch FROM zombie_timeout)::float8, item_queue, job_options,
+       on_complete_queue
+FROM {schema}.batch_kind
+ORDER BY kind
+
 -- name: insert_items
 -- The task's items and one job per item, in one statement; returns how many
 -- jobs were sent. Items are numbered in input order. The jobs are the queue's

@@ -23,17 +23,23 @@ from shoal.batch.inputs import (
     MAX_KEY_LENGTH,
     MAX_REF_LENGTH,
     ParsedItems,
-    canonical_uuid,
-    check_idempotency_key,
     parse_items,
-    positive_seconds,
     request_hash,
 )
 from shoal.batch.kind_worker import KindWorker
 from shoal.batch.kinds import BatchKind
+from shoal.batch.plans import (
+    DEFAULT_MAX_ITEMS,
+    IDEMPOTENCY_WAIT,
+    CreatePlan,
+    check_cancellable,
+    find_kind,
+    still_creating,
+    task_id_of,
+)
 from shoal.batch.runner import PHANTOM_SKIPS, ItemRunner
-from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
-from shoal.batch.store import BatchStore, ItemRow, NewTask, TaskRow
+from shoal.batch.states import ItemId, ItemStatus, TaskOutcome, TaskStatus
+from shoal.batch.store import BatchStore, ItemRow, TaskRow
 from shoal.batch.views import Created, ItemsPage, Progress, TaskView, task_view
 from shoal.db.pool import AsyncConn
 from shoal.errors import (
@@ -45,14 +51,8 @@ from shoal.errors import (
     TransientError,
 )
 from shoal.queue.client import Shoal
-from shoal.queue.options import encode_payload
-from shoal.queue.store import JobSettings
 from shoal.queue.worker import DEFAULT_POLL_INTERVAL
 
-DEFAULT_MAX_ITEMS = 100_000
-# How long a create waits for a concurrent identical create holding the same
-# idempotency key before answering "still being created" (HTTP 409).
-IDEMPOTENCY_WAIT = timedelta(seconds=5)
 # Most item jobs one claim takes (the queue's default is 500). Reached only by
 # fast items (the worker's prefetch follows their rate): a claim also guards
 # its items, and halving the number of claims of a 100,000-item task of no-op
@@ -108,10 +108,17 @@ class Batches:
         return KindWorker(worker, runner)
 
     def kind(self, name: object) -> BatchKind:
-        if not isinstance(name, str) or name not in self.kinds:
-            known = ", ".join(sorted(self.kinds)) or "none registered"
-            raise InvalidInput("kind", f"unknown batch kind {name!r}; known: {known}")
-        return self.kinds[name]
+        return find_kind(name, self.kinds)
+
+    async def store_kinds(self) -> None:
+        """Store this process's kinds in the database (``App.run`` does, when a worker starts).
+
+        Creators without the kinds' code read them there:
+        :class:`~shoal.batch.sync.SyncBatches` and ``create_task()`` in SQL.
+        The last worker to start wins; tasks already created keep their settings.
+        """
+        settings = [self.kinds[name].settings for name in sorted(self.kinds)]
+        await self.store.put_kinds(settings, now=self.clock.sql_now())
 
     async def create(
         self,
@@ -130,64 +137,36 @@ class Batches:
         request is still being created it raises :class:`StillCreating`.
         Nothing is written when anything is invalid.
         """
-        spec = self.kind(kind)
-        check_idempotency_key(idempotency_key)
-        deadline_s = positive_seconds("deadline_s", deadline)
-        parsed = parse_items(
-            items, max_items=self.max_items, max_payload_bytes=self.boss.max_payload_bytes
-        )
-        params_text = encode_payload(params, max_bytes=self.boss.max_payload_bytes, field="params")
-        digest = request_hash(spec.name, parsed, params_text, deadline_s)
-        task = NewTask(
-            kind=spec.name,
+        plan = CreatePlan.of(
+            self.kind(kind).settings,
+            items,
             idempotency_key=idempotency_key,
-            request_hash=digest,
-            params=params_text,
-            total=len(parsed),
-            max_attempts=spec.retry_limit + 1,
-            zombie_timeout_s=spec.zombie_timeout.total_seconds(),
-            deadline_s=deadline_s,
-            item_queue=spec.queue,
-            job_options=spec.job_options,
-            on_complete_queue=spec.hook_queue,
+            params=params,
+            deadline=deadline,
+            max_items=self.max_items,
+            max_payload_bytes=self.boss.max_payload_bytes,
+            defaults=self.boss.defaults,
         )
-        # Options of the item jobs, as dispatch_items sends them.
-        item_jobs = JobSettings.of(spec.queue, self.boss.defaults.merged(spec.job_options))
         now = self.clock.sql_now()
 
+        # The steps of shoal.batch.plans, as SyncBatches.create runs them.
         async def create(conn: AsyncConn) -> Created:
-            # A concurrent create with the same key holds the unique index
-            # entry until it commits; waiting on it past this answers 409.
-            await conn.execute(
-                f"SET LOCAL lock_timeout = '{int(IDEMPOTENCY_WAIT.total_seconds() * 1000)}ms'"
-            )
-            task_id = await self.store.insert_task(conn, task, now=now)
+            before = await self.store.set_lock_timeout(conn, IDEMPOTENCY_WAIT)
+            task_id = await self.store.insert_task(conn, plan.task, now=now)
+            await self.store.set_lock_timeout(conn, before)
             if task_id is None:
                 assert idempotency_key is not None
-                existing = await self.store.task_by_key(conn, idempotency_key)
-                if existing is None:  # pragma: no cover - the conflicting row was deleted
-                    raise StillCreating("idempotency_key: the task was removed; try again")
-                if existing[1] != digest:
-                    raise IdempotencyMismatch(
-                        f"idempotency_key {idempotency_key!r} was used for a different request "
-                        f"(task {existing[0]})"
-                    )
-                return Created(existing[0], created=False)
+                return plan.existing(await self.store.task_by_key(conn, idempotency_key))
             await self.store.insert_items(
-                conn, task_id, parsed.refs, parsed.data, jobs=item_jobs, now=now
+                conn, task_id, plan.items.refs, plan.items.data, jobs=plan.item_jobs, now=now
             )
-            await self.boss.store.notify(conn, [spec.queue])
+            await self.boss.store.notify(conn, [plan.task.item_queue])
             return Created(task_id, created=True)
 
         try:
             return await self.boss.db.run(create)
         except TransientError as exc:
-            if "lock" in str(exc).lower() and "timeout" in str(exc).lower():
-                raise StillCreating(
-                    f"idempotency_key {idempotency_key!r}: an identical request is still being "
-                    "created; retry shortly"
-                ) from exc
-            raise
+            raise still_creating(exc, idempotency_key) from exc
 
     async def get(self, task_id: str) -> TaskView:
         row = await self._row(task_id)
@@ -231,10 +210,7 @@ class Batches:
         now = self.clock.sql_now()
 
         async def cancel(conn: AsyncConn) -> None:
-            locked = await self.store.lock_task(conn, row.id)
-            assert locked is not None
-            if locked.status is not TaskStatus.PROCESSING:
-                raise Conflict(f"task {row.id} is already {locked.status}; nothing to cancel")
+            check_cancellable(row.id, await self.store.lock_task(conn, row.id))
             if await self.store.request_cancel(conn, row.id, TaskOutcome.CANCELLED, now=now):
                 await self.store.cancel_pending_items(conn, [row.id], now=now)
 
@@ -274,10 +250,7 @@ class Batches:
         return (await self.store.counters()).get(PHANTOM_SKIPS, 0)
 
     async def _row(self, task_id: str) -> TaskRow:
-        canonical = canonical_uuid(task_id)
-        if canonical is None:
-            raise NotFound(f"task {task_id!r} does not exist")
-        row = await self.store.get_task(TaskId(canonical))
+        row = await self.store.get_task(task_id_of(task_id))
         if row is None:
             raise NotFound(f"task {task_id!r} does not exist")
         return row

@@ -7,14 +7,20 @@ import json
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, NamedTuple
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple, TypeVar
 
+from psycopg.pq import TransactionStatus
+
+from shoal.batch.kinds import KindSettings
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
 from shoal.db.pool import AsyncConn, Database, translated
 from shoal.db.queries import fetch_named, int_array, load_queries, positions
+from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob, JobSettings, claim_reader
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +184,47 @@ def _dispatch(row: Sequence[Any]) -> Dispatch:
     return Dispatch(ItemId(row[0]), row[1], ItemStatus(row[2]), row[3], row[4])
 
 
+def _task_params(task: NewTask, now: datetime | None) -> dict[str, Any]:
+    """The parameters of ``insert_task``."""
+    return {
+        "kind": task.kind,
+        "idempotency_key": task.idempotency_key,
+        "request_hash": task.request_hash,
+        "params": task.params,
+        "total": task.total,
+        "max_attempts": task.max_attempts,
+        "zombie_timeout_s": task.zombie_timeout_s,
+        "deadline_s": task.deadline_s,
+        "item_queue": task.item_queue,
+        "job_options": json.dumps(dict(task.job_options)),
+        "on_complete_queue": task.on_complete_queue,
+        "now": now,
+    }
+
+
+def _items_params(
+    task_id: TaskId,
+    refs: Sequence[str],
+    data: Sequence[str | None],
+    jobs: JobSettings,
+    now: datetime | None,
+) -> dict[str, Any]:
+    """The parameters of ``insert_items``."""
+    params: dict[str, Any] = jobs.params()
+    params.update(task_id=task_id, refs=refs, data=data, now=now)
+    return params
+
+
+def _timeout_params(timeout: timedelta | str) -> dict[str, Any]:
+    """The parameters of ``set_lock_timeout``: a duration, or a setting's text as read."""
+    text = timeout if isinstance(timeout, str) else f"{int(timeout.total_seconds() * 1000)}ms"
+    return {"timeout": text}
+
+
+def _kind_settings(row: Sequence[Any]) -> KindSettings:
+    return KindSettings(row[0], row[1], row[2], row[3], row[4], row[5])
+
+
 class BatchStore:
     """Typed access to the batch tables of one schema."""
 
@@ -200,25 +247,13 @@ class BatchStore:
     async def insert_task(
         self, conn: AsyncConn, task: NewTask, *, now: datetime | None
     ) -> TaskId | None:
-        rows = await self._rows(
-            "insert_task",
-            {
-                "kind": task.kind,
-                "idempotency_key": task.idempotency_key,
-                "request_hash": task.request_hash,
-                "params": task.params,
-                "total": task.total,
-                "max_attempts": task.max_attempts,
-                "zombie_timeout_s": task.zombie_timeout_s,
-                "deadline_s": task.deadline_s,
-                "item_queue": task.item_queue,
-                "job_options": json.dumps(dict(task.job_options)),
-                "on_complete_queue": task.on_complete_queue,
-                "now": now,
-            },
-            conn,
-        )
+        rows = await self._rows("insert_task", _task_params(task, now), conn)
         return TaskId(rows[0][0]) if rows else None
+
+    async def set_lock_timeout(self, conn: AsyncConn, wait: timedelta | str) -> str:
+        """Set this transaction's lock_timeout; returns the one before (to set it back)."""
+        rows = await self._rows("set_lock_timeout", _timeout_params(wait), conn)
+        return str(rows[0][0])
 
     async def task_by_key(self, conn: AsyncConn, key: str) -> tuple[TaskId, str] | None:
         rows = await self._rows("task_by_key", {"idempotency_key": key}, conn)
@@ -239,10 +274,26 @@ class BatchStore:
         ``data`` holds each item's JSON text, None for null; it may be empty
         when every item's data is null.
         """
-        params: dict[str, Any] = jobs.params()
-        params.update(task_id=task_id, refs=refs, data=data, now=now)
+        params = _items_params(task_id, refs, data, jobs, now)
         rows = await self._rows("insert_items", params, conn)
         return int(rows[0][0])
+
+    async def put_kinds(self, kinds: Sequence[KindSettings], *, now: datetime | None) -> None:
+        """Store these kinds' settings for creators without their code (a worker's start)."""
+        if not kinds:
+            return
+        await self._rows(
+            "put_kinds",
+            {
+                "kinds": [k.name for k in kinds],
+                "max_attempts": [k.max_attempts for k in kinds],
+                "zombie_timeout_s": [k.zombie_timeout_s for k in kinds],
+                "item_queues": [k.item_queue for k in kinds],
+                "job_options": [json.dumps(dict(k.job_options)) for k in kinds],
+                "on_complete_queues": [k.on_complete_queue for k in kinds],
+                "now": now,
+            },
+        )
 
     # -- the worker's edges --------------------------------------------------
 
@@ -564,3 +615,91 @@ class BatchStore:
     async def completion_latencies(self, *, limit: int) -> list[tuple[str, float]]:
         rows = await self._rows("completion_latencies", {"limit": limit})
         return [(r[0], r[1]) for r in rows]
+
+
+class SyncBatchStore:
+    """The statements :class:`~shoal.batch.sync.SyncBatches` runs, from the same ``queries.sql``.
+
+    Its methods run on a cursor of :meth:`run`'s transaction: the caller's
+    (``conn``), or a pooled connection's committed when ``work`` returns.
+    """
+
+    def __init__(self, db: SyncDatabase) -> None:
+        self.db = db
+        self.sql = load_queries("shoal.batch", db.schema)
+
+    def run(self, conn: SyncConn | None, work: Callable[[SyncCursor], T]) -> T:
+        """``work`` in one transaction: the caller's when ``conn`` is in one, as a
+        savepoint (an error undoes only ``work``, and the caller's transaction
+        goes on); a transaction of its own on an autocommit ``conn``, or on a
+        pooled connection when there is none, committed when ``work`` returns.
+
+        A ``conn`` that is neither (not autocommit, idle: Django's inside
+        ``atomic()`` before its first query) starts its transaction with
+        ``work``'s first statement and keeps it open for the caller to commit.
+        """
+        if conn is None:
+            return self.db.on(None, work)
+        idle = conn.info.transaction_status == TransactionStatus.IDLE
+        if idle and not conn.autocommit:
+            return self.db.on(conn, work)
+        with translated(), conn.transaction():
+            return self.db.on(conn, work)
+
+    def _rows(self, cur: SyncCursor, name: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        cur.execute(self.sql[name], params)
+        return cur.fetchall() if cur.description is not None else []
+
+    def kinds(self, cur: SyncCursor) -> dict[str, KindSettings]:
+        """The kinds workers stored, by name."""
+        return {row[0]: _kind_settings(row) for row in self._rows(cur, "get_kinds", {})}
+
+    def set_lock_timeout(self, cur: SyncCursor, wait: timedelta | str) -> str:
+        return str(self._rows(cur, "set_lock_timeout", _timeout_params(wait))[0][0])
+
+    def insert_task(self, cur: SyncCursor, task: NewTask, *, now: datetime | None) -> TaskId | None:
+        rows = self._rows(cur, "insert_task", _task_params(task, now))
+        return TaskId(rows[0][0]) if rows else None
+
+    def task_by_key(self, cur: SyncCursor, key: str) -> tuple[TaskId, str] | None:
+        rows = self._rows(cur, "task_by_key", {"idempotency_key": key})
+        return (TaskId(rows[0][0]), rows[0][1]) if rows else None
+
+    def insert_items(
+        self,
+        cur: SyncCursor,
+        task_id: TaskId,
+        refs: Sequence[str],
+        data: Sequence[str | None],
+        *,
+        jobs: JobSettings,
+        now: datetime | None,
+    ) -> int:
+        """As :meth:`BatchStore.insert_items`."""
+        rows = self._rows(cur, "insert_items", _items_params(task_id, refs, data, jobs, now))
+        return int(rows[0][0])
+
+    def get_task(self, cur: SyncCursor, task_id: TaskId) -> TaskRow | None:
+        rows = self._rows(cur, "get_task", {"task_id": task_id})
+        return _task(rows[0]) if rows else None
+
+    def progress(self, cur: SyncCursor, task_id: TaskId) -> dict[ItemStatus, int]:
+        """As :meth:`BatchStore.progress`."""
+        return _counts((r[0], r[1]) for r in self._rows(cur, "progress", {"task_id": task_id}))
+
+    def lock_task(self, cur: SyncCursor, task_id: TaskId) -> TaskRow | None:
+        if not self._rows(cur, "lock_task", {"task_id": task_id}):
+            return None
+        return self.get_task(cur, task_id)
+
+    def request_cancel(
+        self, cur: SyncCursor, task_id: TaskId, reason: TaskOutcome, *, now: datetime | None
+    ) -> bool:
+        params = {"task_id": task_id, "reason": reason.value, "now": now}
+        return bool(self._rows(cur, "request_cancel", params))
+
+    def cancel_pending_items(
+        self, cur: SyncCursor, task_ids: Sequence[TaskId], *, now: datetime | None
+    ) -> int:
+        cur.execute(self.sql["cancel_pending_items"], {"task_ids": list(task_ids), "now": now})
+        return cur.rowcount
