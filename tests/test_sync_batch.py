@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -21,6 +22,7 @@ from shoal import (
     Item,
     NotFound,
     Shoal,
+    StillCreating,
     SyncBatches,
     SyncClient,
     TaskOutcome,
@@ -168,6 +170,34 @@ async def test_a_create_in_the_callers_transaction_exists_only_if_it_commits(
     assert jobs == [(f"batch.{KIND}", 5)]
     with pytest.raises(IdempotencyMismatch, match="'u1' was used for a different request"):
         sync.create(KIND, ["a", "c"], idempotency_key="u1")
+
+
+def test_a_create_behind_an_identical_one_in_flight_is_told_it_is_still_being_created(
+    batches: Batches, client: SyncClient, db_url: str
+) -> None:
+    sync = SyncBatches(client)
+
+    def in_a_transaction_that_goes_on() -> Any:
+        with psycopg.connect(db_url) as conn, conn.transaction():
+            conn.execute("SELECT 1")
+            with pytest.raises(StillCreating):
+                sync.create(KIND, ["a"], idempotency_key="busy", conn=conn)
+            return conn.execute("SELECT 2").fetchone()  # only the create was undone
+
+    with psycopg.connect(db_url) as holder:
+        sync.create(KIND, ["a"], idempotency_key="busy", conn=holder)  # holds the key
+        # The three wait side by side, each for the 5 s of IDEMPOTENCY_WAIT.
+        with ThreadPoolExecutor(3) as pool:
+            from_sync = pool.submit(sync.create, KIND, ["a"], idempotency_key="busy")
+            from_sql = pool.submit(sql_create, db_url, KIND, ["a"], {"idempotency_key": "busy"})
+            in_caller = pool.submit(in_a_transaction_that_goes_on)
+            with pytest.raises(StillCreating, match="'busy': an identical request is still"):
+                from_sync.result(timeout=60)
+            with pytest.raises(psycopg.errors.LockNotAvailable, match="'busy': an identical"):
+                from_sql.result(timeout=60)
+            assert in_caller.result(timeout=60) == (2,)
+        holder.rollback()
+    assert counts(db_url) == (0, 0, 0)
 
 
 async def test_get_and_cancel_from_sync_code(batches: Batches, client: SyncClient) -> None:

@@ -221,6 +221,19 @@ def _timeout_params(timeout: timedelta | str) -> dict[str, Any]:
     return {"timeout": text}
 
 
+def _kinds_params(kinds: Sequence[KindSettings], now: datetime | None) -> dict[str, Any]:
+    """The parameters of ``put_kinds``."""
+    return {
+        "kinds": [k.name for k in kinds],
+        "max_attempts": [k.max_attempts for k in kinds],
+        "zombie_timeout_s": [k.zombie_timeout_s for k in kinds],
+        "item_queues": [k.item_queue for k in kinds],
+        "job_options": [json.dumps(dict(k.job_options)) for k in kinds],
+        "on_complete_queues": [k.on_complete_queue for k in kinds],
+        "now": now,
+    }
+
+
 def _kind_settings(row: Sequence[Any]) -> KindSettings:
     return KindSettings(row[0], row[1], row[2], row[3], row[4], row[5])
 
@@ -282,18 +295,7 @@ class BatchStore:
         """Store these kinds' settings for creators without their code (a worker's start)."""
         if not kinds:
             return
-        await self._rows(
-            "put_kinds",
-            {
-                "kinds": [k.name for k in kinds],
-                "max_attempts": [k.max_attempts for k in kinds],
-                "zombie_timeout_s": [k.zombie_timeout_s for k in kinds],
-                "item_queues": [k.item_queue for k in kinds],
-                "job_options": [json.dumps(dict(k.job_options)) for k in kinds],
-                "on_complete_queues": [k.on_complete_queue for k in kinds],
-                "now": now,
-            },
-        )
+        await self._rows("put_kinds", _kinds_params(kinds, now))
 
     # -- the worker's edges --------------------------------------------------
 
@@ -653,6 +655,13 @@ class SyncBatchStore:
     def kinds(self, cur: SyncCursor) -> dict[str, KindSettings]:
         """The kinds workers stored, by name."""
         return {row[0]: _kind_settings(row) for row in self._rows(cur, "get_kinds", {})}
+
+    def put_kinds(
+        self, cur: SyncCursor, kinds: Sequence[KindSettings], *, now: datetime | None
+    ) -> None:
+        """As :meth:`BatchStore.put_kinds`."""
+        if kinds:
+            self._rows(cur, "put_kinds", _kinds_params(kinds, now))
 
     def set_lock_timeout(self, cur: SyncCursor, wait: timedelta | str) -> str:
         return str(self._rows(cur, "set_lock_timeout", _timeout_params(wait))[0][0])

@@ -20,10 +20,11 @@ read here in the create's transaction.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
+from shoal.batch.kinds import BatchKind
 from shoal.batch.plans import (
     DEFAULT_MAX_ITEMS,
     IDEMPOTENCY_WAIT,
@@ -53,6 +54,16 @@ class SyncBatches:
         self.client = client
         self.max_items = max_items
         self.store = SyncBatchStore(client.db)
+
+    def store_kinds(self, kinds: Iterable[BatchKind], *, conn: SyncConn | None = None) -> None:
+        """Store what creating tasks of ``kinds`` needs, as a worker's start does.
+
+        For a deployment step or a test that creates tasks before any worker
+        of the App has started (``store_kinds(app.kinds.values())``).
+        """
+        settings = sorted((k.settings for k in kinds), key=lambda k: k.name)
+        now = self.client.clock.sql_now()
+        self.store.run(conn, lambda cur: self.store.put_kinds(cur, settings, now=now))
 
     def create(
         self,
