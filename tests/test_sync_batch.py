@@ -333,3 +333,25 @@ async def test_bad_input_gets_the_same_message_from_python_sync_python_and_sql(
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="options: must be a JSON"):
         sql_create(db_url, KIND, ["a"], ["k"])
     assert counts(db_url) == (0, 0, 0)
+
+
+async def test_the_sql_examples_of_the_batch_page_run(boss: Shoal, db_url: str) -> None:
+    """docs/batch.md's SQL blocks, in order, on a database with the kind and `uploads` they use."""
+    import re
+    from pathlib import Path
+
+    await Batches(boss, {"extract_paper": BatchKind("extract_paper", noop)}).store_kinds()
+    page = (Path(__file__).parent.parent / "docs" / "batch.md").read_text()
+    blocks = re.findall(r"^```sql\n(.*?)^```$", page, re.MULTILINE | re.DOTALL)
+    assert blocks
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE uploads (id bigint PRIMARY KEY, files jsonb NOT NULL)")
+        for block in blocks:
+            conn.execute(block)
+        conn.execute("""INSERT INTO uploads VALUES (8, '["doc-5"]')""")
+        tasks = conn.execute(
+            "SELECT total, idempotency_key, params FROM shoal.task ORDER BY created_at, total"
+        ).fetchall()
+    assert sorted(tasks, key=str) == sorted(
+        [(2, None, None), (2, "upload-7", {"model": "small"}), (1, "upload-8", None)], key=str
+    )
