@@ -22,6 +22,7 @@ from shoal.errors import (
     MigrationChanged,
     NotFound,
     PermanentError,
+    RetryAfter,
     ShoalError,
     Snooze,
     StillCreating,
@@ -32,6 +33,7 @@ from shoal.ingest.pipeline import Pipeline, PipelineClosed, Submitted
 from shoal.ingest.transport import PublishError
 from shoal.queue.client import Shoal
 from shoal.queue.job import Job
+from shoal.queue.limits import LimitState, Rate
 from shoal.queue.options import JobOptions, SendOptions, SharedJobOptions
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import JobError, JobRecord
@@ -80,6 +82,7 @@ __all__ = [
     "JobOptions",
     "JobRecord",
     "JobState",
+    "LimitState",
     "Message",
     "MigrationChanged",
     "NotFound",
@@ -88,6 +91,8 @@ __all__ = [
     "PipelineClosed",
     "Progress",
     "PublishError",
+    "Rate",
+    "RetryAfter",
     "SendOptions",
     "SharedJobOptions",
     "Shoal",

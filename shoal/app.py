@@ -64,6 +64,7 @@ from shoal.queue.cron import check_cron, check_timezone
 from shoal.queue.history import HistorySampler
 from shoal.queue.inspect import QueueInspector
 from shoal.queue.job import Handler, Job
+from shoal.queue.limits import Limits, Partitioner, Rate
 from shoal.queue.options import SendOptions, check_queue_name, parse_options
 from shoal.queue.registry import WorkerRegistry
 from shoal.queue.threaded import is_async_callable
@@ -85,6 +86,7 @@ class HandlerSpec:
     handler: Handler
     concurrency: int
     batch_size: int | None
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,15 +117,35 @@ class App:
         self._pipeline: Pipeline | None = None
 
     def handler(
-        self, queue: str, *, concurrency: int = DEFAULT_CONCURRENCY, batch_size: int | None = None
+        self,
+        queue: str,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        batch_size: int | None = None,
+        global_concurrency: int | None = None,
+        rate_limit: Rate | None = None,
+        partition_by: str | Partitioner | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Register a handler for ``queue``, running at most ``concurrency`` jobs at once."""
+        """Register a handler for ``queue``, running at most ``concurrency`` jobs at once.
+
+        ``concurrency`` counts in each worker process; ``global_concurrency``,
+        ``rate_limit`` and ``partition_by`` limit the queue across all of them
+        (see :meth:`Shoal.declare_limits` and docs/limits.md).
+
+        >>> app = App()
+        >>> @app.handler("poll", concurrency=50, global_concurrency=20, partition_by="account_id")
+        ... async def poll(job: Job) -> None:
+        ...     ...
+        """
         check_queue_name(queue)
         if queue in self.handlers:
             raise InvalidInput("queue", f"{queue!r} already has a handler")
+        limits = Limits.of(
+            global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
+        )
 
         def register(fn: Handler) -> Handler:
-            self.handlers[queue] = HandlerSpec(queue, fn, concurrency, batch_size)
+            self.handlers[queue] = HandlerSpec(queue, fn, concurrency, batch_size, limits)
             return fn
 
         return register
@@ -309,7 +331,15 @@ class App:
             await hook(boss)
         loops: list[asyncio.Task[None]] = []
         workers = [
-            boss.work(s.queue, s.handler, concurrency=s.concurrency, batch_size=s.batch_size)
+            boss.work(
+                s.queue,
+                s.handler,
+                concurrency=s.concurrency,
+                batch_size=s.batch_size,
+                global_concurrency=s.limits.global_concurrency,
+                rate_limit=s.limits.rate,
+                partition_by=s.limits.partition_by,
+            )
             for s in self.handlers.values()
         ]
         batches = self.batches(boss)

@@ -21,6 +21,7 @@ from shoal.errors import InvalidInput, NotFound
 from shoal.hooks import Hooks
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.job import Handler, Job, error_entry
+from shoal.queue.limits import Limits, LimitState, Partitioner, Rate, partition_key_of
 from shoal.queue.maintenance import Maintenance, MaintenanceReport
 from shoal.queue.notifier import Notifier
 from shoal.queue.options import (
@@ -92,6 +93,9 @@ class Shoal:
             Notifier(db, self.store.channel, clock=clock) if listen else None
         )
         self._workers: list[Worker] = []
+        # partition_by functions of queues this client declared limits for:
+        # the keys of the jobs it sends to them (a field is read by the insert).
+        self._partitioners: dict[str, Partitioner] = {}
 
     @classmethod
     async def connect(
@@ -127,6 +131,8 @@ class Shoal:
         options: Mapping[str, Any],
         field: str,
         trace: Mapping[str, str] | None = None,
+        *,
+        template: bool = False,
     ) -> NewJob:
         name = check_queue_name(queue, field=f"{field}queue")
         if trace is not None:
@@ -137,13 +143,29 @@ class Shoal:
             raise InvalidInput(f"{field}{exc.field}", exc.message) from None
         payload = encode_payload(data, max_bytes=self.max_payload_bytes, field=f"{field}data")
         singleton_key = parsed.pop("singleton_key", self.defaults.singleton_key)
+        partition_key = parsed.pop("partition_key", self.defaults.partition_key)
+        cost = parsed.pop("cost", self.defaults.cost)
+        cost = None if cost == 1 else cost  # 1 is the column's default: nothing to send
+        # A template's payloads are keyed one by one by its caller.
+        if partition_key is None and not template and name in self._partitioners:
+            partition_key = self._partition_key(name, data, field)
         key = (name, *sorted(parsed.items()))
         settings = self._settings.get(key)
         if settings is None:
             settings = self._settings[key] = _settings_for(name, self.defaults, parsed)
             if len(self._settings) > SETTINGS_CACHE_SIZE:
                 self._settings.pop(next(iter(self._settings)))
-        return NewJob(settings, payload, singleton_key)
+        return NewJob(settings, payload, singleton_key, partition_key, cost)
+
+    def _partition_key(self, queue: str, data: object, field: str) -> str:
+        """The key this client's ``partition_by`` function gives a job of ``queue``."""
+        try:
+            key = self._partitioners[queue](data)
+        except Exception as exc:
+            raise InvalidInput(
+                f"{field}data", f"the partition_by function of queue {queue!r} failed: {exc!r}"
+            ) from exc
+        return partition_key_of(key, field=f"{field}partition_key")
 
     async def send(
         self,
@@ -213,12 +235,13 @@ class Shoal:
             raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
         if "singleton_key" in options:
             raise InvalidInput("singleton_key", "use singleton_keys=[...] with insert_many")
-        template = self._new_job(queue, None, options, "")
+        template = self._new_job(queue, None, options, "", template=True)
         keys = singleton_keys or [None] * len(payloads)
         trace = carrier()
         for i, key in enumerate(keys):
             if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
                 raise InvalidInput(f"singleton_keys[{i}]", "must be a non-empty string")
+        by_function = template.partition_key is None and queue in self._partitioners
         jobs = [
             NewJob(
                 template.settings,
@@ -228,6 +251,12 @@ class Shoal:
                     field=f"payloads[{i}]",
                 ),
                 key,
+                (
+                    self._partition_key(queue, payload, f"payloads[{i}].")
+                    if by_function
+                    else template.partition_key
+                ),
+                template.cost,
             )
             for i, (payload, key) in enumerate(zip(payloads, keys, strict=True))
         ]
@@ -250,9 +279,12 @@ class Shoal:
             raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
         if "singleton_key" in options:
             raise InvalidInput("singleton_key", "insert_json takes no singleton keys")
-        template = self._new_job(queue, None, options, "")
+        template = self._new_job(queue, None, options, "", template=True)
         self.check_payload_sizes(payloads)
-        jobs = [NewJob(template.settings, text) for text in payloads]
+        jobs = [
+            NewJob(template.settings, text, None, template.partition_key, template.cost)
+            for text in payloads
+        ]
         return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
 
     def check_payload_sizes(self, payloads: Sequence[str]) -> None:
@@ -274,10 +306,17 @@ class Shoal:
         claim: Claim | None = None,
         finalize: Finalize | None = None,
         store_output: bool = True,
+        global_concurrency: int | None = None,
+        rate_limit: Rate | None = None,
+        partition_by: str | Partitioner | None = None,
     ) -> Worker:
         """Start running ``handler`` on ``queue`` in this process; returns the running worker.
 
-        At most ``concurrency`` handlers run at once. Stop it with
+        At most ``concurrency`` handlers run at once in this process. With
+        limits (``global_concurrency``, ``rate_limit``, ``partition_by``; see
+        :meth:`declare_limits` and docs/limits.md), the worker declares them
+        before its first claim and claims only what they let start, across
+        every process. Stop it with
         ``await worker.stop()`` (or :meth:`close`). ``claim``, if given, claims
         jobs in place of the store's claim (a layer above sets its rows up in
         the same statement); ``finalize`` records each batch of completed jobs
@@ -290,6 +329,13 @@ class Shoal:
             raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise InvalidInput("batch_size", f"must be an integer >= 1, got {batch_size!r}")
+        limits = Limits.of(
+            global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
+        )
+        if limits and claim is not None:
+            raise InvalidInput("claim", "a worker with limits claims through the limited claim")
+        if limits:
+            self._register_partitioner(queue, limits)
         handler = as_async(handler, threads=concurrency, name=queue)
         if self.notifier is not None:
             self.notifier.start()
@@ -307,6 +353,7 @@ class Shoal:
             finalize=finalize,
             store_output=store_output,
             hooks=self.hooks,
+            limits=limits or None,
         )
         worker.start()
         self._workers.append(worker)
@@ -326,7 +373,9 @@ class Shoal:
         check_queue_name(queue)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInput("batch_size", f"must be an integer >= 1, got {batch_size!r}")
-        claims = await self.store.claim(queue, batch_size, now=self.clock.sql_now())
+        # The limited claim: it honours the queue's limits when it has any,
+        # and claims as the plain one does when it has none.
+        claims = await self.store.claim_limited(queue, batch_size, now=self.clock.sql_now())
         return [Job(claim, self.heartbeat) for claim in claims]
 
     async def heartbeat(self, job: Job) -> bool:
@@ -392,6 +441,65 @@ class Shoal:
         await self.store.resume_queue(check_queue_name(queue))
         if self.notifier is not None:
             self.notifier.wake(queue)
+
+    # -- limits ------------------------------------------------------------
+
+    async def declare_limits(
+        self,
+        queue: str,
+        *,
+        global_concurrency: int | None = None,
+        rate_limit: Rate | None = None,
+        partition_by: str | Partitioner | None = None,
+    ) -> None:
+        """Set ``queue``'s limits for every process (what ``work(..., limits)`` does at start).
+
+        ``global_concurrency``: at most this many active jobs per partition.
+        ``rate_limit``: a :class:`Rate` of starts per partition.
+        ``partition_by``: a field of the job data, or a function of the data
+        (then this client computes the key of each job it sends to ``queue``;
+        other senders must declare the same function, or send
+        ``partition_key=``). Replaces what was declared before. Jobs waiting
+        without a partition key get theirs now.
+
+        >>> await boss.declare_limits("poll", global_concurrency=20,   # doctest: +SKIP
+        ...                           partition_by="account_id")
+        """
+        check_queue_name(queue)
+        limits = Limits.of(
+            global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
+        )
+        if not limits:
+            raise InvalidInput(
+                "limits", "declare at least one of global_concurrency, rate_limit, partition_by"
+            )
+        self._register_partitioner(queue, limits)
+        await self.store.declare_limits(queue, limits, now=self.clock.sql_now())
+
+    def _register_partitioner(self, queue: str, limits: Limits) -> None:
+        by = limits.partition_by
+        if by is not None and not isinstance(by, str):
+            self._partitioners[queue] = by
+        else:
+            self._partitioners.pop(queue, None)
+
+    async def clear_limits(self, queue: str) -> bool:
+        """Remove ``queue``'s limits; False if it had none. Workers started with limits
+        declare them again when they start."""
+        self._partitioners.pop(check_queue_name(queue), None)
+        return await self.store.clear_limits(queue)
+
+    async def limits(self, queue: str | None = None, *, limit: int = 1000) -> list[LimitState]:
+        """Each limited queue's partitions now: running against the limit, tokens, pauses.
+
+        Partitions with active or waiting jobs or a bucket row, busiest first,
+        at most ``limit`` rows in all.
+        """
+        if queue is not None:
+            check_queue_name(queue)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput("limit", f"must be an integer >= 1, got {limit!r}")
+        return await self.store.limit_states(queue, limit=limit, now=self.clock.sql_now())
 
     # -- inspection --------------------------------------------------------
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from shoal.errors import Cancel, PermanentError, Snooze
+from shoal.errors import Cancel, PermanentError, RetryAfter, Snooze
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
 from shoal.tracing import TRACE_KEY
@@ -147,6 +147,8 @@ class Cancelled:
 @dataclass(frozen=True, slots=True)
 class Snoozed:
     delay: timedelta
+    # RetryAfter: the job's partition is held back for ``delay`` too.
+    pause_partition: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +162,7 @@ Outcome = Completed | Failed | Cancelled | Snoozed | Interrupted
 def outcome_of(error: Exception) -> Outcome:
     """What a handler meant by raising ``error`` (see ``shoal.errors``)."""
     if isinstance(error, Snooze):
-        return Snoozed(error.delay)
+        return Snoozed(error.delay, isinstance(error, RetryAfter))
     if isinstance(error, Cancel):
         return Cancelled(error)
     return Failed(error, isinstance(error, PermanentError))

@@ -45,6 +45,7 @@ from shoal.queue.job import (
     error_entry,
     outcome_of,
 )
+from shoal.queue.limits import Limits
 from shoal.queue.notifier import Notifier
 from shoal.queue.retry import Jitter, after_failure
 from shoal.queue.states import JobId, JobState
@@ -64,6 +65,11 @@ DEFAULT_MAX_BATCH = 500
 MAX_RECORD_BATCH = 500
 # The deadline watchdog looks at least this often.
 WATCHDOG_MAX_SLEEP_S = 0.25
+# A worker of a limited queue whose claim came back short (the limits held
+# jobs back, or none were waiting) claims again when one of its own jobs
+# finishes, on a NOTIFY, or after this long: a slot freed or a token refilled
+# in the database wakes nobody.
+LIMITED_POLL_INTERVAL = timedelta(milliseconds=100)
 # Backoff of the fetcher and completer after a failed database call.
 ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # The message of the cancellation that stop() sends to handlers still running
@@ -133,6 +139,7 @@ class Worker:
         finalize: Finalize | None = None,
         store_output: bool = True,
         hooks: Hooks | None = None,
+        limits: Limits | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
@@ -145,7 +152,15 @@ class Worker:
         self.clock = clock
         self.jitter = jitter
         self.notifier = notifier
-        self.claim = claim or store.claim
+        self.claim = claim or (store.claim_limited if limits else store.claim)
+        # Declared before the first claim. A worker without limits of its own
+        # still claims through the limited claim when another process declared
+        # some for its queue (looked up before the first claim). Set by
+        # _prepare, read by the fetcher.
+        self.limits = limits
+        self._limited = limits is not None
+        self._custom_claim = claim is not None
+        self._prepared = False
         self.finalize = finalize
         self.store_output = store_output
         # Observers of fetches, outcomes and idleness (shoal.testing.Probe).
@@ -255,6 +270,8 @@ class Worker:
         """
         task = asyncio.current_task()
         assert task is not None
+        if not self._prepared:
+            await self._prepare()
         claimed = await self.claim(self.queue, self.batch_size, now=self.clock.sql_now())
         self._claimed += len(claimed)
         if self.hooks:
@@ -274,12 +291,24 @@ class Worker:
         processes; no-op jobs get up to a full batch, so runners never wait
         for a claim round trip.
         """
+        if self._limited:
+            # A claimed job holds a slot of a global limit: none are hoarded.
+            return 0
         return min(self.batch_size, math.ceil(self._rate * self._claim_s * 4))
 
-    async def _wait_for(self, event: asyncio.Event, seconds: float | None = None) -> None:
-        """Wait for ``event``, ``seconds`` of the clock, or a stop request, whichever is first."""
+    async def _prepare(self) -> None:
+        """Before the first claim: declare this worker's limits, or learn if the queue has any."""
+        if self.limits is not None:
+            await self.store.declare_limits(self.queue, self.limits, now=self.clock.sql_now())
+        elif not self._custom_claim and await self.store.is_limited(self.queue):
+            self.claim = self.store.claim_limited
+            self._limited = True
+        self._prepared = True
+
+    async def _wait_for(self, *events: asyncio.Event, seconds: float | None = None) -> None:
+        """Wait for any of ``events``, ``seconds`` of the clock, or a stop request."""
         waits: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(event.wait()),
+            *(asyncio.ensure_future(event.wait()) for event in events),
             asyncio.ensure_future(self._stop_requested.wait()),
         ]
         if seconds is not None:
@@ -291,6 +320,21 @@ class Worker:
                 waiter.cancel()
 
     async def _fetch_loop(self) -> None:
+        errors = 0
+        while not self._prepared and not self._stopping:
+            try:
+                await self._prepare()
+            except TransientError as exc:
+                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                errors += 1
+                log.warning(
+                    "declaring the limits of %s failed (%s); retrying in %.1fs",
+                    self.queue,
+                    exc,
+                    delay,
+                    extra={"queue": self.queue},
+                )
+                await self._wait_for(seconds=delay)
         errors = 0
         last_at, last_finished = self.clock.monotonic(), 0
         while not self._stopping:
@@ -309,7 +353,9 @@ class Worker:
             # rows), so refilling each finished job as it goes would make
             # claims of a few dozen jobs back to back.
             starving = not self._buffer and len(self._running) < self.concurrency
-            if room < 1 or (room < target // 2 and not starving):
+            # A limited queue claims for each free runner at once: its claims
+            # are small anyway, and a slot left idle is one the limit allows.
+            if room < 1 or (room < target // 2 and not starving and not self._limited):
                 self._room.clear()
                 await self._wait_for(self._room)
                 continue
@@ -336,7 +382,7 @@ class Worker:
                     delay,
                     extra={"queue": self.queue},
                 )
-                await self._wait_for(asyncio.Event(), delay)
+                await self._wait_for(seconds=delay)
                 continue
             now = self.clock.monotonic()
             self._claim_s = 0.7 * self._claim_s + 0.3 * (now - started)
@@ -377,8 +423,14 @@ class Worker:
         stall) may already have passed it, and then the next claim is due.
         """
         elapsed = self.clock.monotonic() - claim_began
-        remaining = max(0.0, self.poll_interval.total_seconds() - elapsed)
-        await self._wait_for(self._wake or asyncio.Event(), remaining)
+        interval = self.poll_interval.total_seconds()
+        events = [self._wake or asyncio.Event()]
+        if self._limited:
+            interval = min(interval, LIMITED_POLL_INTERVAL.total_seconds())
+            # One of this worker's own jobs finishing frees a slot.
+            self._room.clear()
+            events.append(self._room)
+        await self._wait_for(*events, seconds=max(0.0, interval - elapsed))
 
     # -- runners ---------------------------------------------------------
 
@@ -538,6 +590,7 @@ class Worker:
         failures: dict[JobId, Failure] = {}
         released: list[tuple[ClaimedJob, timedelta]] = []
         snoozed: set[JobId] = set()
+        pauses: list[tuple[JobId, timedelta]] = []
         cancels: list[tuple[ClaimedJob, BaseException]] = []
         for claim, outcome in batch:
             if isinstance(outcome, Completed):
@@ -564,6 +617,8 @@ class Worker:
                 if isinstance(outcome, Snoozed):
                     snoozed.add(claim.id)
                     released.append((claim, outcome.delay))
+                    if outcome.pause_partition:
+                        pauses.append((claim.id, outcome.delay))
                 else:
                     released.append((claim, timedelta(0)))
             else:
@@ -618,6 +673,12 @@ class Worker:
                         for job_id, state in states.items()
                     },
                 )
+            if pauses:
+                # Before the release: a crash between the two leaves the job
+                # to its lease, never the partition unpaused with the job
+                # back in line. Written again if the batch is retried, which
+                # only sets the same pause.
+                await self.store.send_pause_partitions(conn, pauses, now=now_sql)
             if released:
                 back = await (
                     await self.store.send_release(
