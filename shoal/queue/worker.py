@@ -160,6 +160,11 @@ class Worker:
         self.limits = limits
         self._limited = limits is not None
         self._custom_claim = claim is not None
+        # Whether the last claim of a limited queue came back short. Written
+        # and read by the fetcher: while a limit binds, no jobs are
+        # prefetched and each free runner claims at once; while it does not,
+        # claims are batched as on any queue.
+        self._held_back = False
         self._prepared = False
         self.finalize = finalize
         self.store_output = store_output
@@ -291,8 +296,9 @@ class Worker:
         processes; no-op jobs get up to a full batch, so runners never wait
         for a claim round trip.
         """
-        if self._limited:
-            # A claimed job holds a slot of a global limit: none are hoarded.
+        if self._held_back:
+            # A claimed job holds a slot of a limit that binds: none are
+            # hoarded away from runners in other processes.
             return 0
         return min(self.batch_size, math.ceil(self._rate * self._claim_s * 4))
 
@@ -353,9 +359,9 @@ class Worker:
             # rows), so refilling each finished job as it goes would make
             # claims of a few dozen jobs back to back.
             starving = not self._buffer and len(self._running) < self.concurrency
-            # A limited queue claims for each free runner at once: its claims
-            # are small anyway, and a slot left idle is one the limit allows.
-            if room < 1 or (room < target // 2 and not starving and not self._limited):
+            # While a limit binds, each free runner claims at once: claims are
+            # small anyway, and a slot left idle is one the limit allows.
+            if room < 1 or (room < target // 2 and not starving and not self._held_back):
                 self._room.clear()
                 await self._wait_for(self._room)
                 continue
@@ -392,6 +398,9 @@ class Worker:
                 last_at, last_finished = now, self._finished
             if self.hooks:
                 self.hooks.emit("fetched", self.queue, count=len(claimed))
+            if self._limited:
+                # Short: the limits held jobs back (or none were waiting).
+                self._held_back = len(claimed) < min(room, self.batch_size)
             if claimed:
                 self._claimed += len(claimed)
                 self._buffer.extend(claimed)

@@ -73,23 +73,25 @@ CREATE TABLE {schema}.limit_bucket (
     PRIMARY KEY (queue, partition_key)
 );
 
--- Claims up to p_limit waiting jobs of a limited queue, within its limits,
--- in one statement (the claim row of claim_jobs_v1). A queue without a
--- queue_limit row is claimed by claim_jobs_v1.
+-- Claims up to p_limit waiting jobs of a limited queue, within its limits
+-- (the claim row of claim_jobs_v1). A queue without a queue_limit row is
+-- claimed by claim_jobs_v1.
 --
 -- Claims of one queue are serialized by the lock on its queue_limit row,
 -- held to commit: under READ COMMITTED two claimers could otherwise both
--- count the same active jobs and together pass the limit. Each statement
--- below takes a fresh snapshot, so it sees every claim committed before the
--- lock was granted; a completion or an expired lease committed since only
--- frees a slot this claim does not see yet (never one too many).
+-- count the same active jobs and together pass the limit. The statements
+-- after the lock take fresh snapshots, so they see every claim committed
+-- before it was granted; a completion or an expired lease committed since
+-- only frees a slot this claim does not see yet (never one too many).
 --
 -- Partitions take turns: the walk starts after the key the previous claim
--- served last (queue_limit.cursor_key), steps through the keys that have
--- waiting jobs in key order (one probe of job_limit_waiting per key), wraps
--- around once, and stops after a bounded number of keys, leaving the cursor
--- where it stopped. From each partition it takes what its free slots, its
--- tokens and p_limit allow.
+-- served last (queue_limit.cursor_key) and steps through the keys that have
+-- waiting jobs in key order, one probe of job_limit_waiting per key (a loose
+-- index scan); a second lap goes from the first key through the cursor. It
+-- stops once p_limit jobs are found, or after a bounded number of keys,
+-- leaving the cursor where it stopped. Each partition gives what its free
+-- slots (p_limit's share left) and its tokens allow. One statement per lap:
+-- the walk is read lazily, so a claim that fills early walks no further.
 CREATE FUNCTION {schema}.claim_limited_jobs_v1(p_queue text, p_limit integer, p_now timestamptz)
 RETURNS TABLE (
     id bigint, queue text, data text, priority integer, attempt integer,
@@ -99,7 +101,7 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 -- The window over a partition's locked jobs sorts them (a handful, already in
 -- order); with enable_sort off that sort's cost passes jit_above_cost, and the
--- JIT compiled the statement anew for each partition (0.4 s each, measured).
+-- JIT compiled the statement for each call (0.4 s, measured).
 SET jit = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -109,19 +111,16 @@ SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now     timestamptz := coalesce(p_now, now());
-    v_limit   {schema}.queue_limit;
-    v_bucket  {schema}.limit_bucket;
-    v_left    integer := p_limit;
-    v_start   text;             -- the cursor this claim started after
-    v_key     text;             -- the partition being looked at
-    v_next    text;
-    v_wrapped boolean := false;
-    v_served  text;             -- the last partition that gave jobs
-    v_visited integer := 0;
-    v_room    integer;
-    v_tokens  float8;
-    v_taken   integer;
+    v_now   timestamptz := coalesce(p_now, now());
+    v_limit {schema}.queue_limit;
+    v_left  integer := p_limit;
+    -- Keys visited per lap at most: with every partition full, a claim would
+    -- otherwise visit every key of the queue.
+    v_keys  integer := p_limit * 4 + 100;
+    v_from  text;               -- the lap starts at this key ...
+    v_incl  boolean;            -- ... or just after it
+    v_upto  text;               -- and ends at this one (NULL: the last key)
+    v_taken integer;
 BEGIN
     -- As claim_jobs_v1: a claim lost to a server crash only puts its jobs
     -- back to waiting.
@@ -135,100 +134,106 @@ BEGIN
     IF EXISTS (SELECT 1 FROM {schema}.paused_queue p WHERE p.queue = p_queue) THEN
         RETURN;
     END IF;
-    v_start := v_limit.cursor_key;
-    v_key := v_start;
-    -- Bounded: with every partition full, a claim would otherwise visit
-    -- every key of the queue.
-    WHILE v_left > 0 AND v_visited < p_limit * 4 + 100 LOOP
-        IF v_key IS NULL THEN
-            SELECT j.partition_key INTO v_next FROM {schema}.job j
-            WHERE j.queue = p_queue AND j.state IN ('created', 'retry')
-              AND j.partition_key IS NOT NULL
-            ORDER BY j.partition_key LIMIT 1;
+    FOR lap IN 1..2 LOOP
+        IF lap = 1 THEN
+            -- '' is the least key there is: from it, inclusive, is every key.
+            v_from := coalesce(v_limit.cursor_key, '');
+            v_incl := v_limit.cursor_key IS NULL;
+            v_upto := NULL;
         ELSE
-            SELECT j.partition_key INTO v_next FROM {schema}.job j
-            WHERE j.queue = p_queue AND j.state IN ('created', 'retry')
-              AND j.partition_key IS NOT NULL AND j.partition_key > v_key
-            ORDER BY j.partition_key LIMIT 1;
+            EXIT WHEN v_limit.cursor_key IS NULL OR v_left <= 0;
+            v_from := '';
+            v_incl := true;
+            v_upto := v_limit.cursor_key;
         END IF;
-        IF NOT FOUND OR (v_wrapped AND v_next > v_start) THEN
-            EXIT WHEN v_wrapped OR v_start IS NULL;
-            v_wrapped := true;   -- once more from the first key, up to the cursor
-            v_key := NULL;
-            CONTINUE;
-        END IF;
-        v_key := v_next;
-        v_visited := v_visited + 1;
-
-        v_room := v_left;
-        IF v_limit.concurrency IS NOT NULL THEN
-            v_room := least(v_room, v_limit.concurrency - (
-                SELECT count(*) FROM (
-                    SELECT 1 FROM {schema}.job a
-                    WHERE a.queue = p_queue AND a.partition_key = v_key AND a.state = 'active'
-                      AND a.partition_key IS NOT NULL
-                    LIMIT v_limit.concurrency) held)::integer);
-            CONTINUE WHEN v_room <= 0;
-        END IF;
-
-        v_bucket := NULL;
-        SELECT * INTO v_bucket FROM {schema}.limit_bucket b
-        WHERE b.queue = p_queue AND b.partition_key = v_key;
-        CONTINUE WHEN v_bucket.paused_until > v_now;
-        v_tokens := NULL;
-        IF v_limit.rate_count IS NOT NULL THEN
-            IF v_bucket.queue IS NULL THEN
-                v_tokens := v_limit.rate_burst;
-            ELSE
-                -- A clock behind refilled_at (another process's) adds nothing.
-                v_tokens := least(v_limit.rate_burst::float8,
-                    v_bucket.tokens + v_limit.rate_count
-                        * greatest(0, extract(epoch FROM v_now - v_bucket.refilled_at))
-                        / extract(epoch FROM v_limit.rate_period));
-            END IF;
-            CONTINUE WHEN v_tokens < 1;
-        END IF;
-
-        -- A job starts while the tokens left before it cover its cost (or the
-        -- whole bucket, for a job that costs more than the bucket holds: it
-        -- starts when the bucket is full and leaves a debt). The bucket takes
-        -- what the started jobs cost, in the same statement.
         RETURN QUERY
-        WITH locked AS (
-            SELECT j.id, j.cost, j.priority FROM {schema}.job j
-            -- The key as a range of one value, and first in the order: the
-            -- plan must walk job_limit_waiting. With `partition_key = v_key`
-            -- the planner drops the key from the order, and the generic plan
-            -- walked job_claim instead, through every waiting job of the
-            -- queue, for each partition.
-            WHERE j.queue = p_queue AND j.partition_key >= v_key AND j.partition_key <= v_key
-              AND j.state IN ('created', 'retry') AND j.partition_key IS NOT NULL
-              AND j.start_after <= v_now
-            ORDER BY j.partition_key, j.priority DESC, j.id
-            LIMIT v_room
-            FOR UPDATE SKIP LOCKED
-        ), priced AS (
-            SELECT l.id, l.cost,
-                   sum(l.cost) OVER (ORDER BY l.priority DESC, l.id) - l.cost AS before
-            FROM locked l
+        WITH RECURSIVE walk (key, n) AS (
+            SELECT (SELECT j.partition_key FROM {schema}.job j
+                    WHERE j.queue = p_queue AND j.state IN ('created', 'retry')
+                      AND j.partition_key IS NOT NULL AND j.partition_key >= v_from
+                      AND (v_incl OR j.partition_key > v_from)
+                    ORDER BY j.partition_key LIMIT 1), 1
+            UNION ALL
+            SELECT (SELECT j.partition_key FROM {schema}.job j
+                    WHERE j.queue = p_queue AND j.state IN ('created', 'retry')
+                      AND j.partition_key IS NOT NULL AND j.partition_key > w.key
+                    ORDER BY j.partition_key LIMIT 1), w.n + 1
+            FROM walk w
+            WHERE w.key IS NOT NULL AND w.n < v_keys AND (v_upto IS NULL OR w.key < v_upto)
+        ), room AS (
+            -- Each partition's free slots (a slot is an active job) and the
+            -- tokens its bucket holds now (refilled lazily; no row: full).
+            SELECT w.key, w.n,
+                   CASE WHEN v_limit.concurrency IS NULL THEN v_left
+                        ELSE least(v_left, v_limit.concurrency - (
+                            SELECT count(*) FROM (
+                                SELECT 1 FROM {schema}.job a
+                                WHERE a.queue = p_queue AND a.partition_key = w.key
+                                  AND a.state = 'active' AND a.partition_key IS NOT NULL
+                                LIMIT v_limit.concurrency) held)::integer) END AS slots,
+                   CASE WHEN v_limit.rate_count IS NULL THEN NULL
+                        WHEN b.queue IS NULL THEN v_limit.rate_burst::float8
+                        -- A clock behind refilled_at (another process's) adds nothing.
+                        ELSE least(v_limit.rate_burst::float8, b.tokens + v_limit.rate_count
+                             * greatest(0, extract(epoch FROM v_now - b.refilled_at))
+                             / extract(epoch FROM v_limit.rate_period)) END AS tokens
+            FROM walk w
+            LEFT JOIN {schema}.limit_bucket b ON b.queue = p_queue AND b.partition_key = w.key
+            WHERE w.key IS NOT NULL AND (v_upto IS NULL OR w.key <= v_upto)
+              AND (b.paused_until IS NULL OR b.paused_until <= v_now)
         ), picked AS (
-            SELECT p.id FROM priced p
-            WHERE v_tokens IS NULL OR v_tokens - p.before >= least(p.cost, v_limit.rate_burst)
+            -- A job starts while the tokens left before it cover its cost (or
+            -- the whole bucket, for a job that costs more than the bucket
+            -- holds: it starts when the bucket is full and leaves a debt).
+            SELECT r.n, r.tokens, c.id
+            FROM room r
+            CROSS JOIN LATERAL (
+                SELECT l.id, l.cost,
+                       sum(l.cost) OVER (ORDER BY l.priority DESC, l.id) - l.cost AS before
+                FROM (
+                    -- The key as a range of one value, and first in the order:
+                    -- the plan must walk job_limit_waiting. With
+                    -- `partition_key = r.key` the planner drops the key from
+                    -- the order and walked job_claim, through every waiting
+                    -- job of the queue, for each partition.
+                    SELECT j.id, j.cost, j.priority FROM {schema}.job j
+                    WHERE j.queue = p_queue AND j.partition_key >= r.key
+                      AND j.partition_key <= r.key AND j.partition_key IS NOT NULL
+                      AND j.state IN ('created', 'retry') AND j.start_after <= v_now
+                    ORDER BY j.partition_key, j.priority DESC, j.id
+                    LIMIT greatest(r.slots, 0)
+                    FOR UPDATE SKIP LOCKED) l
+            ) c
+            WHERE r.tokens IS NULL OR r.tokens - c.before >= least(c.cost, v_limit.rate_burst)
+            LIMIT v_left
         ), claimed AS (
             UPDATE {schema}.job j
             SET state = 'active',
                 attempt = j.attempt + 1,
                 started_at = v_now,
                 lease_expires_at = v_now + j.expire_in
-            FROM picked
-            WHERE j.id = picked.id
-            RETURNING j.*
+            FROM picked p
+            WHERE j.id = p.id
+            RETURNING j.*, p.n AS walk_n, p.tokens AS walk_tokens
         ), debit AS (
+            -- Each bucket gives what its started jobs cost.
             INSERT INTO {schema}.limit_bucket AS b (queue, partition_key, tokens, refilled_at)
-            SELECT p_queue, v_key, v_tokens - sum(c.cost), v_now FROM claimed c
-            HAVING v_tokens IS NOT NULL AND count(*) > 0
+            SELECT p_queue, c.partition_key, max(c.walk_tokens) - sum(c.cost), v_now
+            FROM claimed c
+            WHERE c.walk_tokens IS NOT NULL
+            GROUP BY c.partition_key
             ON CONFLICT (queue, partition_key) DO UPDATE
             SET tokens = excluded.tokens, refilled_at = excluded.refilled_at
+        ), turn AS (
+            -- The next claim starts after the last partition served, or after
+            -- the last one visited when the walk stopped at its bound with
+            -- none served (else the keys past the bound would never be seen).
+            UPDATE {schema}.queue_limit l
+            SET cursor_key = coalesce(
+                (SELECT c.partition_key FROM claimed c ORDER BY c.walk_n DESC LIMIT 1),
+                (SELECT w.key FROM walk w WHERE w.n = v_keys),
+                l.cursor_key)
+            WHERE l.queue = p_queue
         )
         SELECT c.id, c.queue::text, c.data::text, c.priority, c.attempt, c.retry_limit,
                extract(epoch FROM c.retry_delay)::float8, c.retry_backoff,
@@ -237,18 +242,7 @@ BEGIN
                c.dead_letter::text, c.created_at, c.started_at, c.lease_expires_at
         FROM claimed c;
         GET DIAGNOSTICS v_taken = ROW_COUNT;
-        IF v_taken > 0 THEN
-            v_served := v_key;
-            v_left := v_left - v_taken;
-        END IF;
+        v_left := v_left - v_taken;
     END LOOP;
-    -- Where the next claim starts: after the last partition served, or after
-    -- the last one looked at when the walk stopped at its bound.
-    IF v_visited >= p_limit * 4 + 100 THEN
-        v_served := v_key;
-    END IF;
-    IF v_served IS DISTINCT FROM v_start AND v_served IS NOT NULL THEN
-        UPDATE {schema}.queue_limit l SET cursor_key = v_served WHERE l.queue = p_queue;
-    END IF;
 END;
 $$;
