@@ -70,10 +70,11 @@ async def child(queue: str, limits_json: str) -> None:
     async def noop(job: Job) -> None:
         return None
 
-    worker = boss.work(queue, noop, concurrency=CONCURRENCY, **limits)
-    # Ready once the limits are declared (the worker's first claim follows).
-    while not worker._prepared:
-        await asyncio.sleep(0.01)
+    if limits:
+        # Declared before the worker starts (it declares them again), so
+        # every job the parent sends next is sent to a limited queue.
+        await boss.declare_limits(queue, **limits)
+    boss.work(queue, noop, concurrency=CONCURRENCY, **limits)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await boss.close()
