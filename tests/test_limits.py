@@ -199,6 +199,20 @@ async def test_retry_after_pauses_only_its_partition_and_spends_no_attempt(
     assert record.state is JobState.COMPLETED and record.attempt == 1
 
 
+async def test_partition_state_is_pruned_once_it_says_nothing(
+    fake_boss: Shoal, clock: FakeClock
+) -> None:
+    await fake_boss.declare_limits(
+        Q, rate_limit=Rate(10, per=timedelta(seconds=1)), partition_by="k"
+    )
+    await fake_boss.insert_many(Q, [{"k": k} for k in range(100)])
+    assert len(await fake_boss.fetch(Q, 100)) == 100
+    assert (await fake_boss.maintain()).buckets_pruned == 0  # each spent a token
+    clock.advance(timedelta(milliseconds=100))  # one token back: full again
+    assert (await fake_boss.maintain()).buckets_pruned == 100
+    assert {s.running for s in await fake_boss.limits(Q)} == {1}
+
+
 async def test_retry_after_is_a_snooze() -> None:
     error = RetryAfter(timedelta(seconds=7))
     assert isinstance(error, Snooze) and error.delay == timedelta(seconds=7)

@@ -1,4 +1,5 @@
-"""Maintenance: rescue jobs whose lease expired, archive finished jobs, prune the archive.
+"""Maintenance: rescue jobs whose lease expired, archive finished jobs, prune the archive
+and the state of limited partitions that need none.
 
 Every worker process runs it; passes in different processes never judge the
 same job twice (rows are locked with SKIP LOCKED, and each write is fenced by
@@ -37,6 +38,8 @@ class MaintenanceReport:
     failed: int
     archived: int
     pruned: int
+    # limit_bucket rows of partitions back to a full bucket and no pause
+    buckets_pruned: int = 0
 
 
 class Maintenance:
@@ -108,9 +111,10 @@ class Maintenance:
         pruned = await self.store.prune_archive(
             retention=self.delete_after, limit=BATCH_LIMIT, now=now_sql
         )
+        buckets = await self.store.prune_buckets(limit=BATCH_LIMIT, now=now_sql)
         if retried or failed:
             log.warning("expired leases: %d jobs back to retry, %d failed", retried, failed)
-        return MaintenanceReport(retried, failed, archived, pruned)
+        return MaintenanceReport(retried, failed, archived, pruned, buckets)
 
     async def run(self) -> None:
         while True:

@@ -425,3 +425,20 @@ LEFT JOIN parts p ON p.queue = l.queue
 WHERE %(queue)s::text IS NULL OR l.queue = %(queue)s::text
 ORDER BY l.queue, coalesce(p.running, 0) + coalesce(p.waiting, 0) DESC, p.partition_key
 LIMIT %(limit)s
+
+-- name: prune_buckets
+-- Deletes partition state that says nothing a missing row would not: a
+-- bucket that has refilled to full (or has no rate) and no pause in force.
+-- A partition's first claim after that finds a full bucket, as before. A claim
+-- that read the row before this deletes it writes it back from that read.
+DELETE FROM {schema}.limit_bucket b
+WHERE b.ctid = ANY(ARRAY(
+    SELECT b2.ctid FROM {schema}.limit_bucket b2
+    LEFT JOIN {schema}.queue_limit l ON l.queue = b2.queue
+    WHERE (b2.paused_until IS NULL OR b2.paused_until <= coalesce(%(now)s::timestamptz, now()))
+      AND (l.rate_count IS NULL
+           OR b2.tokens + l.rate_count
+              * greatest(0, extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - b2.refilled_at))
+              / extract(epoch FROM l.rate_period) >= l.rate_burst)
+    LIMIT %(limit)s))
+  AND (b.paused_until IS NULL OR b.paused_until <= coalesce(%(now)s::timestamptz, now()))

@@ -699,6 +699,16 @@ class JobStore:
             await asyncio.sleep(STAMP_POLL_S)
         await self._rows("stamp_partitions", {"queue": queue})
 
+    async def prune_buckets(self, *, limit: int, now: datetime | None) -> int:
+        """Delete partition state a missing row would say as well (full, unpaused buckets)."""
+        query = self.sql["prune_buckets"]
+
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(query, {"limit": limit, "now": now})
+            return cur.rowcount
+
+        return await self.db.run(run)
+
     async def clear_limits(self, queue: str) -> bool:
         return bool(await self._rows("clear_limits", {"queue": queue}))
 

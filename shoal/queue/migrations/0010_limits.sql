@@ -137,11 +137,17 @@ BEGIN
     FOR lap IN 1..2 LOOP
         IF lap = 1 THEN
             -- '' is the least key there is: from it, inclusive, is every key.
+            -- An unpartitioned queue (one key, '', unless jobs were sent
+            -- with keys of their own) takes no turns: one lap from the start.
             v_from := coalesce(v_limit.cursor_key, '');
-            v_incl := v_limit.cursor_key IS NULL;
+            v_incl := v_limit.cursor_key IS NULL OR v_limit.partition_by IS NULL;
+            IF v_limit.partition_by IS NULL THEN
+                v_from := '';
+            END IF;
             v_upto := NULL;
         ELSE
-            EXIT WHEN v_limit.cursor_key IS NULL OR v_left <= 0;
+            EXIT WHEN v_limit.cursor_key IS NULL OR v_limit.partition_by IS NULL
+                OR v_left <= 0;
             v_from := '';
             v_incl := true;
             v_upto := v_limit.cursor_key;
@@ -228,12 +234,15 @@ BEGIN
             -- The next claim starts after the last partition served, or after
             -- the last one visited when the walk stopped at its bound with
             -- none served (else the keys past the bound would never be seen).
+            -- Written only when it moves: most claims of an unpartitioned
+            -- queue would write the same key again.
             UPDATE {schema}.queue_limit l
-            SET cursor_key = coalesce(
-                (SELECT c.partition_key FROM claimed c ORDER BY c.walk_n DESC LIMIT 1),
-                (SELECT w.key FROM walk w WHERE w.n = v_keys),
-                l.cursor_key)
-            WHERE l.queue = p_queue
+            SET cursor_key = t.key
+            FROM (SELECT coalesce(
+                    (SELECT c.partition_key FROM claimed c ORDER BY c.walk_n DESC LIMIT 1),
+                    (SELECT w.key FROM walk w WHERE w.n = v_keys)) AS key) t
+            WHERE l.queue = p_queue AND t.key IS NOT NULL
+              AND t.key IS DISTINCT FROM l.cursor_key
         )
         SELECT c.id, c.queue::text, c.data::text, c.priority, c.attempt, c.retry_limit,
                extract(epoch FROM c.retry_delay)::float8, c.retry_backoff,
