@@ -13,6 +13,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 
 from shoal import (
@@ -25,7 +26,9 @@ from shoal import (
     Shoal,
     Snooze,
 )
+from shoal.api import create_api
 from shoal.app import App
+from shoal.batch.service import Batches
 from shoal.db import Database
 from shoal.testing import drain
 from tests.conftest import wait_for
@@ -300,3 +303,27 @@ async def test_bad_costs_and_keys_are_refused_naming_the_field(fake_boss: Shoal)
     await fake_boss.declare_limits(Q, global_concurrency=1, partition_by=lambda d: {"a": 1})
     with pytest.raises(InvalidInput, match="partition_key: a partition key must be a string"):
         await fake_boss.send(Q, {})
+
+
+async def test_the_api_and_metrics_show_running_against_limits_and_what_is_held(
+    fake_boss: Shoal,
+) -> None:
+    await fake_boss.declare_limits(Q, global_concurrency=1, partition_by="account_id")
+    await fake_boss.insert_many(Q, [{"account_id": a} for a in "aab"])
+    await fake_boss.fetch(Q, 10)
+    api = create_api(fake_boss, Batches(fake_boss, {}), token=None)
+    transport = httpx.ASGITransport(app=api)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        rows = (await client.get("/v1/limits", params={"queue": Q})).json()["limits"]
+        by_key = {r["partition_key"]: r for r in rows}
+        assert by_key["a"]["running"] == 1 and by_key["a"]["waiting"] == 1
+        assert (
+            by_key["a"]["global_concurrency"] == 1 and by_key["a"]["partition_by"] == "account_id"
+        )
+        assert by_key["b"]["running"] == 1 and by_key["b"]["waiting"] == 0
+        bad = await client.get("/v1/limits", params={"queue": "no way"})
+        assert bad.status_code == 422
+        text = (await client.get("/metrics")).text
+    assert f'shoal_queue_limit_running{{queue="{Q}"}} 2' in text
+    assert f'shoal_queue_limit_held_jobs{{queue="{Q}",reason="concurrency"}} 1' in text
+    assert f'shoal_queue_limit_held_partitions{{queue="{Q}",reason="paused"}} 0' in text
