@@ -8,10 +8,13 @@
 -- sets sent once: a batch of 10,000 usually shares one. `input` is
 -- materialized (nextval is volatile), so ids match on the final join.
 -- A job of a limited queue (one with a queue_limit row, read once per option
--- set) gets its partition key: the one sent, else its data's partition field,
--- else '' (docs/limits.md); other jobs keep the key sent, usually none.
+-- set) gets its partition key: '' when the queue is not partitioned, else the
+-- one sent, else its data's partition field, else '' (docs/limits.md); other
+-- jobs keep the key sent, usually none.
 WITH opts AS (
-    SELECT o.*, l.queue IS NOT NULL AS limited, l.partition_field FROM unnest(
+    SELECT o.*, l.queue IS NOT NULL AS limited, l.partition_by IS NOT NULL AS partitioned,
+           l.partition_field
+    FROM unnest(
         %(queue)s::text[], %(priority)s::int[], %(retry_limit)s::int[],
         %(retry_delay_s)s::float8[], %(retry_backoff)s::bool[], %(retry_delay_max_s)s::float8[],
         %(expire_in_s)s::float8[], %(dead_letter)s::text[], %(start_at)s::timestamptz[],
@@ -37,9 +40,9 @@ WITH opts AS (
            coalesce(start_at,
                     coalesce(%(now)s::timestamptz, now()) + coalesce(start_in_s, 0) * interval '1 second'),
            coalesce(%(now)s::timestamptz, now()),
-           CASE WHEN limited
-                THEN coalesce(partition_key, data::jsonb ->> partition_field, '')
-                ELSE partition_key END,
+           CASE WHEN NOT limited THEN partition_key
+                WHEN NOT partitioned THEN ''
+                ELSE coalesce(partition_key, data::jsonb ->> partition_field, '') END,
            coalesce(cost, 1)
     FROM input
     ORDER BY ord
@@ -352,7 +355,8 @@ SET concurrency = excluded.concurrency, rate_count = excluded.rate_count,
 -- declared, or by an insert whose snapshot did not see the declaration yet.
 -- Active ones too, so they hold their slots.
 UPDATE {schema}.job j
-SET partition_key = coalesce(j.data ->> l.partition_field, '')
+SET partition_key = CASE WHEN l.partition_by IS NULL THEN ''
+                         ELSE coalesce(j.data ->> l.partition_field, '') END
 FROM {schema}.queue_limit l
 WHERE l.queue = %(queue)s AND j.queue = l.queue
   AND j.state IN ('created', 'retry', 'active') AND j.partition_key IS NULL

@@ -5,7 +5,8 @@
 
 -- The partition a job of a limited queue belongs to (its limits are counted
 -- per key), and what starting it costs against the queue's rate. The insert
--- stamps every job of a limited queue with a key ('' when unpartitioned);
+-- stamps every job of a limited queue with a key ('' for every job of a
+-- queue that is not partitioned);
 -- jobs of other queues keep NULL, so the two indexes below, partial on a key,
 -- cost unlimited queues nothing.
 ALTER TABLE {schema}.job
@@ -134,11 +135,31 @@ BEGIN
     IF EXISTS (SELECT 1 FROM {schema}.paused_queue p WHERE p.queue = p_queue) THEN
         RETURN;
     END IF;
+    IF v_limit.partition_by IS NULL AND v_limit.rate_count IS NULL THEN
+        -- One partition ('': the insert gives every job of an unpartitioned
+        -- queue that key) and only a concurrency: the plain claim of as
+        -- many jobs as the free slots allow, unless a RetryAfter paused it.
+        IF EXISTS (SELECT 1 FROM {schema}.limit_bucket b
+                   WHERE b.queue = p_queue AND b.partition_key = ''
+                     AND b.paused_until > v_now) THEN
+            RETURN;
+        END IF;
+        -- Every active job of the queue counts, whatever its key (one sent
+        -- while the queue was partitioned, or with a key of its own).
+        v_left := least(p_limit, v_limit.concurrency - (
+            SELECT count(*) FROM (
+                SELECT 1 FROM {schema}.job a
+                WHERE a.queue = p_queue AND a.state = 'active' AND a.partition_key IS NOT NULL
+                LIMIT v_limit.concurrency) held)::integer);
+        IF v_left > 0 THEN
+            RETURN QUERY SELECT * FROM {schema}.claim_jobs_v1(p_queue, v_left, p_now);
+        END IF;
+        RETURN;
+    END IF;
     FOR lap IN 1..2 LOOP
         IF lap = 1 THEN
             -- '' is the least key there is: from it, inclusive, is every key.
-            -- An unpartitioned queue (one key, '', unless jobs were sent
-            -- with keys of their own) takes no turns: one lap from the start.
+            -- An unpartitioned queue (one key, '') takes no turns: one lap.
             v_from := coalesce(v_limit.cursor_key, '');
             v_incl := v_limit.cursor_key IS NULL OR v_limit.partition_by IS NULL;
             IF v_limit.partition_by IS NULL THEN
