@@ -102,6 +102,24 @@ async def test_weighted_costs_spend_tokens_by_cost(fake_boss: Shoal, clock: Fake
     assert [j.data["tokens"] for j in await fake_boss.fetch(Q, 10)] == [400]
 
 
+async def test_a_reported_cost_charges_the_difference_after_the_run(
+    fake_boss: Shoal, clock: FakeClock
+) -> None:
+    await fake_boss.declare_limits(Q, rate_limit=Rate(1000, per=timedelta(minutes=1)))
+    await fake_boss.send(Q, {"used": 900}, cost=100)  # estimated 100, used 900
+    await fake_boss.send(Q, {"used": 0}, cost=100)
+
+    async def handler(job: Job) -> None:
+        job.report_cost(job.data["used"])
+
+    assert (await drain(fake_boss, Q, handler)).completed == 2
+    (state,) = await fake_boss.limits(Q)
+    # 1000 - 100 - 100 at the starts; then -800 and +100 after the runs.
+    assert state.tokens == pytest.approx(100)
+    with pytest.raises(InvalidInput, match="cost"):
+        Job.report_cost(Job(None), -1)  # type: ignore[arg-type]
+
+
 async def test_partitions_are_limited_each_and_take_turns(fake_boss: Shoal) -> None:
     await fake_boss.declare_limits(Q, global_concurrency=2, partition_by="account_id")
     await fake_boss.insert_many(Q, [{"account_id": a, "n": n} for a in "abc" for n in range(5)])

@@ -446,3 +446,22 @@ WHERE b.ctid = ANY(ARRAY(
               / extract(epoch FROM l.rate_period) >= l.rate_burst)
     LIMIT %(limit)s))
   AND (b.paused_until IS NULL OR b.paused_until <= coalesce(%(now)s::timestamptz, now()))
+
+-- name: report_costs
+-- What runs really cost (Job.report_cost), against the rates of their queues:
+-- each partition's bucket gives (or gets back) the difference from the cost
+-- its jobs' starts already took, capped at a full bucket. A partition with no
+-- row had a full bucket. Queues without a rate are left alone.
+INSERT INTO {schema}.limit_bucket AS b (queue, partition_key, tokens, refilled_at)
+SELECT j.queue, j.partition_key, l.rate_burst - sum(u.cost - j.cost),
+       coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(costs)s::int[]) AS u(id, cost)
+JOIN {schema}.job j ON j.id = u.id
+JOIN {schema}.queue_limit l ON l.queue = j.queue AND l.rate_count IS NOT NULL
+WHERE j.partition_key IS NOT NULL
+GROUP BY j.queue, j.partition_key, l.rate_burst
+ON CONFLICT (queue, partition_key) DO UPDATE
+SET tokens = least(
+    b.tokens + excluded.tokens
+        - (SELECT l.rate_burst FROM {schema}.queue_limit l WHERE l.queue = b.queue),
+    (SELECT l.rate_burst FROM {schema}.queue_limit l WHERE l.queue = b.queue))

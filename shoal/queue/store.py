@@ -549,6 +549,16 @@ class JobStore:
                 },
             )
 
+    async def send_report_costs(
+        self, conn: AsyncConn, costs: Sequence[tuple[JobId, int]], *, now: datetime | None
+    ) -> None:
+        """Charge each job's partition the difference between its reported and its sent cost."""
+        if costs:
+            await conn.execute(
+                self.sql["report_costs"],
+                {"ids": [c[0] for c in costs], "costs": [c[1] for c in costs], "now": now},
+            )
+
     async def cancel_active(
         self,
         job_id: JobId,

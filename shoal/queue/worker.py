@@ -194,6 +194,9 @@ class Worker:
         # Set by the fetcher while it waits on an empty queue; read when
         # reporting idleness.
         self._fetch_idle = False
+        # Costs handlers reported (Job.report_cost), by job: written by
+        # runners, taken by the completer with the job's outcome.
+        self._costs: dict[JobId, int] = {}
         self._claimed = self._completed = self._failed = self._retried = 0
         self._released = self._lost = self._finished = 0
         # Prefetch sizing (fetcher only): jobs/s finished and seconds per claim.
@@ -484,6 +487,8 @@ class Worker:
         finally:
             self._deadline_at.pop(claim.id, None)
             self._expired.discard(claim.id)
+            if job.reported_cost is not None:
+                self._costs[claim.id] = job.reported_cost
         if self.hooks:
             self.hooks.emit(
                 "job_ran",
@@ -600,6 +605,7 @@ class Worker:
         released: list[tuple[ClaimedJob, timedelta]] = []
         snoozed: set[JobId] = set()
         pauses: list[tuple[JobId, timedelta]] = []
+        costs = [(c.id, self._costs[c.id]) for c, _ in batch if c.id in self._costs]
         cancels: list[tuple[ClaimedJob, BaseException]] = []
         for claim, outcome in batch:
             if isinstance(outcome, Completed):
@@ -641,6 +647,13 @@ class Worker:
                     self.hooks.emit("job_finished", self.queue, job_id=job_id, outcome=outcome)
 
         async def record(conn: AsyncConn) -> None:
+            if costs:
+                # First, and forgotten once written: a batch written again
+                # after a later statement failed does not charge them twice
+                # (only a lost answer to this statement itself can).
+                await self.store.send_report_costs(conn, costs, now=now_sql)
+                for job_id, _ in costs:
+                    self._costs.pop(job_id, None)
             if completed:
                 if self.finalize is not None:
                     won: Collection[JobId] = await self.finalize(conn, completed)
