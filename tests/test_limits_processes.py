@@ -78,13 +78,13 @@ async def test_limits_hold_at_every_instant_across_four_worker_processes(
     done = asyncio.Event()
     sampler = asyncio.create_task(sample_peaks(observer, done))
     await observer.insert_many("lim_global", [{"sleep_s": 0.05}] * 60)
-    # 300 partitions of 3 jobs each, their jobs side by side.
+    # 1,000 partitions of 3 jobs each, their jobs side by side.
     await observer.insert_many(
-        "lim_part", [{"p": p, "sleep_s": 0.02} for p in range(300) for _ in range(3)]
+        "lim_part", [{"p": p, "sleep_s": 0.02} for p in range(1000) for _ in range(3)]
     )
     try:
         await wait_drained(observer, "lim_global", 60, timeout_s=60)
-        await wait_drained(observer, "lim_part", 900, timeout_s=60)
+        await wait_drained(observer, "lim_part", 3000, timeout_s=90)
     finally:
         done.set()
         peak_global, peak_partition, reads = await sampler

@@ -391,6 +391,7 @@ SELECT j.queue, coalesce(j.partition_key, ''), coalesce(l.rate_burst, 0),
 FROM unnest(%(ids)s::bigint[], %(delays_s)s::float8[]) AS u(id, delay_s)
 JOIN {schema}.job j ON j.id = u.id
 LEFT JOIN {schema}.queue_limit l ON l.queue = j.queue
+ORDER BY j.queue, coalesce(j.partition_key, '')  -- bucket rows in key order, as the claim writes them
 ON CONFLICT (queue, partition_key) DO UPDATE
 SET paused_until = greatest(b.paused_until, excluded.paused_until)
 
@@ -460,6 +461,7 @@ JOIN {schema}.job j ON j.id = u.id
 JOIN {schema}.queue_limit l ON l.queue = j.queue AND l.rate_count IS NOT NULL
 WHERE j.partition_key IS NOT NULL
 GROUP BY j.queue, j.partition_key, l.rate_burst
+ORDER BY j.queue, j.partition_key  -- bucket rows in key order, as the claim writes them
 ON CONFLICT (queue, partition_key) DO UPDATE
 SET tokens = least(
     b.tokens + excluded.tokens

@@ -249,6 +249,9 @@ BEGIN
             FROM claimed c
             WHERE c.walk_tokens IS NOT NULL
             GROUP BY c.partition_key
+            -- In key order, as every statement that writes several buckets
+            -- does: two of them never wait for each other in a cycle.
+            ORDER BY c.partition_key
             ON CONFLICT (queue, partition_key) DO UPDATE
             SET tokens = excluded.tokens, refilled_at = excluded.refilled_at
         ), turn AS (
