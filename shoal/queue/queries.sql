@@ -467,3 +467,15 @@ SET tokens = least(
     b.tokens + excluded.tokens
         - (SELECT l.rate_burst FROM {schema}.queue_limit l WHERE l.queue = b.queue),
     (SELECT l.rate_burst FROM {schema}.queue_limit l WHERE l.queue = b.queue))
+
+-- name: stamp_unkeyed
+-- stamp_partitions for every limited queue: the unfinished jobs that reached
+-- one without a key (sent by the previous release's code, or by an insert
+-- that raced the queue's first declaration). Reads every waiting job of the
+-- limited queues: maintenance runs it now and then, not on every pass.
+UPDATE {schema}.job j
+SET partition_key = CASE WHEN l.partition_by IS NULL THEN ''
+                         ELSE coalesce(j.data ->> l.partition_field, '') END
+FROM {schema}.queue_limit l
+WHERE j.queue = l.queue
+  AND j.state IN ('created', 'retry', 'active') AND j.partition_key IS NULL

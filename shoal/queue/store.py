@@ -719,6 +719,16 @@ class JobStore:
 
         return await self.db.run(run)
 
+    async def stamp_unkeyed(self) -> int:
+        """Give unfinished jobs of limited queues that have no partition key theirs."""
+        query = self.sql["stamp_unkeyed"]
+
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(query)
+            return cur.rowcount
+
+        return await self.db.run(run)
+
     async def clear_limits(self, queue: str) -> bool:
         return bool(await self._rows("clear_limits", {"queue": queue}))
 

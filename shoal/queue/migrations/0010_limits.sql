@@ -12,11 +12,27 @@
 ALTER TABLE {schema}.job
     ADD COLUMN partition_key text COLLATE "C",
     ADD COLUMN cost integer NOT NULL DEFAULT 1 CHECK (cost >= 1);
--- The archive keeps the same facts. Its columns now end with archived_at and
--- then these two: the archiving statement names its columns.
-ALTER TABLE {schema}.job_archive
-    ADD COLUMN partition_key text COLLATE "C",
-    ADD COLUMN cost integer NOT NULL DEFAULT 1;
+-- The archive keeps the same facts, in the same column order: the job's
+-- columns, then archived_at. The previous release's maintenance archives by
+-- position (`INSERT INTO job_archive SELECT moved.*, now()`), so the archive
+-- is built again with the two new columns before archived_at (ALTER TABLE
+-- could only add them after it), and keeps working while it runs beside
+-- this release. This copies the archive: a large one makes the migration
+-- slower, not unsafe (one transaction).
+ALTER TABLE {schema}.job_archive RENAME TO job_archive_before_limits;
+CREATE TABLE {schema}.job_archive (
+    LIKE {schema}.job,
+    archived_at timestamptz NOT NULL
+);
+INSERT INTO {schema}.job_archive
+SELECT id, queue, state, priority, data, attempt, retry_limit, retry_delay, retry_backoff,
+       retry_delay_max, expire_in, singleton_key, dead_letter, origin_queue, origin_id,
+       start_after, created_at, started_at, lease_expires_at, finished_at, output, errors,
+       NULL, 1, archived_at
+FROM {schema}.job_archive_before_limits;
+DROP TABLE {schema}.job_archive_before_limits;
+CREATE INDEX job_archive_archived_at ON {schema}.job_archive (archived_at);
+CREATE INDEX job_archive_id ON {schema}.job_archive (id);
 
 -- A slot is an active job: the claim counts a partition's active rows here
 -- (no slot table that a killed worker could leak: its jobs leave 'active'
