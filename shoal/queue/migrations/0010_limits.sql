@@ -9,9 +9,13 @@
 -- queue that is not partitioned);
 -- jobs of other queues keep NULL, so the two indexes below, partial on a key,
 -- cost unlimited queues nothing.
+-- The CHECK is NOT VALID: every row there is has the default, and a valid
+-- one would read the whole table while holding its exclusive lock (adding
+-- the columns themselves changes only the catalog). New rows are checked.
 ALTER TABLE {schema}.job
     ADD COLUMN partition_key text COLLATE "C",
-    ADD COLUMN cost integer NOT NULL DEFAULT 1 CHECK (cost >= 1);
+    ADD COLUMN cost integer NOT NULL DEFAULT 1,
+    ADD CONSTRAINT job_cost_positive CHECK (cost >= 1) NOT VALID;
 -- The archive keeps the same facts, in the same column order: the job's
 -- columns, then archived_at. The previous release's maintenance archives by
 -- position (`INSERT INTO job_archive SELECT moved.*, now()`), so the archive
