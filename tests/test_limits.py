@@ -263,6 +263,33 @@ async def test_a_worker_with_limits_declares_them_and_holds_to_them(
     await worker.stop()
 
 
+async def test_a_worker_without_limits_takes_up_limits_declared_elsewhere(
+    fake_boss: Shoal, observer: Shoal, clock: FakeClock
+) -> None:
+    started = asyncio.Event()
+    running = 0
+    release = asyncio.Event()
+
+    async def handler(job: Job) -> None:
+        nonlocal running
+        running += 1
+        started.set()
+        await release.wait()
+        running -= 1
+
+    worker = fake_boss.work(Q, handler, concurrency=10)
+    await observer.declare_limits(Q, global_concurrency=2)
+    clock.advance(timedelta(seconds=31))  # past its next look at the queue's limits
+    await fake_boss.insert_many(Q, list(range(6)))  # due on the test's clock
+    await started.wait()
+    await wait_for(lambda: worker.stats.claimed >= 2)
+    assert len(await observer.fetch(Q, 10)) == 0  # the worker holds both slots
+    assert running == 2
+    release.set()
+    await wait_for(lambda: worker.stats.completed == 6)
+    await worker.stop()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

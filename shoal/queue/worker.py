@@ -70,6 +70,9 @@ WATCHDOG_MAX_SLEEP_S = 0.25
 # finishes, on a NOTIFY, or after this long: a slot freed or a token refilled
 # in the database wakes nobody.
 LIMITED_POLL_INTERVAL = timedelta(milliseconds=100)
+# How often a worker without limits of its own looks whether another process
+# declared (or cleared) some for its queue.
+LIMITS_RECHECK = timedelta(seconds=30)
 # Backoff of the fetcher and completer after a failed database call.
 ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # The message of the cancellation that stop() sends to handlers still running
@@ -165,6 +168,9 @@ class Worker:
         # prefetched and each free runner claims at once; while it does not,
         # claims are batched as on any queue.
         self._held_back = False
+        # When a worker without limits of its own looks again whether its
+        # queue has some (set by _learn_limits; clock.monotonic() seconds).
+        self._learn_at = 0.0
         self._prepared = False
         self.finalize = finalize
         self.store_output = store_output
@@ -309,10 +315,17 @@ class Worker:
         """Before the first claim: declare this worker's limits, or learn if the queue has any."""
         if self.limits is not None:
             await self.store.declare_limits(self.queue, self.limits, now=self.clock.sql_now())
-        elif not self._custom_claim and await self.store.is_limited(self.queue):
-            self.claim = self.store.claim_limited
-            self._limited = True
+        elif not self._custom_claim:
+            await self._learn_limits()
         self._prepared = True
+
+    async def _learn_limits(self) -> None:
+        """Claim through the limited claim while the queue has limits another process declared."""
+        limited = await self.store.is_limited(self.queue)
+        self.claim = self.store.claim_limited if limited else self.store.claim
+        self._limited = limited
+        self._held_back = self._held_back and limited
+        self._learn_at = self.clock.monotonic() + LIMITS_RECHECK.total_seconds()
 
     async def _wait_for(self, *events: asyncio.Event, seconds: float | None = None) -> None:
         """Wait for any of ``events``, ``seconds`` of the clock, or a stop request."""
@@ -377,6 +390,8 @@ class Worker:
                 self._wake.clear()
             started = self.clock.monotonic()
             try:
+                if self.limits is None and not self._custom_claim and started >= self._learn_at:
+                    await self._learn_limits()
                 claimed = await self.claim(
                     self.queue, min(room, self.batch_size), now=self.clock.sql_now()
                 )
