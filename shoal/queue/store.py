@@ -701,6 +701,8 @@ class JobStore:
             return list(row[0] or []) if row else []
 
         running = await self.db.run(run)
+        # Real time, not the injectable clock: this waits for other sessions'
+        # transactions to end, which no test clock moves.
         deadline = time.monotonic() + STAMP_WAIT.total_seconds()
         while running and time.monotonic() < deadline:
             (count,) = (await self._rows("transactions_running", {"vxids": running}))[0]
