@@ -26,6 +26,7 @@ from shoal.errors import (
     MissingExtra,
     NotFound,
     PermanentError,
+    RetryAfter,
     ShoalError,
     Snooze,
     StillCreating,
@@ -36,6 +37,7 @@ from shoal.ingest.pipeline import Pipeline, PipelineClosed, Submitted
 from shoal.ingest.transport import PublishError
 from shoal.queue.client import Shoal
 from shoal.queue.job import Job
+from shoal.queue.limits import LimitState, Rate
 from shoal.queue.options import JobOptions, QueueDefaults, SendOptions, SharedJobOptions
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import JobError, JobRecord
@@ -85,6 +87,7 @@ __all__ = [
     "JobOptions",
     "JobRecord",
     "JobState",
+    "LimitState",
     "Message",
     "MigrationChanged",
     "MissingExtra",
@@ -95,6 +98,8 @@ __all__ = [
     "Progress",
     "PublishError",
     "QueueDefaults",
+    "Rate",
+    "RetryAfter",
     "SendOptions",
     "SharedJobOptions",
     "Shoal",

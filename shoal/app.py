@@ -64,6 +64,7 @@ from shoal.queue.cron import check_cron, check_timezone
 from shoal.queue.history import HistorySampler
 from shoal.queue.inspect import QueueInspector
 from shoal.queue.job import Handler, Job
+from shoal.queue.limits import Limits, Partitioner, Rate
 from shoal.queue.options import (
     QueueDefaults,
     SendOptions,
@@ -94,6 +95,7 @@ class HandlerSpec:
     # Default options of every job sent to the queue (QueueDefaults), stored
     # for all senders when a worker starts.
     defaults: dict[str, Any] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +131,16 @@ class App:
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
         batch_size: int | None = None,
+        global_concurrency: int | None = None,
+        rate_limit: Rate | None = None,
+        partition_by: str | Partitioner | None = None,
         **defaults: Unpack[QueueDefaults],
     ) -> Callable[[Handler], Handler]:
         """Register a handler for ``queue``, running at most ``concurrency`` jobs at once.
+
+        ``concurrency`` counts in each worker process; ``global_concurrency``,
+        ``rate_limit`` and ``partition_by`` limit the queue across all of them
+        (see :meth:`Shoal.declare_limits` and docs/limits.md).
 
         ``defaults`` (``retry_limit``, ``retry_delay``, ``retry_backoff``,
         ``retry_delay_max``, ``expire_in``, ``priority``, ``dead_letter``)
@@ -145,14 +154,20 @@ class App:
         >>> @app.handler("email_send", retry_limit=5, retry_backoff=True)
         ... def send_email(job: Job) -> None:
         ...     ...
+        >>> @app.handler("poll", concurrency=50, global_concurrency=20, partition_by="account_id")
+        ... async def poll(job: Job) -> None:
+        ...     ...
         """
         check_queue_name(queue)
         if queue in self.handlers:
             raise InvalidInput("queue", f"{queue!r} already has a handler")
         parsed = parse_queue_defaults(defaults)
+        limits = Limits.of(
+            global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
+        )
 
         def register(fn: Handler) -> Handler:
-            self.handlers[queue] = HandlerSpec(queue, fn, concurrency, batch_size, parsed)
+            self.handlers[queue] = HandlerSpec(queue, fn, concurrency, batch_size, parsed, limits)
             return fn
 
         return register
@@ -344,7 +359,15 @@ class App:
             await hook(boss)
         loops: list[asyncio.Task[None]] = []
         workers = [
-            boss.work(s.queue, s.handler, concurrency=s.concurrency, batch_size=s.batch_size)
+            boss.work(
+                s.queue,
+                s.handler,
+                concurrency=s.concurrency,
+                batch_size=s.batch_size,
+                global_concurrency=s.limits.global_concurrency,
+                rate_limit=s.limits.rate,
+                partition_by=s.limits.partition_by,
+            )
             for s in self.handlers.values()
         ]
         batches = self.batches(boss)

@@ -23,8 +23,9 @@ and is importable from ``shoal``::
     ├── PipelineClosed        a held submit met its pipeline's close (shoal.ingest.pipeline)
     └── UnsafeDurability      the NATS server may lose acknowledged messages (shoal.ingest.nats)
 
-Handlers may also raise :class:`Snooze` or :class:`Cancel`: signals to the
-worker, not failures, so they derive from ``Exception`` only.
+Handlers may also raise :class:`Snooze` (or its :class:`RetryAfter`) or
+:class:`Cancel`: signals to the worker, not failures, so they derive from
+``Exception`` only.
 
 The classes live here except the three defined next to the ingest code that
 raises them (named in brackets above); ``shoal`` exports them all.
@@ -126,6 +127,21 @@ class Snooze(Exception):
     def __init__(self, delay: timedelta | float) -> None:
         self.delay = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
         super().__init__(f"snoozed for {self.delay}")
+
+
+class RetryAfter(Snooze):
+    """Raised by a handler: the service behind this job said to wait (an HTTP 429 with
+    Retry-After), so hold back the job's whole partition for ``delay``.
+
+    The job goes back to wait for ``delay`` without spending an attempt, like a
+    :class:`Snooze`; and on a queue with limits (docs/limits.md) no other job of
+    its partition starts, in any process, until ``delay`` has passed. The
+    queue's other partitions go on.
+    """
+
+    def __init__(self, delay: timedelta | float) -> None:
+        super().__init__(delay)
+        self.args = (f"retry after {self.delay}",)
 
 
 class Cancel(Exception):

@@ -198,6 +198,7 @@ SETTINGS: dict[str, Setting] = {
     "from-pg-boss.md": Setting(_with_boss),
     "ingest.md": Setting(_ingest, _ingest_after, replace={"/var/lib/poller/spool": "{tmp}/spool"}),
     "ingest-nats.md": Setting(_plain),
+    "limits.md": Setting(_with_boss),
     "observability.md": Setting(
         _with_boss,
         _observability_after,

@@ -20,6 +20,7 @@ from shoal import App, FakeClock, InvalidInput, ShoalError
 NOT_CALLER_ERRORS = {
     # A handler raises these to tell the worker what to do; they are not failures.
     "shoal.errors.Snooze",
+    "shoal.errors.RetryAfter",
     "shoal.errors.Cancel",
     # Raised and answered inside the HTTP API: callers see an HTTP error body.
     "shoal.api.errors.ApiError",

@@ -75,6 +75,13 @@ BAD_SENDS: list[tuple[Any, dict[str, Any]]] = [
     ("q", {"dead_letter": "no good"}),
     ("q", {"dead_letter": 7}),
     ("q", {"start_after": -1}),
+    ("q", {"cost": 0}),
+    ("q", {"cost": 2.5}),
+    ("q", {"cost": None}),
+    ("q", {"partition_key": True}),
+    ("q", {"partition_key": 1.5}),
+    ("q", {"partition_key": ["a"]}),
+    ("q", {"partition_key": "k" * 513}),
 ]
 
 
@@ -228,3 +235,30 @@ def test_the_sql_examples_of_the_queue_page_run(db_url: str) -> None:
         conn.execute("INSERT INTO orders VALUES (42)")
         queues = conn.execute("SELECT queue FROM shoal.job ORDER BY id").fetchall()
     assert [q for (q,) in queues] == ["email_send", "digest", "report", "order_mail"]
+
+
+async def test_sql_send_keys_a_limited_queues_job_as_the_python_insert_does(
+    boss: Shoal, db_url: str
+) -> None:
+    await boss.declare_limits("poll", global_concurrency=2, partition_by="account_id")
+    await boss.declare_limits("flat", global_concurrency=2)
+    sent = [
+        sql_send(db_url, "poll", {"account_id": "a1"}),
+        sql_send(db_url, "poll", {"account_id": "a1"}, {"partition_key": 7, "cost": 3}),
+        sql_send(db_url, "poll", {"other": 1}),
+        sql_send(db_url, "flat", {"account_id": "a1"}, {"partition_key": "ignored"}),
+        sql_send(db_url, "free", {"account_id": "a1"}),
+    ]
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT partition_key, cost FROM shoal.job WHERE id = ANY(%s) ORDER BY id", (sent,)
+        ).fetchall()
+    # The field of the data; the key sent wins; '' when the data has no field;
+    # '' for a queue limited but not partitioned; none for a queue without limits.
+    assert rows == [("a1", 1), ("7", 3), ("", 1), ("", 1), (None, 1)]
+    python = await boss.send("poll", {"account_id": "a1"})
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT partition_key FROM shoal.job WHERE id = %s", (python,)
+        ).fetchone()
+    assert row == ("a1",)

@@ -32,6 +32,7 @@ from shoal.ingest.message import Message, Topic
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import PostgresTransport, topic_queue
 from shoal.queue.job import Job
+from shoal.queue.options import JobOptions
 from shoal.queue.states import JobState
 from shoal.queue.store import JobSettings
 from shoal.testing import Probe
@@ -242,3 +243,62 @@ def new_task(item_queue: str) -> dict[str, Any]:
         "on_complete_queue": None,
         "now": START,
     }
+
+
+async def test_the_previous_releases_maintenance_archives_on_the_upgraded_schema(
+    empty_db_url: str,
+) -> None:
+    """Its archiving copies job rows into the archive by position: the job table's
+    columns, then archived_at. Migration 10 added columns to the job table and
+    kept that order in the archive."""
+    restore(empty_db_url)
+    old_queue = previous_release("queue")
+    clock = FakeClock(START)
+    async with Database(empty_db_url) as db:
+        await migrate(db)
+        boss = Shoal(db, clock=clock, listen=False)
+        await boss.declare_limits("upgrade.limited", global_concurrency=1, partition_by="k")
+        await boss.send("upgrade.limited", {"k": "a"}, cost=3)
+        (job,) = await boss.fetch("upgrade.limited")
+        assert await boss.complete(job)
+        clock.advance(timedelta(seconds=1))
+        params = {"retention_s": 0, "limit": 100, "now": clock.now()}
+
+        async def archive(conn: Any) -> int:
+            cur = await conn.execute(old_queue["archive_finished"], params)
+            return int(cur.rowcount)
+
+        assert await db.run(archive) >= 1
+        async with db.connection() as conn:
+            cur = await conn.execute(
+                "SELECT partition_key, cost, archived_at FROM shoal.job_archive WHERE id = %s",
+                (job.id,),
+            )
+            assert await cur.fetchall() == [("a", 3, clock.now())]
+        assert (await boss.get_job(job.id)).state is JobState.COMPLETED
+        # A job its code sends to a limited queue has no partition key;
+        # maintenance gives it one, and it runs under the queue's limits.
+        send_params = {
+            **JobSettings.of("upgrade.limited", JobOptions()).params(),
+            "option_set": [1],
+            "data": ['{"k": "b"}'],
+            "singleton_key": [],
+            "now": clock.now(),
+        }
+        for name in (
+            "queue",
+            "priority",
+            "retry_limit",
+            "retry_delay_s",
+            "retry_backoff",
+            "retry_delay_max_s",
+            "expire_in_s",
+            "dead_letter",
+            "start_at",
+            "start_in_s",
+        ):
+            send_params[name] = [send_params[name]]  # fmt: skip
+        ((sent,),) = await db.fetch(old_queue["insert_jobs"], send_params)
+        assert await boss.fetch("upgrade.limited") == []
+        assert (await boss.maintain()).keys_stamped == 1
+        assert [j.id for j in await boss.fetch("upgrade.limited")] == [sent]

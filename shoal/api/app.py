@@ -27,6 +27,7 @@ from shoal.api.dashboard import dashboard_router
 from shoal.api.errors import install_error_handlers
 from shoal.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_DEADLINE_S, RequestLimits
 from shoal.api.metrics import metrics_router
+from shoal.api.queue_limits import limits_router
 from shoal.api.status import health_router, ready_router
 from shoal.api.storable import refuse_unstorable_params
 from shoal.api.tasks import tasks_router
@@ -92,6 +93,7 @@ def create_api(
         topics_router(topics, transport or LazyTransport(lambda: PostgresTransport(boss)), registry)
     )
     v1.include_router(workers_router(registry))
+    v1.include_router(limits_router(boss))
 
     async def open_tasks() -> int:
         return len(await batches.tasks(status=TaskStatus.PROCESSING, limit=OPEN_TASKS_SHOWN))

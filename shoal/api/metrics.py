@@ -19,6 +19,11 @@ name                                           type     labels
 ``shoal_ingest_topic_wait_seconds``            gauge    ``topic`` (now - published_at)
 ``shoal_ingest_topic_oldest_seconds``          gauge    ``topic``
 ``shoal_ingest_topic_paused``                  gauge    ``topic`` (1 while producers hold off)
+``shoal_queue_limit_running``                  gauge    ``queue`` (active jobs of a limited queue)
+``shoal_queue_limit_held_jobs``                gauge    ``queue``, ``reason`` (concurrency, rate,
+                                                        paused: waiting jobs of partitions held
+                                                        back, and why)
+``shoal_queue_limit_held_partitions``          gauge    ``queue``, ``reason``
 =============================================  =======  ===================================
 
 The ingest series are the backlog monitor's last reading of each topic.
@@ -32,7 +37,7 @@ over a sliding window would not be the monotonic counters Prometheus assumes.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
@@ -44,12 +49,16 @@ from shoal.batch.states import ItemStatus
 from shoal.db.usage import quantile
 from shoal.ingest.store import IngestStore
 from shoal.queue.client import Shoal
+from shoal.queue.limits import LimitState
 from shoal.queue.states import JobState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Enough closed tasks for a stable p99, few enough that a scrape stays one cheap query.
 LATENCY_WINDOW = 1000
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
+# Partitions of limited queues read per scrape (busiest first); the limit
+# series sum over them.
+LIMIT_PARTITIONS = 10_000
 
 
 def _escape(value: str) -> str:
@@ -100,6 +109,7 @@ async def render(boss: Shoal, batches: Batches) -> str:
     latencies = await store.completion_latencies(limit=LATENCY_WINDOW)
     queue_rows = await boss.stats()
     topics = await IngestStore(boss.db).topic_states()
+    limits = await boss.limits(limit=LIMIT_PARTITIONS)
     out = Exposition()
 
     counts: dict[tuple[str, str], int] = {}
@@ -204,7 +214,56 @@ async def render(boss: Shoal, batches: Batches) -> str:
         "1 while the topic's pause flag tells producers to take no new work.",
         (("", {"topic": t.topic}, 1.0 if t.paused else 0.0) for t in topics),
     )
+    limit_families(out, limits)
     return out.text()
+
+
+HELD_REASONS = ("concurrency", "rate", "paused")
+
+
+def held_reason(state: LimitState) -> str | None:
+    """Why a partition's waiting jobs cannot start now, if they cannot."""
+    if state.paused_until is not None:
+        return "paused"
+    if state.global_concurrency is not None and state.running >= state.global_concurrency:
+        return "concurrency"
+    if state.tokens is not None and state.tokens < 1:
+        return "rate"
+    return None
+
+
+def limit_families(out: Exposition, limits: Sequence[LimitState]) -> None:
+    running: dict[str, int] = {}
+    held_jobs: dict[tuple[str, str], int] = {}
+    held_parts: dict[tuple[str, str], int] = {}
+    for state in limits:
+        running[state.queue] = running.get(state.queue, 0) + state.running
+        for each in HELD_REASONS:
+            held_jobs.setdefault((state.queue, each), 0)
+            held_parts.setdefault((state.queue, each), 0)
+        reason = held_reason(state)
+        if reason is not None and state.waiting:
+            held_jobs[(state.queue, reason)] += state.waiting
+            held_parts[(state.queue, reason)] += 1
+    out.family(
+        "shoal_queue_limit_running",
+        "gauge",
+        "Active jobs of each queue with limits (each partition counts against its limit).",
+        (("", {"queue": q}, n) for q, n in sorted(running.items())),
+    )
+    out.family(
+        "shoal_queue_limit_held_jobs",
+        "gauge",
+        "Waiting jobs of partitions their limits hold back now: at their concurrency, "
+        "out of rate tokens, or paused by a handler's RetryAfter.",
+        (("", {"queue": q, "reason": r}, n) for (q, r), n in sorted(held_jobs.items())),
+    )
+    out.family(
+        "shoal_queue_limit_held_partitions",
+        "gauge",
+        "Partitions with waiting jobs that their limits hold back now, by reason.",
+        (("", {"queue": q, "reason": r}, n) for (q, r), n in sorted(held_parts.items())),
+    )
 
 
 def metrics_router(boss: Shoal, batches: Batches) -> APIRouter:

@@ -21,6 +21,7 @@ from shoal.hooks import Hooks
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.enqueue import MAX_INSERT, JobBuilder
 from shoal.queue.job import Handler, Job, error_entry
+from shoal.queue.limits import Limits, LimitState, Partitioner, Rate
 from shoal.queue.maintenance import Maintenance, MaintenanceReport
 from shoal.queue.notifier import Notifier
 from shoal.queue.options import (
@@ -121,8 +122,10 @@ class Shoal:
         options: Mapping[str, Any],
         field: str,
         trace: Mapping[str, str] | None = None,
+        *,
+        template: bool = False,
     ) -> NewJob:
-        return self.builder.job(queue, data, options, field, trace)
+        return self.builder.job(queue, data, options, field, trace, template=template)
 
     async def send(
         self,
@@ -189,9 +192,12 @@ class Shoal:
             raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
         if "singleton_key" in options:
             raise InvalidInput("singleton_key", "insert_json takes no singleton keys")
-        template = self._new_job(queue, None, options, "")
+        template = self._new_job(queue, None, options, "", template=True)
         self.check_payload_sizes(payloads)
-        jobs = [NewJob(template.settings, text) for text in payloads]
+        jobs = [
+            NewJob(template.settings, text, None, template.partition_key, template.cost)
+            for text in payloads
+        ]
         return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
 
     def check_payload_sizes(self, payloads: Sequence[str]) -> None:
@@ -228,10 +234,17 @@ class Shoal:
         claim: Claim | None = None,
         finalize: Finalize | None = None,
         store_output: bool = True,
+        global_concurrency: int | None = None,
+        rate_limit: Rate | None = None,
+        partition_by: str | Partitioner | None = None,
     ) -> Worker:
         """Start running ``handler`` on ``queue`` in this process; returns the running worker.
 
-        At most ``concurrency`` handlers run at once. Stop it with
+        At most ``concurrency`` handlers run at once in this process. With
+        limits (``global_concurrency``, ``rate_limit``, ``partition_by``; see
+        :meth:`declare_limits` and docs/limits.md), the worker declares them
+        before its first claim and claims only what they let start, across
+        every process. Stop it with
         ``await worker.stop()`` (or :meth:`close`). ``claim``, if given, claims
         jobs in place of the store's claim (a layer above sets its rows up in
         the same statement); ``finalize`` records each batch of completed jobs
@@ -244,6 +257,13 @@ class Shoal:
             raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise InvalidInput("batch_size", f"must be an integer >= 1, got {batch_size!r}")
+        limits = Limits.of(
+            global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
+        )
+        if limits and claim is not None:
+            raise InvalidInput("claim", "a worker with limits claims through the limited claim")
+        if limits:
+            self._register_partitioner(queue, limits)
         handler = as_async(handler, threads=concurrency, name=queue)
         if self.notifier is not None:
             self.notifier.start()
@@ -261,6 +281,7 @@ class Shoal:
             finalize=finalize,
             store_output=store_output,
             hooks=self.hooks,
+            limits=limits or None,
         )
         worker.start()
         self._workers.append(worker)
@@ -280,7 +301,9 @@ class Shoal:
         check_queue_name(queue)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidInput("batch_size", f"must be an integer >= 1, got {batch_size!r}")
-        claims = await self.store.claim(queue, batch_size, now=self.clock.sql_now())
+        # The limited claim: it honours the queue's limits when it has any,
+        # and claims as the plain one does when it has none.
+        claims = await self.store.claim_limited(queue, batch_size, now=self.clock.sql_now())
         return [Job(claim, self.heartbeat) for claim in claims]
 
     async def heartbeat(self, job: Job) -> bool:
@@ -346,6 +369,65 @@ class Shoal:
         await self.store.resume_queue(check_queue_name(queue))
         if self.notifier is not None:
             self.notifier.wake(queue)
+
+    # -- limits ------------------------------------------------------------
+
+    async def declare_limits(
+        self,
+        queue: str,
+        *,
+        global_concurrency: int | None = None,
+        rate_limit: Rate | None = None,
+        partition_by: str | Partitioner | None = None,
+    ) -> None:
+        """Set ``queue``'s limits for every process (what ``work(..., limits)`` does at start).
+
+        ``global_concurrency``: at most this many active jobs per partition.
+        ``rate_limit``: a :class:`Rate` of starts per partition.
+        ``partition_by``: a field of the job data, or a function of the data
+        (then this client computes the key of each job it sends to ``queue``;
+        other senders must declare the same function, or send
+        ``partition_key=``). Replaces what was declared before. Jobs waiting
+        without a partition key get theirs now.
+
+        >>> await boss.declare_limits("poll", global_concurrency=20,   # doctest: +SKIP
+        ...                           partition_by="account_id")
+        """
+        check_queue_name(queue)
+        limits = Limits.of(
+            global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
+        )
+        if not limits:
+            raise InvalidInput(
+                "limits", "declare at least one of global_concurrency, rate_limit, partition_by"
+            )
+        self._register_partitioner(queue, limits)
+        await self.store.declare_limits(queue, limits, now=self.clock.sql_now())
+
+    def _register_partitioner(self, queue: str, limits: Limits) -> None:
+        by = limits.partition_by
+        if by is not None and not isinstance(by, str):
+            self.builder.partitioners[queue] = by
+        else:
+            self.builder.partitioners.pop(queue, None)
+
+    async def clear_limits(self, queue: str) -> bool:
+        """Remove ``queue``'s limits; False if it had none. Workers started with limits
+        declare them again when they start."""
+        self.builder.partitioners.pop(check_queue_name(queue), None)
+        return await self.store.clear_limits(queue)
+
+    async def limits(self, queue: str | None = None, *, limit: int = 1000) -> list[LimitState]:
+        """Each limited queue's partitions now: running against the limit, tokens, pauses.
+
+        Partitions with active or waiting jobs or a bucket row, busiest first,
+        at most ``limit`` rows in all.
+        """
+        if queue is not None:
+            check_queue_name(queue)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidInput("limit", f"must be an integer >= 1, got {limit!r}")
+        return await self.store.limit_states(queue, limit=limit, now=self.clock.sql_now())
 
     # -- inspection --------------------------------------------------------
 

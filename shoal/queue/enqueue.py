@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from shoal.errors import InvalidInput
+from shoal.queue.limits import Partitioner, partition_key_of
 from shoal.queue.options import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     QUEUE_DEFAULT_NAMES,
@@ -48,6 +49,9 @@ class JobBuilder:
         # Written and read by the client's caller only (one event loop, or
         # one thread at a time for the sync client: a race only rebuilds one).
         self._settings: dict[tuple[Any, ...], JobSettings] = {}
+        # partition_by functions of queues whose limits this client declared:
+        # the keys of the jobs it sends to them (a field is read by the insert).
+        self.partitioners: dict[str, Partitioner] = {}
 
     def job(
         self,
@@ -56,8 +60,15 @@ class JobBuilder:
         options: Mapping[str, Any],
         field: str = "",
         trace: Mapping[str, str] | None = None,
+        *,
+        template: bool = False,
     ) -> NewJob:
-        """One validated job; errors name ``field`` + the option (``jobs[3].retry_limit``)."""
+        """One validated job; errors name ``field`` + the option (``jobs[3].retry_limit``).
+
+        A ``template`` (the options shared by many payloads) gets no
+        partition key from a ``partition_by`` function: its caller keys each
+        payload.
+        """
         name = check_queue_name(queue, field=f"{field}queue")
         if trace is not None:
             data = with_carrier(data, trace)
@@ -67,6 +78,11 @@ class JobBuilder:
             raise InvalidInput(f"{field}{exc.field}", exc.message) from None
         payload = encode_payload(data, max_bytes=self.max_payload_bytes, field=f"{field}data")
         singleton_key = parsed.pop("singleton_key", self.defaults.singleton_key)
+        partition_key = parsed.pop("partition_key", self.defaults.partition_key)
+        cost = parsed.pop("cost", self.defaults.cost)
+        cost = None if cost == 1 else cost  # 1 is the column's default: nothing to send
+        if partition_key is None and not template and name in self.partitioners:
+            partition_key = self.partition_key(name, data, field)
         key = (name, *sorted(parsed.items()))
         settings = self._settings.get(key)
         if settings is None:
@@ -77,7 +93,17 @@ class JobBuilder:
             )
             if len(self._settings) > SETTINGS_CACHE_SIZE:
                 self._settings.pop(next(iter(self._settings)))
-        return NewJob(settings, payload, singleton_key)
+        return NewJob(settings, payload, singleton_key, partition_key, cost)
+
+    def partition_key(self, queue: str, data: object, field: str) -> str:
+        """The key this client's ``partition_by`` function gives a job of ``queue``."""
+        try:
+            key = self.partitioners[queue](data)
+        except Exception as exc:
+            raise InvalidInput(
+                f"{field}data", f"the partition_by function of queue {queue!r} failed: {exc!r}"
+            ) from exc
+        return partition_key_of(key, field=f"{field}partition_key")
 
     def jobs(
         self, specs: Iterable[Mapping[str, Any]], trace: Mapping[str, str] | None = None
@@ -120,11 +146,12 @@ class JobBuilder:
             raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
         if "singleton_key" in options:
             raise InvalidInput("singleton_key", "use singleton_keys=[...] with insert_many")
-        template = self.job(queue, None, options)
+        template = self.job(queue, None, options, template=True)
         keys = singleton_keys or [None] * len(payloads)
         for i, key in enumerate(keys):
             if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
                 raise InvalidInput(f"singleton_keys[{i}]", "must be a non-empty string")
+        by_function = template.partition_key is None and queue in self.partitioners
         return [
             NewJob(
                 template.settings,
@@ -134,6 +161,12 @@ class JobBuilder:
                     field=f"payloads[{i}]",
                 ),
                 key,
+                (
+                    self.partition_key(queue, payload, f"payloads[{i}].")
+                    if by_function
+                    else template.partition_key
+                ),
+                template.cost,
             )
             for i, (payload, key) in enumerate(zip(payloads, keys, strict=True))
         ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from shoal.errors import Cancel, PermanentError, Snooze
+from shoal.errors import Cancel, InvalidInput, PermanentError, RetryAfter, Snooze
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
 from shoal.tracing import TRACE_KEY
@@ -24,7 +24,7 @@ class Job:
     which case the handler should stop.
     """
 
-    __slots__ = ("_claim", "_data", "_heartbeat", "_trace")
+    __slots__ = ("_claim", "_data", "_heartbeat", "_trace", "reported_cost")
 
     def __init__(
         self, claim: ClaimedJob, heartbeat: Callable[[Job], Awaitable[bool]] | None = None
@@ -33,6 +33,8 @@ class Job:
         self._heartbeat = heartbeat
         self._data: Any = _UNREAD
         self._trace: dict[str, str] | None = None
+        # Set by the handler (report_cost), read by the worker after the run.
+        self.reported_cost: int | None = None
 
     @property
     def id(self) -> JobId:
@@ -85,6 +87,19 @@ class Job:
     @property
     def claim(self) -> ClaimedJob:
         return self._claim
+
+    def report_cost(self, cost: int) -> None:
+        """Say what this run really cost against its queue's rate (docs/limits.md).
+
+        The job's start took its ``cost`` (sent with it, 1 by default) from
+        its partition's token bucket; when the run ends, the worker takes the
+        difference too (or gives it back, for a run that cost less), so a
+        tokens-per-minute budget holds to what was spent. On a queue without
+        a rate it changes nothing.
+        """
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+            raise InvalidInput("cost", f"must be an integer >= 0, got {cost!r}")
+        self.reported_cost = cost
 
     async def heartbeat(self) -> bool:
         if self._heartbeat is None:
@@ -147,6 +162,8 @@ class Cancelled:
 @dataclass(frozen=True, slots=True)
 class Snoozed:
     delay: timedelta
+    # RetryAfter: the job's partition is held back for ``delay`` too.
+    pause_partition: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +177,7 @@ Outcome = Completed | Failed | Cancelled | Snoozed | Interrupted
 def outcome_of(error: Exception) -> Outcome:
     """What a handler meant by raising ``error`` (see ``shoal.errors``)."""
     if isinstance(error, Snooze):
-        return Snoozed(error.delay)
+        return Snoozed(error.delay, isinstance(error, RetryAfter))
     if isinstance(error, Cancel):
         return Cancelled(error)
     return Failed(error, isinstance(error, PermanentError))

@@ -1,4 +1,5 @@
-"""Maintenance: rescue jobs whose lease expired, archive finished jobs, prune the archive.
+"""Maintenance: rescue jobs whose lease expired, archive finished jobs, prune the archive
+and the state of limited partitions that need none.
 
 Every worker process runs it; passes in different processes never judge the
 same job twice (rows are locked with SKIP LOCKED, and each write is fenced by
@@ -29,6 +30,10 @@ DEFAULT_ARCHIVE_AFTER = timedelta(hours=12)
 DEFAULT_DELETE_AFTER = timedelta(days=7)
 # Rows handled per statement, so one pass never holds long locks.
 BATCH_LIMIT = 5000
+# Every this many passes (about a minute at the default interval), jobs of
+# limited queues that arrived without a partition key get theirs: the
+# statement reads every waiting job of those queues.
+STAMP_EVERY_PASSES = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,10 @@ class MaintenanceReport:
     failed: int
     archived: int
     pruned: int
+    # limit_bucket rows of partitions back to a full bucket and no pause
+    buckets_pruned: int = 0
+    # jobs of limited queues given the partition key they arrived without
+    keys_stamped: int = 0
 
 
 class Maintenance:
@@ -56,6 +65,7 @@ class Maintenance:
         self.interval = interval
         self.archive_after = archive_after
         self.delete_after = delete_after
+        self._passes = 0  # run_once calls so far
 
     async def expire_leases(self) -> tuple[int, int]:
         """Active jobs past their lease go to retry (attempts left) or failed."""
@@ -108,9 +118,14 @@ class Maintenance:
         pruned = await self.store.prune_archive(
             retention=self.delete_after, limit=BATCH_LIMIT, now=now_sql
         )
+        buckets = await self.store.prune_buckets(limit=BATCH_LIMIT, now=now_sql)
+        stamped = 0
+        if self._passes % STAMP_EVERY_PASSES == 0:
+            stamped = await self.store.stamp_unkeyed()
+        self._passes += 1
         if retried or failed:
             log.warning("expired leases: %d jobs back to retry, %d failed", retried, failed)
-        return MaintenanceReport(retried, failed, archived, pruned)
+        return MaintenanceReport(retried, failed, archived, pruned, buckets, stamped)
 
     async def run(self) -> None:
         while True:

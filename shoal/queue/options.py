@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from shoal.errors import InvalidInput
+from shoal.queue.limits import partition_key_of
 
 # Matched whole (fullmatch): with match(), "$" also matches before a final
 # newline, which would let "q\n" through.
@@ -26,6 +27,8 @@ DEFAULT_EXPIRE_IN = timedelta(minutes=15)
 DEFAULT_MAX_PAYLOAD_BYTES = 8 * 1024
 MAX_PRIORITY = 1_000_000
 MAX_SINGLETON_KEY_LEN = 512
+# A job's cost against a rate is an integer column.
+MAX_COST = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,10 @@ class JobOptions:
     start_after: datetime | timedelta | None = None
     priority: int = 0
     dead_letter: str | None = None
+    # Limits (docs/limits.md): the partition this job counts against, when
+    # not taken from its data; what its start costs against a rate.
+    partition_key: str | None = None
+    cost: int = 1
 
     def merged(self, overrides: Mapping[str, Any]) -> JobOptions:
         """These options with ``overrides`` validated and applied."""
@@ -65,6 +72,8 @@ class SharedJobOptions(TypedDict, total=False):
     start_after: datetime | timedelta | float | None
     priority: int
     dead_letter: str | None
+    partition_key: str | None
+    cost: int
 
 
 class SendOptions(SharedJobOptions, total=False):
@@ -216,6 +225,12 @@ def parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
                 )
         elif name == "dead_letter" and value is not None:
             check_queue_name(value, field=name)
+        elif name == "partition_key" and value is not None:
+            value = partition_key_of(value, field=name)
+        elif name == "cost" and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COST
+        ):
+            raise InvalidInput(name, f"must be an integer from 1 to {MAX_COST}, got {value!r}")
         parsed[name] = value
     return parsed
 

@@ -9,6 +9,10 @@
 -- materialized (nextval is volatile), so ids match on the final join.
 -- An option the send did not name (its bit in `given` is clear, bits as
 -- store.GIVEN_BITS) takes the queue's stored default when it has one.
+-- A job of a limited queue (one with a queue_limit row, read once per option
+-- set) gets its partition key: '' when the queue is not partitioned, else the
+-- one sent, else its data's partition field, else '' (docs/limits.md); other
+-- jobs keep the key sent, usually none.
 WITH sent AS (
     SELECT * FROM unnest(
         %(queue)s::text[], %(priority)s::int[], %(retry_limit)s::int[],
@@ -38,30 +42,48 @@ WITH sent AS (
            -- A queue whose default dead letter is NULL has none to give.
            CASE WHEN s.given & 64 = 0 AND d.dead_letter IS NOT NULL THEN d.dead_letter
                 ELSE s.dead_letter END AS dead_letter,
-           s.start_at, s.start_in_s, s.k
-    FROM sent s LEFT JOIN {schema}.queue_default d ON d.queue = s.queue
+           s.start_at, s.start_in_s, s.k,
+           l.queue IS NOT NULL AS limited, l.partition_by IS NOT NULL AS partitioned,
+           l.partition_field
+    FROM sent s
+    LEFT JOIN {schema}.queue_default d ON d.queue = s.queue
+    LEFT JOIN {schema}.queue_limit l ON l.queue = s.queue
 ), input AS MATERIALIZED (
-    SELECT nextval({job_id_seq}) AS id, u.ord, u.data, u.singleton_key, o.*
-    FROM unnest(%(option_set)b::int[], %(data)b::text[], %(singleton_key)b::text[])
-        WITH ORDINALITY AS u(k, data, singleton_key, ord)
+    SELECT nextval({job_id_seq}) AS id, u.ord, u.data, u.singleton_key, u.partition_key, u.cost,
+           o.*
+    FROM unnest(%(option_set)b::int[], %(data)b::text[], %(singleton_key)b::text[],
+                %(partition_key)b::text[], %(cost)b::int[])
+        WITH ORDINALITY AS u(k, data, singleton_key, partition_key, cost, ord)
     JOIN opts o USING (k)
 ), inserted AS (
     INSERT INTO {schema}.job (
         id, queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
-        expire_in, singleton_key, dead_letter, start_after, created_at)
+        expire_in, singleton_key, dead_letter, start_after, created_at, partition_key, cost)
     SELECT id, queue, data::jsonb, priority, retry_limit,
            retry_delay_s * interval '1 second', retry_backoff,
            retry_delay_max_s * interval '1 second', expire_in_s * interval '1 second',
            singleton_key, dead_letter,
            coalesce(start_at,
                     coalesce(%(now)s::timestamptz, now()) + coalesce(start_in_s, 0) * interval '1 second'),
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()),
+           CASE WHEN NOT limited THEN partition_key
+                WHEN NOT partitioned THEN ''
+                ELSE coalesce(partition_key, data::jsonb ->> partition_field, '') END,
+           coalesce(cost, 1)
     FROM input
     ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING id
 )
 SELECT inserted.id FROM input LEFT JOIN inserted USING (id) ORDER BY input.ord
+
+-- name: claim_limited_jobs
+-- Claims up to %(limit)s waiting jobs of a limited queue within its limits
+-- (claim_limited_jobs_v1 in migrations/0010_limits.sql): the claim row.
+SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
+       retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
+       lease_expires_at
+FROM {schema}.claim_limited_jobs_v1(%(queue)s, %(limit)s, %(now)s::timestamptz)
 
 -- name: claim_jobs
 -- Claims up to %(limit)s waiting jobs of one queue (claim_jobs_v1 in
@@ -233,8 +255,16 @@ WITH moved AS (
         FOR UPDATE SKIP LOCKED)
     RETURNING *
 )
-INSERT INTO {schema}.job_archive
-SELECT moved.*, coalesce(%(now)s::timestamptz, now()) FROM moved
+INSERT INTO {schema}.job_archive (
+    id, queue, state, priority, data, attempt, retry_limit, retry_delay, retry_backoff,
+    retry_delay_max, expire_in, singleton_key, dead_letter, origin_queue, origin_id,
+    start_after, created_at, started_at, lease_expires_at, finished_at, output, errors,
+    partition_key, cost, archived_at)
+SELECT id, queue, state, priority, data, attempt, retry_limit, retry_delay, retry_backoff,
+       retry_delay_max, expire_in, singleton_key, dead_letter, origin_queue, origin_id,
+       start_after, created_at, started_at, lease_expires_at, finished_at, output, errors,
+       partition_key, cost, coalesce(%(now)s::timestamptz, now())
+FROM moved
 
 -- name: prune_archive
 -- Deletes archived jobs past the archive's retention.
@@ -353,3 +383,149 @@ SELECT queue, priority, retry_limit, extract(epoch FROM retry_delay)::float8, re
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        dead_letter, updated_at
 FROM {schema}.queue_default WHERE queue = %(queue)s
+
+-- name: declare_limits
+-- Creates or replaces a queue's limits (every worker that declares them, when
+-- it starts). The cursor of partition turns is kept.
+INSERT INTO {schema}.queue_limit AS l (
+    queue, concurrency, rate_count, rate_period, rate_burst, partition_field, partition_by,
+    declared_at)
+VALUES (%(queue)s, %(concurrency)s, %(rate_count)s, %(rate_period_s)s * interval '1 second',
+        %(rate_burst)s, %(partition_field)s, %(partition_by)s,
+        coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (queue) DO UPDATE
+SET concurrency = excluded.concurrency, rate_count = excluded.rate_count,
+    rate_period = excluded.rate_period, rate_burst = excluded.rate_burst,
+    partition_field = excluded.partition_field, partition_by = excluded.partition_by,
+    declared_at = excluded.declared_at
+
+-- name: stamp_partitions
+-- Gives the unfinished jobs of a limited queue that have no partition key
+-- theirs (as the insert would have): jobs sent before the queue's limits were
+-- declared, or by an insert whose snapshot did not see the declaration yet.
+-- Active ones too, so they hold their slots.
+UPDATE {schema}.job j
+SET partition_key = CASE WHEN l.partition_by IS NULL THEN ''
+                         ELSE coalesce(j.data ->> l.partition_field, '') END
+FROM {schema}.queue_limit l
+WHERE l.queue = %(queue)s AND j.queue = l.queue
+  AND j.state IN ('created', 'retry', 'active') AND j.partition_key IS NULL
+
+-- name: clear_limits
+DELETE FROM {schema}.queue_limit WHERE queue = %(queue)s RETURNING queue
+
+-- name: is_limited
+SELECT EXISTS (SELECT 1 FROM {schema}.queue_limit WHERE queue = %(queue)s)
+
+-- name: other_transactions
+-- The transactions running now in other sessions (their virtual ids): an
+-- insert among them may have read queue_limit before a declaration committed.
+SELECT array_agg(l.virtualtransaction) FROM pg_locks l
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'virtualxid' AND l.granted AND l.pid <> pg_backend_pid()
+  AND a.datname = current_database() AND a.backend_type = 'client backend'
+
+-- name: transactions_running
+-- How many of those are still running.
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'virtualxid' AND granted AND virtualtransaction = ANY(%(vxids)s::text[])
+
+-- name: pause_partitions
+-- A handler's RetryAfter: no job of its job's partition starts before now +
+-- delay (a later pause already there is kept). The key is read from the job
+-- row ('' when it has none).
+INSERT INTO {schema}.limit_bucket AS b (queue, partition_key, tokens, refilled_at, paused_until)
+SELECT j.queue, coalesce(j.partition_key, ''), coalesce(l.rate_burst, 0),
+       coalesce(%(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()) + u.delay_s * interval '1 second'
+FROM unnest(%(ids)s::bigint[], %(delays_s)s::float8[]) AS u(id, delay_s)
+JOIN {schema}.job j ON j.id = u.id
+LEFT JOIN {schema}.queue_limit l ON l.queue = j.queue
+ORDER BY j.queue, coalesce(j.partition_key, '')  -- bucket rows in key order, as the claim writes them
+ON CONFLICT (queue, partition_key) DO UPDATE
+SET paused_until = greatest(b.paused_until, excluded.paused_until)
+
+-- name: limit_states
+-- Per limited queue and partition: its limits, active and waiting jobs, the
+-- tokens its bucket holds now and its pause. Partitions with jobs or a
+-- bucket row, busiest first, at most %(limit)s.
+WITH counts AS (
+    SELECT j.queue, j.partition_key,
+           count(*) FILTER (WHERE j.state = 'active') AS running,
+           count(*) FILTER (WHERE j.state IN ('created', 'retry')) AS waiting
+    FROM {schema}.queue_limit l
+    JOIN {schema}.job j ON j.queue = l.queue AND j.partition_key IS NOT NULL
+        AND j.state IN ('created', 'retry', 'active')
+    GROUP BY j.queue, j.partition_key
+), parts AS (
+    SELECT coalesce(c.queue, b.queue) AS queue,
+           coalesce(c.partition_key, b.partition_key) AS partition_key,
+           coalesce(c.running, 0) AS running, coalesce(c.waiting, 0) AS waiting,
+           b.tokens, b.refilled_at, b.paused_until
+    FROM counts c
+    FULL JOIN ({schema}.limit_bucket b JOIN {schema}.queue_limit bl ON bl.queue = b.queue)
+        ON b.queue = c.queue AND b.partition_key = c.partition_key
+)
+SELECT l.queue, p.partition_key, l.concurrency, l.rate_count,
+       extract(epoch FROM l.rate_period)::float8, l.rate_burst, l.partition_by,
+       coalesce(p.running, 0), coalesce(p.waiting, 0),
+       CASE WHEN l.rate_count IS NULL THEN NULL
+            WHEN p.tokens IS NULL THEN l.rate_burst::float8
+            ELSE least(l.rate_burst::float8, p.tokens + l.rate_count
+                 * greatest(0, extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - p.refilled_at))
+                 / extract(epoch FROM l.rate_period)) END,
+       CASE WHEN p.paused_until > coalesce(%(now)s::timestamptz, now()) THEN p.paused_until END
+FROM {schema}.queue_limit l
+LEFT JOIN parts p ON p.queue = l.queue
+WHERE %(queue)s::text IS NULL OR l.queue = %(queue)s::text
+ORDER BY l.queue, coalesce(p.running, 0) + coalesce(p.waiting, 0) DESC, p.partition_key
+LIMIT %(limit)s
+
+-- name: prune_buckets
+-- Deletes partition state that says nothing a missing row would not: a
+-- bucket that has refilled to full (or has no rate) and no pause in force.
+-- A partition's first claim after that finds a full bucket, as before. A claim
+-- that read the row before this deletes it writes it back from that read.
+DELETE FROM {schema}.limit_bucket b
+WHERE b.ctid = ANY(ARRAY(
+    SELECT b2.ctid FROM {schema}.limit_bucket b2
+    LEFT JOIN {schema}.queue_limit l ON l.queue = b2.queue
+    WHERE (b2.paused_until IS NULL OR b2.paused_until <= coalesce(%(now)s::timestamptz, now()))
+      AND (l.rate_count IS NULL
+           OR b2.tokens + l.rate_count
+              * greatest(0, extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - b2.refilled_at))
+              / extract(epoch FROM l.rate_period) >= l.rate_burst)
+    LIMIT %(limit)s))
+  AND (b.paused_until IS NULL OR b.paused_until <= coalesce(%(now)s::timestamptz, now()))
+
+-- name: report_costs
+-- What runs really cost (Job.report_cost), against the rates of their queues:
+-- each partition's bucket gives (or gets back) the difference from the cost
+-- its jobs' starts already took, capped at a full bucket. A partition with no
+-- row had a full bucket. Queues without a rate are left alone.
+INSERT INTO {schema}.limit_bucket AS b (queue, partition_key, tokens, refilled_at)
+SELECT j.queue, j.partition_key, l.rate_burst - sum(u.cost - j.cost),
+       coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::bigint[], %(costs)s::int[]) AS u(id, cost)
+JOIN {schema}.job j ON j.id = u.id
+JOIN {schema}.queue_limit l ON l.queue = j.queue AND l.rate_count IS NOT NULL
+WHERE j.partition_key IS NOT NULL
+GROUP BY j.queue, j.partition_key, l.rate_burst
+ORDER BY j.queue, j.partition_key  -- bucket rows in key order, as the claim writes them
+ON CONFLICT (queue, partition_key) DO UPDATE
+SET tokens = least(
+    b.tokens + excluded.tokens
+        - (SELECT l.rate_burst FROM {schema}.queue_limit l WHERE l.queue = b.queue),
+    (SELECT l.rate_burst FROM {schema}.queue_limit l WHERE l.queue = b.queue))
+
+-- name: stamp_unkeyed
+-- stamp_partitions for every limited queue: the unfinished jobs that reached
+-- one without a key (sent by the previous release's code, or by an insert
+-- that raced the queue's first declaration). Reads every waiting job of the
+-- limited queues: maintenance runs it now and then, not on every pass.
+UPDATE {schema}.job j
+SET partition_key = CASE WHEN l.partition_by IS NULL THEN ''
+                         ELSE coalesce(j.data ->> l.partition_field, '') END
+FROM {schema}.queue_limit l
+WHERE j.queue = l.queue
+  AND j.state IN ('created', 'retry', 'active') AND j.partition_key IS NULL

@@ -8,9 +8,11 @@ runs on the pool under the database deadline.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import operator
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,11 +23,19 @@ from psycopg.types.json import Jsonb
 from shoal.db.pool import AsyncConn, Database, Pending
 from shoal.db.queries import fetch_named, int_array, load_queries, positions
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
+from shoal.queue.limits import Limits, LimitState, Rate
 from shoal.queue.options import JobOptions
 from shoal.queue.retry import RetryPolicy
 from shoal.queue.states import JobId, JobState
 
 T = TypeVar("T")
+
+# How long declaring limits waits for the transactions that were running when
+# it committed (an insert among them may have missed the declaration), and
+# how often it looks. Past the wait, the next declaration (a worker's start)
+# stamps what is left.
+STAMP_WAIT = timedelta(seconds=5)
+STAMP_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +138,17 @@ GIVEN_BITS = {
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """A validated job, ready to insert. ``data`` is JSON text."""
+    """A validated job, ready to insert. ``data`` is JSON text.
+
+    ``partition_key`` None lets the insert take the key of a limited queue's
+    jobs from their data (or give them ''); ``cost`` None is 1.
+    """
 
     settings: JobSettings
     data: str
     singleton_key: str | None = None
+    partition_key: str | None = None
+    cost: int | None = None
 
 
 class ClaimedJob(NamedTuple):
@@ -353,6 +369,10 @@ class InsertPlan:
         params["singleton_key"] = (
             [j.singleton_key for j in jobs] if any(j.singleton_key for j in jobs) else []
         )
+        # Likewise for partition keys and costs, which most jobs never have.
+        keyed = any(j.partition_key is not None for j in jobs)
+        params["partition_key"] = [j.partition_key for j in jobs] if keyed else []
+        params["cost"] = [j.cost for j in jobs] if any(j.cost is not None for j in jobs) else []
         params["now"] = now
         return cls(params, sorted({s.queue for s in sets if s.runs_now}))
 
@@ -457,6 +477,22 @@ class JobStore:
         and with it every earlier claim in the WAL.
         """
         query = self.sql["claim_jobs"]
+        params = {"queue": queue, "limit": limit, "now": now}
+        columns, rows = await self.db.run(
+            lambda c: fetch_named(c, query, params), transaction=False
+        )
+        read = claim_reader(columns)
+        return [read(r) for r in rows]
+
+    async def claim_limited(
+        self, queue: str, limit: int, *, now: datetime | None
+    ) -> list[ClaimedJob]:
+        """:meth:`claim` for a queue with limits: only jobs its limits let start now.
+
+        Claims of the queue wait for each other (they are serialized in the
+        database); a queue without limits is claimed as :meth:`claim` does.
+        """
+        query = self.sql["claim_limited_jobs"]
         params = {"queue": queue, "limit": limit, "now": now}
         columns, rows = await self.db.run(
             lambda c: fetch_named(c, query, params), transaction=False
@@ -582,6 +618,30 @@ class JobStore:
 
         return await self.db.on(conn, run, transaction=False)
 
+    async def send_pause_partitions(
+        self, conn: AsyncConn, jobs: Sequence[tuple[JobId, timedelta]], *, now: datetime | None
+    ) -> None:
+        """Hold back the partition of each job (RetryAfter) for its delay."""
+        if jobs:
+            await conn.execute(
+                self.sql["pause_partitions"],
+                {
+                    "ids": [j[0] for j in jobs],
+                    "delays_s": [j[1].total_seconds() for j in jobs],
+                    "now": now,
+                },
+            )
+
+    async def send_report_costs(
+        self, conn: AsyncConn, costs: Sequence[tuple[JobId, int]], *, now: datetime | None
+    ) -> None:
+        """Charge each job's partition the difference between its reported and its sent cost."""
+        if costs:
+            await conn.execute(
+                self.sql["report_costs"],
+                {"ids": [c[0] for c in costs], "costs": [c[1] for c in costs], "now": now},
+            )
+
     async def cancel_active(
         self,
         job_id: JobId,
@@ -703,6 +763,92 @@ class JobStore:
     async def queue_stats(self, *, now: datetime | None) -> list[QueueStateCount]:
         rows = await self._rows("queue_stats", {"now": now})
         return [QueueStateCount(r[0], JobState(r[1]), r[2], r[3]) for r in rows]
+
+    # -- limits ------------------------------------------------------------
+
+    async def declare_limits(self, queue: str, limits: Limits, *, now: datetime | None) -> None:
+        """Create or replace ``queue``'s limits, and give its unfinished jobs their partition keys.
+
+        An insert that read ``queue_limit`` before this commit writes its jobs
+        without a key, which the limited claim never sees: so after the
+        commit this waits (at most ``STAMP_WAIT``) for the transactions
+        running then to end, and stamps again.
+        """
+        rate = limits.rate
+        params = {
+            "queue": queue,
+            "concurrency": limits.global_concurrency,
+            "rate_count": None if rate is None else rate.count,
+            "rate_period_s": None if rate is None else rate.per.total_seconds(),
+            "rate_burst": None if rate is None else rate.bucket,
+            "partition_field": limits.partition_field,
+            "partition_by": limits.partition_description,
+            "now": now,
+        }
+        declare, stamp = self.sql["declare_limits"], self.sql["stamp_partitions"]
+
+        async def run(c: AsyncConn) -> list[str]:
+            await c.execute(declare, params)
+            await c.execute(stamp, {"queue": queue})
+            cur = await c.execute(self.sql["other_transactions"])
+            row = await cur.fetchone()
+            return list(row[0] or []) if row else []
+
+        running = await self.db.run(run)
+        # Real time, not the injectable clock: this waits for other sessions'
+        # transactions to end, which no test clock moves.
+        deadline = time.monotonic() + STAMP_WAIT.total_seconds()
+        while running and time.monotonic() < deadline:
+            (count,) = (await self._rows("transactions_running", {"vxids": running}))[0]
+            if not count:
+                break
+            await asyncio.sleep(STAMP_POLL_S)
+        await self._rows("stamp_partitions", {"queue": queue})
+
+    async def prune_buckets(self, *, limit: int, now: datetime | None) -> int:
+        """Delete partition state a missing row would say as well (full, unpaused buckets)."""
+        query = self.sql["prune_buckets"]
+
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(query, {"limit": limit, "now": now})
+            return cur.rowcount
+
+        return await self.db.run(run)
+
+    async def stamp_unkeyed(self) -> int:
+        """Give unfinished jobs of limited queues that have no partition key theirs."""
+        query = self.sql["stamp_unkeyed"]
+
+        async def run(c: AsyncConn) -> int:
+            cur = await c.execute(query)
+            return cur.rowcount
+
+        return await self.db.run(run)
+
+    async def clear_limits(self, queue: str) -> bool:
+        return bool(await self._rows("clear_limits", {"queue": queue}))
+
+    async def is_limited(self, queue: str) -> bool:
+        return bool((await self._rows("is_limited", {"queue": queue}))[0][0])
+
+    async def limit_states(
+        self, queue: str | None, *, limit: int, now: datetime | None
+    ) -> list[LimitState]:
+        rows = await self._rows("limit_states", {"queue": queue, "limit": limit, "now": now})
+        return [
+            LimitState(
+                queue=r[0],
+                partition_key=r[1],
+                global_concurrency=r[2],
+                rate=None if r[3] is None else Rate(r[3], timedelta(seconds=r[4]), r[5]),
+                partition_by=r[6],
+                running=r[7],
+                waiting=r[8],
+                tokens=r[9],
+                paused_until=r[10],
+            )
+            for r in rows
+        ]
 
     # -- schedules -------------------------------------------------------
 

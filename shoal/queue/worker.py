@@ -45,6 +45,7 @@ from shoal.queue.job import (
     error_entry,
     outcome_of,
 )
+from shoal.queue.limits import Limits
 from shoal.queue.notifier import Notifier
 from shoal.queue.retry import Jitter, after_failure
 from shoal.queue.states import JobId, JobState
@@ -64,6 +65,14 @@ DEFAULT_MAX_BATCH = 500
 MAX_RECORD_BATCH = 500
 # The deadline watchdog looks at least this often.
 WATCHDOG_MAX_SLEEP_S = 0.25
+# A worker of a limited queue whose claim came back short (the limits held
+# jobs back, or none were waiting) claims again when one of its own jobs
+# finishes, on a NOTIFY, or after this long: a slot freed or a token refilled
+# in the database wakes nobody.
+LIMITED_POLL_INTERVAL = timedelta(milliseconds=100)
+# How often a worker without limits of its own looks whether another process
+# declared (or cleared) some for its queue.
+LIMITS_RECHECK = timedelta(seconds=30)
 # Backoff of the fetcher and completer after a failed database call.
 ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # The message of the cancellation that stop() sends to handlers still running
@@ -133,6 +142,7 @@ class Worker:
         finalize: Finalize | None = None,
         store_output: bool = True,
         hooks: Hooks | None = None,
+        limits: Limits | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
@@ -145,7 +155,23 @@ class Worker:
         self.clock = clock
         self.jitter = jitter
         self.notifier = notifier
-        self.claim = claim or store.claim
+        self.claim = claim or (store.claim_limited if limits else store.claim)
+        # Declared before the first claim. A worker without limits of its own
+        # still claims through the limited claim when another process declared
+        # some for its queue (looked up before the first claim). Set by
+        # _prepare, read by the fetcher.
+        self.limits = limits
+        self._limited = limits is not None
+        self._custom_claim = claim is not None
+        # Whether the last claim of a limited queue came back short. Written
+        # and read by the fetcher: while a limit binds, no jobs are
+        # prefetched and each free runner claims at once; while it does not,
+        # claims are batched as on any queue.
+        self._held_back = False
+        # When a worker without limits of its own looks again whether its
+        # queue has some (set by _learn_limits; clock.monotonic() seconds).
+        self._learn_at = 0.0
+        self._prepared = False
         self.finalize = finalize
         self.store_output = store_output
         # Observers of fetches, outcomes and idleness (shoal.testing.Probe).
@@ -174,6 +200,9 @@ class Worker:
         # Set by the fetcher while it waits on an empty queue; read when
         # reporting idleness.
         self._fetch_idle = False
+        # Costs handlers reported (Job.report_cost), by job: written by
+        # runners, taken by the completer with the job's outcome.
+        self._costs: dict[JobId, int] = {}
         self._claimed = self._completed = self._failed = self._retried = 0
         self._released = self._lost = self._finished = 0
         # Prefetch sizing (fetcher only): jobs/s finished and seconds per claim.
@@ -255,6 +284,8 @@ class Worker:
         """
         task = asyncio.current_task()
         assert task is not None
+        if not self._prepared:
+            await self._prepare()
         claimed = await self.claim(self.queue, self.batch_size, now=self.clock.sql_now())
         self._claimed += len(claimed)
         if self.hooks:
@@ -274,12 +305,32 @@ class Worker:
         processes; no-op jobs get up to a full batch, so runners never wait
         for a claim round trip.
         """
+        if self._held_back:
+            # A claimed job holds a slot of a limit that binds: none are
+            # hoarded away from runners in other processes.
+            return 0
         return min(self.batch_size, math.ceil(self._rate * self._claim_s * 4))
 
-    async def _wait_for(self, event: asyncio.Event, seconds: float | None = None) -> None:
-        """Wait for ``event``, ``seconds`` of the clock, or a stop request, whichever is first."""
+    async def _prepare(self) -> None:
+        """Before the first claim: declare this worker's limits, or learn if the queue has any."""
+        if self.limits is not None:
+            await self.store.declare_limits(self.queue, self.limits, now=self.clock.sql_now())
+        elif not self._custom_claim:
+            await self._learn_limits()
+        self._prepared = True
+
+    async def _learn_limits(self) -> None:
+        """Claim through the limited claim while the queue has limits another process declared."""
+        limited = await self.store.is_limited(self.queue)
+        self.claim = self.store.claim_limited if limited else self.store.claim
+        self._limited = limited
+        self._held_back = self._held_back and limited
+        self._learn_at = self.clock.monotonic() + LIMITS_RECHECK.total_seconds()
+
+    async def _wait_for(self, *events: asyncio.Event, seconds: float | None = None) -> None:
+        """Wait for any of ``events``, ``seconds`` of the clock, or a stop request."""
         waits: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(event.wait()),
+            *(asyncio.ensure_future(event.wait()) for event in events),
             asyncio.ensure_future(self._stop_requested.wait()),
         ]
         if seconds is not None:
@@ -291,6 +342,21 @@ class Worker:
                 waiter.cancel()
 
     async def _fetch_loop(self) -> None:
+        errors = 0
+        while not self._prepared and not self._stopping:
+            try:
+                await self._prepare()
+            except TransientError as exc:
+                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                errors += 1
+                log.warning(
+                    "declaring the limits of %s failed (%s); retrying in %.1fs",
+                    self.queue,
+                    exc,
+                    delay,
+                    extra={"queue": self.queue},
+                )
+                await self._wait_for(seconds=delay)
         errors = 0
         last_at, last_finished = self.clock.monotonic(), 0
         while not self._stopping:
@@ -309,7 +375,9 @@ class Worker:
             # rows), so refilling each finished job as it goes would make
             # claims of a few dozen jobs back to back.
             starving = not self._buffer and len(self._running) < self.concurrency
-            if room < 1 or (room < target // 2 and not starving):
+            # While a limit binds, each free runner claims at once: claims are
+            # small anyway, and a slot left idle is one the limit allows.
+            if room < 1 or (room < target // 2 and not starving and not self._held_back):
                 self._room.clear()
                 await self._wait_for(self._room)
                 continue
@@ -322,6 +390,8 @@ class Worker:
                 self._wake.clear()
             started = self.clock.monotonic()
             try:
+                if self.limits is None and not self._custom_claim and started >= self._learn_at:
+                    await self._learn_limits()
                 claimed = await self.claim(
                     self.queue, min(room, self.batch_size), now=self.clock.sql_now()
                 )
@@ -336,7 +406,7 @@ class Worker:
                     delay,
                     extra={"queue": self.queue},
                 )
-                await self._wait_for(asyncio.Event(), delay)
+                await self._wait_for(seconds=delay)
                 continue
             now = self.clock.monotonic()
             self._claim_s = 0.7 * self._claim_s + 0.3 * (now - started)
@@ -346,6 +416,9 @@ class Worker:
                 last_at, last_finished = now, self._finished
             if self.hooks:
                 self.hooks.emit("fetched", self.queue, count=len(claimed))
+            if self._limited:
+                # Short: the limits held jobs back (or none were waiting).
+                self._held_back = len(claimed) < min(room, self.batch_size)
             if claimed:
                 self._claimed += len(claimed)
                 self._buffer.extend(claimed)
@@ -377,8 +450,14 @@ class Worker:
         stall) may already have passed it, and then the next claim is due.
         """
         elapsed = self.clock.monotonic() - claim_began
-        remaining = max(0.0, self.poll_interval.total_seconds() - elapsed)
-        await self._wait_for(self._wake or asyncio.Event(), remaining)
+        interval = self.poll_interval.total_seconds()
+        events = [self._wake or asyncio.Event()]
+        if self._limited:
+            interval = min(interval, LIMITED_POLL_INTERVAL.total_seconds())
+            # One of this worker's own jobs finishing frees a slot.
+            self._room.clear()
+            events.append(self._room)
+        await self._wait_for(*events, seconds=max(0.0, interval - elapsed))
 
     # -- runners ---------------------------------------------------------
 
@@ -423,6 +502,8 @@ class Worker:
         finally:
             self._deadline_at.pop(claim.id, None)
             self._expired.discard(claim.id)
+            if job.reported_cost is not None:
+                self._costs[claim.id] = job.reported_cost
         if self.hooks:
             self.hooks.emit(
                 "job_ran",
@@ -538,6 +619,8 @@ class Worker:
         failures: dict[JobId, Failure] = {}
         released: list[tuple[ClaimedJob, timedelta]] = []
         snoozed: set[JobId] = set()
+        pauses: list[tuple[JobId, timedelta]] = []
+        costs = [(c.id, self._costs[c.id]) for c, _ in batch if c.id in self._costs]
         cancels: list[tuple[ClaimedJob, BaseException]] = []
         for claim, outcome in batch:
             if isinstance(outcome, Completed):
@@ -564,6 +647,8 @@ class Worker:
                 if isinstance(outcome, Snoozed):
                     snoozed.add(claim.id)
                     released.append((claim, outcome.delay))
+                    if outcome.pause_partition:
+                        pauses.append((claim.id, outcome.delay))
                 else:
                     released.append((claim, timedelta(0)))
             else:
@@ -577,6 +662,13 @@ class Worker:
                     self.hooks.emit("job_finished", self.queue, job_id=job_id, outcome=outcome)
 
         async def record(conn: AsyncConn) -> None:
+            if costs:
+                # First, and forgotten once written: a batch written again
+                # after a later statement failed does not charge them twice
+                # (only a lost answer to this statement itself can).
+                await self.store.send_report_costs(conn, costs, now=now_sql)
+                for job_id, _ in costs:
+                    self._costs.pop(job_id, None)
             if completed:
                 if self.finalize is not None:
                     won: Collection[JobId] = await self.finalize(conn, completed)
@@ -618,6 +710,12 @@ class Worker:
                         for job_id, state in states.items()
                     },
                 )
+            if pauses:
+                # Before the release: a crash between the two leaves the job
+                # to its lease, never the partition unpaused with the job
+                # back in line. Written again if the batch is retried, which
+                # only sets the same pause.
+                await self.store.send_pause_partitions(conn, pauses, now=now_sql)
             if released:
                 back = await (
                     await self.store.send_release(

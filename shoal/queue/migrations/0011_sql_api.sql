@@ -109,15 +109,18 @@ RETURNS bigint
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_known text[] := ARRAY['dead_letter', 'expire_in', 'priority', 'retry_backoff',
-                            'retry_delay', 'retry_delay_max', 'retry_limit', 'singleton_key',
-                            'start_after'];
+    v_known text[] := ARRAY['cost', 'dead_letter', 'expire_in', 'partition_key', 'priority',
+                            'retry_backoff', 'retry_delay', 'retry_delay_max', 'retry_limit',
+                            'singleton_key', 'start_after'];
     v_options jsonb := coalesce(p_options, '{{}}'::jsonb);
     v_data jsonb := coalesce(p_data, 'null'::jsonb);
     v_key text;
     v_value jsonb;
     v_hint text;
     v_default {schema}.queue_default;
+    v_limit {schema}.queue_limit;
+    v_partition_key text;
+    v_cost integer;
     v_priority integer;
     v_retry_limit integer;
     v_retry_delay_s float8;
@@ -196,6 +199,29 @@ BEGIN
                 PERFORM {schema}.invalid_input_v1(v_key, 'must be an integer within ±1000000, got '
                     || {schema}.value_text_v1(v_value));
             END IF;
+        ELSIF v_key = 'cost' THEN
+            v_cost := {schema}.option_integer_v1(v_value, 1, 2147483647);
+            IF v_cost IS NULL THEN
+                PERFORM {schema}.invalid_input_v1(v_key, 'must be an integer from 1 to '
+                    || '2147483647, got ' || {schema}.value_text_v1(v_value));
+            END IF;
+        ELSIF v_key = 'partition_key' THEN
+            -- A string or an integer, as shoal.queue.limits.partition_key_of
+            -- takes it (the type named as Python names the decoded value).
+            IF jsonb_typeof(v_value) = 'string'
+               OR (jsonb_typeof(v_value) = 'number' AND v_value::text ~ '^-?[0-9]+$') THEN
+                v_partition_key := v_value #>> '{{}}';
+                IF length(v_partition_key) > 512 THEN
+                    PERFORM {schema}.invalid_input_v1(v_key,
+                        'must be at most 512 characters, without NUL');
+                END IF;
+            ELSIF jsonb_typeof(v_value) <> 'null' THEN
+                PERFORM {schema}.invalid_input_v1(v_key,
+                    'a partition key must be a string or an integer, got '
+                    || CASE jsonb_typeof(v_value) WHEN 'boolean' THEN 'bool'
+                            WHEN 'number' THEN 'float' WHEN 'array' THEN 'list'
+                            ELSE 'dict' END);
+            END IF;
         ELSIF v_key = 'dead_letter' THEN
             IF jsonb_typeof(v_value) <> 'null' THEN
                 IF jsonb_typeof(v_value) <> 'string' THEN
@@ -214,9 +240,17 @@ BEGIN
     END IF;
 
     SELECT * INTO v_default FROM {schema}.queue_default d WHERE d.queue = p_queue;
+    -- A limited queue's job gets its partition key as insert_jobs gives it:
+    -- '' when the queue is not partitioned, else the one sent, else its
+    -- data's partition field, else ''.
+    SELECT * INTO v_limit FROM {schema}.queue_limit l WHERE l.queue = p_queue;
+    IF v_limit.queue IS NOT NULL THEN
+        v_partition_key := CASE WHEN v_limit.partition_by IS NULL THEN ''
+            ELSE coalesce(v_partition_key, v_data ->> v_limit.partition_field, '') END;
+    END IF;
     INSERT INTO {schema}.job (
         queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
-        expire_in, singleton_key, dead_letter, start_after, created_at)
+        expire_in, singleton_key, dead_letter, start_after, created_at, partition_key, cost)
     VALUES (
         p_queue, v_data,
         CASE WHEN v_options ? 'priority' THEN v_priority
@@ -233,7 +267,7 @@ BEGIN
              ELSE coalesce(v_default.expire_in, interval '15 minutes') END,
         v_singleton_key,
         CASE WHEN v_options ? 'dead_letter' THEN v_dead_letter ELSE v_default.dead_letter END,
-        v_start_after, now())
+        v_start_after, now(), v_partition_key, coalesce(v_cost, 1))
     ON CONFLICT DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NOT NULL AND v_start_after <= now() THEN
