@@ -181,7 +181,7 @@ async def test_claim_the_server_committed_and_answered_survives_the_connection_d
     boss = Shoal(db, listen=False)
     try:
         await db.pool.wait(timeout=10)
-        proxy.hold_reply_after(b"claim_jobs")
+        proxy.hold_reply_after(b"claim_limited_jobs")  # fetch claims through the limited claim
         claim = asyncio.create_task(boss.fetch("ack_q", batch_size=5))
 
         async def committed_and_held() -> bool:
