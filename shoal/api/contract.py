@@ -87,10 +87,44 @@ class TaskOut(BaseModel):
     created_at: str
     completed_at: str | None
     deadline_at: str | None = None
+    queue: str = Field(default="", description="The queue of the task's items.")
+    paused: bool = Field(
+        default=False, description="The items' queue is paused: nothing of the task starts."
+    )
+    elapsed_s: float | None = Field(
+        default=None, description="Seconds since created (until completed, once closed)."
+    )
+    rate_per_s: float | None = Field(
+        default=None, description="Items finished per second since created, while processing."
+    )
+    eta_s: float | None = Field(
+        default=None,
+        description=(
+            "Seconds left at that rate; null when unknown (nothing finished yet, paused, "
+            "closed or being stopped)."
+        ),
+    )
 
 
 class TaskList(BaseModel):
     tasks: list[TaskOut]
+
+
+class ItemErrorOut(BaseModel):
+    """One run of an item that did not complete, as its history keeps it."""
+
+    attempt: int = Field(
+        description="Which run of the item this was, counted over its whole life "
+        "(retry-failed does not start it again from 1)."
+    )
+    run: int | None = Field(
+        default=None, description="The run since the item was last (re)opened (1 = first)."
+    )
+    started_at: str | None = Field(default=None, description="When the run started.")
+    at: str | None = Field(default=None, description="When the run ended.")
+    type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
 
 
 class ItemOut(BaseModel):
@@ -101,7 +135,7 @@ class ItemOut(BaseModel):
     data: Any = None
     result: Any = None
     error: str | None
-    errors: list[dict[str, Any]]
+    errors: list[ItemErrorOut]
     started_at: str | None
     updated_at: str
     finished_at: str | None
@@ -126,6 +160,7 @@ __all__ = [
     "CreateTask",
     "Created",
     "Health",
+    "ItemErrorOut",
     "ItemOut",
     "ItemPage",
     "ProgressOut",

@@ -28,7 +28,7 @@ from shoal.api.contract import (
 )
 from shoal.api.errors import ErrorBody
 from shoal.api.storable import check_storable
-from shoal.batch.inputs import MAX_KEY_LENGTH
+from shoal.batch.inputs import MAX_KEY_LENGTH, MAX_REF_LENGTH
 from shoal.batch.service import Batches
 from shoal.batch.states import TaskStatus
 from shoal.batch.store import ItemRow
@@ -145,11 +145,13 @@ def tasks_router(batches: Batches) -> APIRouter:
     @router.get("/tasks", response_model=TaskList, responses=_errors(401, 403, 422))
     async def list_tasks(
         status: TaskStatusName | None = None,
+        kind: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_LIST_LIMIT)] = DEFAULT_LIST_LIMIT,
     ) -> dict[str, Any]:
-        """Tasks with their progress, newest first."""
+        """Tasks with their progress, elapsed time and estimate, newest first; of one
+        ``status`` and ``kind`` when given (a kind with no task lists none)."""
         views = await batches.tasks(
-            status=None if status is None else TaskStatus(status), limit=limit
+            status=None if status is None else TaskStatus(status), kind=kind, limit=limit
         )
         return {"tasks": [v.as_dict() for v in views]}
 
@@ -166,9 +168,16 @@ def tasks_router(batches: Batches) -> APIRouter:
         status: ItemStatusName | None = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE_LIMIT)] = DEFAULT_PAGE_LIMIT,
         cursor: Annotated[int | None, Query(ge=0, le=MAX_CURSOR)] = None,
+        ref: Annotated[
+            str | None,
+            Query(min_length=1, max_length=MAX_REF_LENGTH, description="Part of the refs sought."),
+        ] = None,
     ) -> dict[str, Any]:
-        """A page of a task's items in id order; pass ``next_cursor`` back for the next."""
-        page = await batches.items(task_id_of(task_id), status=status, cursor=cursor, limit=limit)
+        """A page of a task's items in id order; pass ``next_cursor`` back for the next.
+        With ``ref``, only items whose ref contains it (case-sensitive)."""
+        page = await batches.items(
+            task_id_of(task_id), status=status, cursor=cursor, limit=limit, ref=ref
+        )
         return {"items": [item_dict(r) for r in page.items], "next_cursor": page.next_cursor}
 
     @router.post(

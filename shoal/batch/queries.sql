@@ -123,10 +123,15 @@ WHERE i.id = ANY(%(ids)s::bigint[]) AND i.status = 'completed' AND i.attempt = u
 -- name: fail_item
 -- running -> error (permanent, or no attempts left) | pending (transient, to be
 -- retried by the job's backoff), fenced by attempt; the error is appended.
+-- Each history entry is numbered here, from the row: attempt is the item's
+-- run count over its whole life (the fencing token, which retry-failed never
+-- resets), run its run since it was last (re)opened, started_at the run's
+-- start; the caller's entry gives the end (at) and the error.
 UPDATE {schema}.item
 SET status = %(status)s::{schema}.item_status,
     error = %(message)s,
-    errors = errors || jsonb_build_array(%(entry)s::jsonb),
+    errors = errors || jsonb_build_array(%(entry)s::jsonb || jsonb_build_object(
+        'attempt', attempt, 'run', attempt - attempt_base, 'started_at', started_at)),
     finished_at = CASE WHEN %(status)s = 'error' THEN coalesce(%(now)s::timestamptz, now()) END,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(item_id)s AND status = 'running' AND attempt = %(attempt)s
@@ -144,7 +149,8 @@ UPDATE {schema}.item i
 SET status = 'pending',
     attempt_base = i.attempt_base + 1,
     errors = i.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', i.attempt - i.attempt_base, 'at', coalesce(%(now)s::timestamptz, now()),
+        'attempt', i.attempt, 'run', i.attempt - i.attempt_base, 'started_at', i.started_at,
+        'at', coalesce(%(now)s::timestamptz, now()),
         'type', 'Interrupted', 'message', %(message)s::text, 'traceback', NULL)),
     finished_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
@@ -200,9 +206,11 @@ SET status = CASE WHEN i.attempt - i.attempt_base < t.max_attempts AND t.cancel_
                   THEN 'pending' ELSE 'error' END::{schema}.item_status,
     error = 'no sign of life for ' || t.zombie_timeout::text || ' (worker crashed or hung)',
     errors = i.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', i.attempt, 'at', coalesce(%(now)s::timestamptz, now()),
+        'attempt', i.attempt, 'run', i.attempt - i.attempt_base, 'started_at', i.started_at,
+        'at', coalesce(%(now)s::timestamptz, now()),
         'type', 'Zombie', 'message',
-        'no sign of life since ' || i.updated_at::text || '; reaped by the aggregator')),
+        'no sign of life since ' || i.updated_at::text || '; reaped by the aggregator',
+        'traceback', NULL)),
     finished_at = CASE WHEN i.attempt - i.attempt_base < t.max_attempts AND t.cancel_reason IS NULL
                        THEN NULL ELSE coalesce(%(now)s::timestamptz, now()) END,
     updated_at = coalesce(%(now)s::timestamptz, now())
@@ -334,17 +342,18 @@ RETURNING t.id::text, t.kind, t.outcome::text, t.on_complete_queue, t.params,
 
 -- name: get_task
 SELECT id::text, kind, status::text, outcome::text, params, total, created_at, completed_at,
-       deadline_at, cancel_reason::text, last_item_at
+       deadline_at, cancel_reason::text, last_item_at, item_queue
 FROM {schema}.task WHERE id = %(task_id)s::uuid
 
 -- name: list_tasks
--- Newest first, paged by (created_at, id).
+-- Newest first, paged by (created_at, id), optionally of one kind and status.
 SELECT id::text, kind, status::text, outcome::text, params, total, created_at, completed_at,
-       deadline_at, cancel_reason::text, last_item_at
+       deadline_at, cancel_reason::text, last_item_at, item_queue
 FROM {schema}.task
 WHERE (%(before_created)s::timestamptz IS NULL
        OR (created_at, id) < (%(before_created)s::timestamptz, %(before_id)s::uuid))
   AND (%(status)s::text IS NULL OR status = %(status)s::{schema}.task_status)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
 
@@ -383,12 +392,16 @@ WHERE task_id = ANY(%(task_ids)s::uuid[]) AND status = 'running' AND NOT in_hand
 GROUP BY task_id
 
 -- name: list_items
--- A page of a task's items, optionally in one status, by id after a cursor.
+-- A page of a task's items, optionally in one status, or whose ref contains
+-- %(ref)s, by id after a cursor. No index serves the ref search: it reads
+-- the task's entries of item_task_status (one task, not the table), and an
+-- index of refs would cost every item update an entry more (see 0002_batch.sql).
 SELECT id, ref, status::text, attempt - attempt_base, data, result, error, errors, started_at,
        updated_at, finished_at
 FROM {schema}.item
 WHERE task_id = %(task_id)s::uuid
   AND (%(status)s::text IS NULL OR status = %(status)s::{schema}.item_status)
+  AND (%(ref)s::text IS NULL OR strpos(ref, %(ref)s::text) > 0)
   AND id > %(after_id)s
 ORDER BY id
 LIMIT %(limit)s

@@ -169,14 +169,21 @@ class Batches:
             raise still_creating(exc, idempotency_key) from exc
 
     async def get(self, task_id: str) -> TaskView:
+        """A task with its progress, elapsed time, estimate of time left, and pause."""
         row = await self._row(task_id)
         counts = await self.store.progress(row.id)
-        return task_view(row, counts)
+        paused = await self.boss.paused_queues()
+        return task_view(row, counts, now=self.clock.now(), paused_queues=paused)
 
-    async def tasks(self, *, status: TaskStatus | None = None, limit: int = 50) -> list[TaskView]:
-        rows = await self.store.list_tasks(status=status, before=None, limit=limit)
+    async def tasks(
+        self, *, status: TaskStatus | None = None, kind: str | None = None, limit: int = 50
+    ) -> list[TaskView]:
+        """Tasks newest first (of one ``status`` and ``kind`` when given), as :meth:`get`."""
+        rows = await self.store.list_tasks(status=status, kind=kind, before=None, limit=limit)
         counts = await self.store.progress_many([r.id for r in rows]) if rows else {}
-        return [task_view(r, counts.get(r.id, {})) for r in rows]
+        paused = await self.boss.paused_queues() if rows else []
+        now = self.clock.now()
+        return [task_view(r, counts.get(r.id, {}), now=now, paused_queues=paused) for r in rows]
 
     async def items(
         self,
@@ -185,8 +192,12 @@ class Batches:
         status: ItemStatus | str | None = None,
         cursor: int | None = None,
         limit: int = 100,
+        ref: str | None = None,
     ) -> ItemsPage:
+        """A page of a task's items in id order, of one ``status`` or whose ref contains ``ref``."""
         row = await self._row(task_id)
+        if ref is not None and (not isinstance(ref, str) or not ref or "\x00" in ref):
+            raise InvalidInput("ref", f"must be a non-empty string without NUL, got {ref!r:.80}")
         try:
             parsed = None if status is None else ItemStatus(status)
         except ValueError:
@@ -198,7 +209,7 @@ class Batches:
         if cursor is not None and (not isinstance(cursor, int) or cursor < 0):
             raise InvalidInput("cursor", f"must be an integer >= 0, got {cursor!r}")
         rows = await self.store.list_items(
-            row.id, status=parsed, after_id=cursor or 0, limit=limit + 1
+            row.id, status=parsed, after_id=cursor or 0, limit=limit + 1, ref=ref
         )
         more = len(rows) > limit
         page = tuple(rows[:limit])

@@ -132,6 +132,7 @@ class TaskRow:
     deadline_at: datetime | None
     cancel_reason: TaskOutcome | None
     last_item_at: datetime | None
+    item_queue: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +163,7 @@ def _task(row: Sequence[Any]) -> TaskRow:
         deadline_at=row[8],
         cancel_reason=None if row[9] is None else TaskOutcome(row[9]),
         last_item_at=row[10],
+        item_queue=row[11],
     )
 
 
@@ -533,11 +535,13 @@ class BatchStore:
         status: TaskStatus | None,
         before: tuple[datetime, TaskId] | None,
         limit: int,
+        kind: str | None = None,
     ) -> list[TaskRow]:
         rows = await self._rows(
             "list_tasks",
             {
                 "status": None if status is None else status.value,
+                "kind": kind,
                 "before_created": None if before is None else before[0],
                 "before_id": None if before is None else before[1],
                 "limit": limit,
@@ -579,13 +583,20 @@ class BatchStore:
         return {ItemId(r[0]) for r in rows}
 
     async def list_items(
-        self, task_id: TaskId, *, status: ItemStatus | None, after_id: int, limit: int
+        self,
+        task_id: TaskId,
+        *,
+        status: ItemStatus | None,
+        after_id: int,
+        limit: int,
+        ref: str | None = None,
     ) -> list[ItemRow]:
         rows = await self._rows(
             "list_items",
             {
                 "task_id": task_id,
                 "status": None if status is None else status.value,
+                "ref": ref,
                 "after_id": after_id,
                 "limit": limit,
             },
