@@ -150,11 +150,12 @@ async def test_tasks_show_elapsed_and_time_left_and_none_when_unknown_or_paused(
 
 
 async def test_tasks_filter_by_kind_and_status_and_items_by_ref(
-    fake_boss: Shoal, tasks: tuple[Batches, httpx.AsyncClient]
+    fake_boss: Shoal, clock: FakeClock, tasks: tuple[Batches, httpx.AsyncClient]
 ) -> None:
     batches, client = tasks
     done = (await client.post("/v1/tasks", json={"kind": FLAKY, "items": ["x-1"]})).json()
     await run_items(fake_boss, batches)
+    clock.advance(timedelta(seconds=1))  # newest first: one created after the other
     refs = ["invoice-17", "invoice-170", "receipt-17", "invoice-2"]
     open_ = (await client.post("/v1/tasks", json={"kind": QUIET, "items": refs})).json()
 
