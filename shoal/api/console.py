@@ -107,6 +107,7 @@ def queue_dict(q: QueueSummary) -> dict[str, Any]:
         "completed_5m": q.completed_5m,
         "failed_5m": q.failed_5m,
         "throughput_per_min": q.throughput_per_min,
+        "estimated": list(q.estimated),
     }
 
 
@@ -441,15 +442,15 @@ def history_router(
     ) -> dict[str, Any]:
         """The counts an operator looks at first, and every series over the window."""
         charts = await history_of(queue, window, list(SERIES))
-        summaries = await queues.queues()
         workers = await registry.workers()
         return {
             "counts": {
-                "failed_jobs": sum(q.counts.get("failed", 0) for q in summaries),
+                # Not summed over queues(): that counts every state of every queue.
+                "failed_jobs": await queues.failed_total(),
                 "dead_letters": sum(t.dead for t in await topics.topics()),
                 "open_tasks": await open_tasks(),
                 "live_workers": sum(1 for w in workers if not w.gone),
-                "paused_queues": sum(1 for q in summaries if q.paused),
+                "paused_queues": len(await queues.boss.paused_queues()),
             },
             "history": charts,
         }

@@ -19,6 +19,13 @@ class QueueOut(BaseModel):
     completed_5m: int = Field(0, description="Jobs completed in the last five minutes.")
     failed_5m: int = Field(0, description="Jobs failed for good in the last five minutes.")
     throughput_per_min: float = Field(0.0, description="completed_5m per minute.")
+    estimated: list[str] = Field(
+        default_factory=list,
+        description=(
+            "States whose counts are the planner's estimates (completed and cancelled, once "
+            "the job table holds more than 200,000 jobs); empty when every count is exact."
+        ),
+    )
 
 
 class QueueList(BaseModel):

@@ -592,7 +592,7 @@ class BatchStore:
         ref: str | None = None,
     ) -> list[ItemRow]:
         rows = await self._rows(
-            "list_items",
+            "list_items" if ref is None else "search_items",
             {
                 "task_id": task_id,
                 "status": None if status is None else status.value,

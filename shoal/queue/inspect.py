@@ -19,6 +19,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from psycopg import sql
+
 from shoal.db.pool import AsyncConn
 from shoal.db.queries import load_queries
 from shoal.errors import Conflict, InvalidInput, NotFound
@@ -40,6 +42,11 @@ THROUGHPUT_WINDOW_S = 300
 _CURSOR = re.compile(r"([01])\.([1-9][0-9]{0,18})")
 # Most known names an error lists.
 SHOWN_NAMES = 30
+# Up to this many jobs in the table (the planner's count), the queues list
+# counts every state exactly: a full read of the table, about 250 ms at
+# 1,000,000 jobs on the 2-core bench machine and 25 ms at 100,000.
+EXACT_COUNT_LIMIT = 200_000
+ESTIMATED_STATES = ("completed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,8 @@ class QueueSummary:
     paused_at: datetime | None
     completed_5m: int
     failed_5m: int
+    # States whose counts are the planner's estimates, not counts (a big table).
+    estimated: tuple[str, ...] = ()
 
     @property
     def throughput_per_min(self) -> float:
@@ -144,6 +153,10 @@ class QueueInspector:
         self.store = boss.store
         self.clock = boss.clock
         self.sql = load_queries("shoal.queue", boss.db.schema, file="inspect.sql")
+        self._job_table = sql.Identifier(boss.db.schema, "job").as_string()
+        # Past this many jobs in the table, the queues list estimates its
+        # completed and cancelled counts (see queues()). Set by tests.
+        self.exact_count_limit = EXACT_COUNT_LIMIT
 
     async def _rows(
         self, name: str, params: dict[str, Any], conn: AsyncConn | None = None
@@ -178,8 +191,19 @@ class QueueInspector:
         return queue
 
     async def queues(self) -> list[QueueSummary]:
-        """Every queue: jobs per state, oldest wait, pause, recent throughput."""
+        """Every queue: jobs per state, oldest wait, pause, recent throughput.
+
+        Up to ``exact_count_limit`` jobs in the table (by the planner's
+        count), every state is counted exactly. Past it, the unfinished and
+        failed states still are, each from an index of its own, but completed
+        and cancelled jobs (most of a big table, and with no index by queue)
+        are the planner's estimates, named in ``QueueSummary.estimated``, and
+        the oldest wait is that of the queue's next job in claim order.
+        """
         now = self.clock.sql_now()
+        (rows,) = await self._rows("job_rows_estimate", {"job_table": self._job_table})
+        if rows[0] > self.exact_count_limit:
+            return await self._estimated_queues(now)
         stats = await self.store.queue_stats(now=now)
         paused = dict(await self._rows("queue_paused_at", {}))
         recent = {
@@ -207,6 +231,53 @@ class QueueInspector:
                 paused_at=paused.get(name),
                 completed_5m=recent.get(name, (0, 0))[0],
                 failed_5m=recent.get(name, (0, 0))[1],
+            )
+            for name in names
+        ]
+
+    async def failed_total(self) -> int:
+        """Failed jobs of every queue (what :meth:`queues` sums, for a fraction of its work)."""
+        (row,) = await self._rows("failed_total", {})
+        return int(row[0])
+
+    async def _estimated_queues(self, now: datetime | None) -> list[QueueSummary]:
+        counts: dict[str, dict[str, int]] = {}
+        oldest: dict[str, float] = {}
+
+        def of(queue: str) -> dict[str, int]:
+            return counts.setdefault(queue, {s.value: 0 for s in JobState})
+
+        indexed = await self._rows("queue_counts_indexed", {"now": now})
+        for queue, created, retry, active, failed, wait in indexed:
+            of(queue).update(created=created, retry=retry, active=active, failed=failed)
+            if wait is not None:
+                oldest[queue] = wait.total_seconds()
+        finished = await self._rows(
+            "finished_estimates",
+            {"job_table": self._job_table, "schema_name": self.boss.db.schema},
+        )
+        for queue, state, n in finished:
+            of(queue)[state] = n
+        paused = dict(await self._rows("queue_paused_at", {}))
+        recent = {
+            r[0]: (r[1], r[2])
+            for r in await self._rows(
+                "queue_finished_since", {"now": now, "since_s": THROUGHPUT_WINDOW_S}
+            )
+        }
+        names = sorted(
+            counts.keys() | paused.keys() | recent.keys() | set(await self.queue_names())
+        )
+        return [
+            QueueSummary(
+                queue=name,
+                counts=of(name),
+                oldest_waiting_s=oldest.get(name),
+                paused=name in paused,
+                paused_at=paused.get(name),
+                completed_5m=recent.get(name, (0, 0))[0],
+                failed_5m=recent.get(name, (0, 0))[1],
+                estimated=ESTIMATED_STATES,
             )
             for name in names
         ]
@@ -269,8 +340,14 @@ class QueueInspector:
             raise InvalidInput("cursor", f"{cursor!r:.80} is not a cursor this list returned")
         found: list[tuple[int, JobRecord]] = []
         for index in range(part, len(parts)):
+            if search is not None:
+                name = "search_jobs"
+            elif parts[index] == FAILED_FIRST:
+                name = "list_failed_jobs"
+            else:
+                name = "list_jobs"
             rows = await self._rows(
-                "list_failed_jobs" if parts[index] == FAILED_FIRST else "list_jobs",
+                name,
                 {
                     "states": [s.value for s in parts[index]],
                     "queue": queue,

@@ -45,6 +45,59 @@ SELECT EXISTS (SELECT 1 FROM {schema}.job WHERE queue = %(queue)s AND state IN (
 -- name: queue_paused_at
 SELECT queue, paused_at FROM {schema}.paused_queue ORDER BY queue
 
+-- name: job_rows_estimate
+-- The planner's count of the job table's rows (-1 before its first analyze):
+-- whether counting every job of every queue is cheap enough to do exactly.
+SELECT reltuples::float8 FROM pg_class WHERE oid = %(job_table)s::regclass
+
+-- name: queue_counts_indexed
+-- Jobs per queue in the states that each have an index of their own, read
+-- from the index alone where the visibility map allows: created and retry
+-- together (job_claim), retry (job_retry_queue), failed (job_failed_queue),
+-- active (job_lease; few: at most the workers' concurrency). Created is the
+-- first minus the second. The age of each queue's next due job (in claim
+-- order, walking job_claim from its head) stands for its oldest wait.
+WITH claimable AS (
+    SELECT queue, count(*) AS n FROM {schema}.job WHERE state IN ('created', 'retry') GROUP BY queue
+), retrying AS (
+    SELECT queue, count(*) AS n FROM {schema}.job WHERE state = 'retry' GROUP BY queue
+), failed AS (
+    SELECT queue, count(*) AS n FROM {schema}.job WHERE state = 'failed' GROUP BY queue
+), active AS (
+    SELECT queue, count(*) AS n FROM {schema}.job WHERE state = 'active' GROUP BY queue
+)
+SELECT q.queue, coalesce(c.n, 0) - coalesce(r.n, 0), coalesce(r.n, 0), coalesce(a.n, 0),
+       coalesce(f.n, 0),
+       (SELECT coalesce(%(now)s::timestamptz, now()) - greatest(j.created_at, j.start_after)
+        FROM {schema}.job j
+        WHERE j.queue = q.queue AND j.state IN ('created', 'retry')
+          AND j.start_after <= coalesce(%(now)s::timestamptz, now())
+        ORDER BY j.priority DESC, j.id
+        LIMIT 1)
+FROM (SELECT queue FROM claimable UNION SELECT queue FROM failed
+      UNION SELECT queue FROM active) q
+LEFT JOIN claimable c USING (queue)
+LEFT JOIN retrying r USING (queue)
+LEFT JOIN failed f USING (queue)
+LEFT JOIN active a USING (queue)
+
+-- name: finished_estimates
+-- Completed and cancelled jobs per queue as the planner estimates them: the
+-- (queue, state) statistics of job_queue_state (0009_console.sql) times the
+-- table's rows, as fresh as the last analyze. A pair too rare to be among
+-- the statistics' most common values is left out (counted as 0).
+SELECT s.most_common_vals[i][1], s.most_common_vals[i][2],
+       round(s.most_common_freqs[i] * c.reltuples)::bigint
+FROM pg_stats_ext s
+CROSS JOIN LATERAL generate_subscripts(s.most_common_vals, 1) AS i
+JOIN pg_class c ON c.oid = %(job_table)s::regclass
+WHERE s.schemaname = %(schema_name)s AND s.statistics_name = 'job_queue_state'
+  AND s.most_common_vals[i][2] IN ('completed', 'cancelled')
+
+-- name: failed_total
+-- Failed jobs of every queue, from job_failed_queue alone (the overview's count).
+SELECT count(*) FROM {schema}.job WHERE state = 'failed'
+
 -- name: queue_finished_since
 -- Jobs that finished per queue since %(since_s)s seconds ago (the job_finished index).
 SELECT queue,
@@ -87,6 +140,35 @@ WHERE state = 'failed'
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
   AND (%(search)s::text IS NULL OR singleton_key = %(search)s::text
        OR id = %(search_id)s::bigint)
+ORDER BY id DESC
+LIMIT %(limit)s
+
+-- name: search_jobs
+-- list_jobs for a search: the job with the id, and those with the singleton
+-- key, found through the primary key and the two singleton indexes (finished
+-- jobs, and the unfinished ones of each queue), then filtered. Filtering the
+-- whole list by the search walked every job of the table in id order: 150 ms
+-- at 1,000,000 jobs, for one row.
+WITH found AS (
+    SELECT * FROM {schema}.job WHERE id = %(search_id)s::bigint
+    UNION ALL
+    SELECT * FROM {schema}.job
+    WHERE singleton_key = %(search)s::text AND state IN ('completed', 'cancelled', 'failed')
+      AND id IS DISTINCT FROM %(search_id)s::bigint
+    UNION ALL
+    SELECT * FROM {schema}.job
+    WHERE singleton_key = %(search)s::text AND state IN ('created', 'retry', 'active')
+      AND id IS DISTINCT FROM %(search_id)s::bigint
+)
+SELECT id, queue, state::text, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at,
+       lease_expires_at, finished_at, output, errors
+FROM found
+WHERE state = ANY(%(states)s::{schema}.job_state[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
 
