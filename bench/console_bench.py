@@ -524,7 +524,8 @@ def machine() -> str:
 async def main_async(args: argparse.Namespace) -> int:
     url = os.environ.get("DATABASE_URL", DEFAULT_URL)
     started = time.perf_counter()
-    print(f"console bench: {machine()}", file=sys.stderr)
+    load_before = machine()
+    print(f"console bench: {load_before}", file=sys.stderr)
     if not args.reuse:
         timings = await fill(url, args)
         print(
@@ -551,7 +552,8 @@ async def main_async(args: argparse.Namespace) -> int:
     print(
         f"{sum(states.values()):,} jobs ({', '.join(f'{k} {v:,}' for k, v in states.items())}), "
         f"{sizes['job_archive']:,} archived, {sizes['item']:,} items in {TASKS} tasks, "
-        f"{sizes['history']:,} history samples. {machine()} at the start; {load_after} at the end."
+        f"{sizes['history']:,} history samples. {load_before} at the start; "
+        f"{load_after} at the end."
     )
     print()
     print("| route | status | p50 ms | p99 ms | max ms |")
