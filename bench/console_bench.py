@@ -609,7 +609,9 @@ def main() -> None:
     )
     parser.add_argument("--skip-drain", action="store_true", help="routes only")
     parser.add_argument("--keep", action="store_true", help="keep the schema (then --reuse it)")
-    parser.add_argument("--reuse", action="store_true", help="use the kept schema, do not refill")
+    parser.add_argument(
+        "--reuse", action="store_true", help="refill nothing: the kept schema, same sizes"
+    )
     args = parser.parse_args()
     for name in ("jobs", "items", "calls", "drain_jobs", "drain_rounds"):
         if getattr(args, name) < 1:
