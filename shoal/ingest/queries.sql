@@ -48,15 +48,10 @@ RETURNING envelope::text
 
 -- name: topic_depth
 -- The postgres transport's backlog of one topic: ready, in flight, delayed,
--- and the age of the oldest unfinished message.
-SELECT count(*) FILTER (WHERE state IN ('created', 'retry')
-                        AND start_after <= coalesce(%(now)s::timestamptz, now())),
-       count(*) FILTER (WHERE state = 'active'),
-       count(*) FILTER (WHERE state IN ('created', 'retry')
-                        AND start_after > coalesce(%(now)s::timestamptz, now())),
-       extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(created_at))
-FROM {schema}.job
-WHERE queue = %(queue)s AND state IN ('created', 'retry', 'active')
+-- and the age of the oldest unfinished message (queue_depth_v1 of the queue
+-- layer, shoal/queue/migrations/0014_queue_ingest_contract.sql).
+SELECT ready, in_flight, delayed, oldest_age_s
+FROM {schema}.queue_depth_v1(%(queue)s, %(now)s::timestamptz)
 
 -- name: record_wait
 INSERT INTO {schema}.ingest_topic (topic, last_wait_s, last_wait_at)
@@ -106,28 +101,26 @@ SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
 
 -- name: claim_messages
 -- The postgres transport's delivery: claims up to %(limit)s waiting messages of
--- one topic's queue under a lease of the consumer's ack wait
--- (claim_messages_v1 in migrations/0008_ingest_functions_v1.sql): the queue's
--- claim row, read by name as a ClaimedJob.
+-- one topic's queue under a lease of the consumer's ack wait (the queue
+-- layer's claim_jobs_leased_v1, shoal/queue/migrations/0014_queue_ingest_contract.sql):
+-- the queue's claim row, read by name as a ClaimedJob.
 SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
        retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
        lease_expires_at
-FROM {schema}.claim_messages_v1(
+FROM {schema}.claim_jobs_leased_v1(
     %(queue)s, %(limit)s, %(now)s::timestamptz, %(ack_wait)s::interval)
 
 -- name: ack_messages
--- The postgres transport's ack: an acknowledged message is deleted, fenced by
--- the attempt it was delivered under (a redelivered copy is not the caller's
--- to ack). No finished row is kept: the done-marker records what was applied,
--- and a delete writes no new row version and no index entries. The consumer's
--- done-markers (id, TTL) are written by the same statement, so a message is
--- acknowledged and marked, or neither (an empty list of marks writes none).
+-- The postgres transport's ack: an acknowledged message's job is deleted,
+-- fenced by the attempt it was delivered under (a redelivered copy is not the
+-- caller's to ack), by the queue layer's delete_jobs_v1. No finished row is
+-- kept: the done-marker records what was applied. The consumer's done-markers
+-- (id, TTL) are written by the same statement, so a message is acknowledged
+-- and marked, or neither (an empty list of marks writes none).
 WITH marked AS (
     INSERT INTO {schema}.ingest_done (message_id, expires_at)
     SELECT m.id, coalesce(%(now)s::timestamptz, now()) + m.ttl
     FROM unnest(%(marks)s::text[], %(ttls)s::interval[]) AS m(id, ttl)
     ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
 )
-DELETE FROM {schema}.job AS j
-USING unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS a(id, attempt)
-WHERE j.id = a.id AND j.attempt = a.attempt AND j.state = 'active'
+SELECT count(*) FROM {schema}.delete_jobs_v1(%(ids)s::bigint[], %(attempts)s::int[])
