@@ -51,7 +51,7 @@ from shoal.ingest.message import Topic
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import QUEUE_PREFIX as TOPIC_QUEUE_PREFIX
 from shoal.ingest.postgres import PostgresTransport
-from shoal.ingest.runner import (
+from shoal.ingest.supervisor import (
     ConsumerSpec,
     IngestSettings,
     SinkSpec,

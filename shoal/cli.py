@@ -40,7 +40,7 @@ from rich.table import Table
 
 # The modules of the subcommands are imported by the commands that use them, so
 # `shoal --help` and `shoal migrate` load neither the HTTP API nor the ingest
-# runner, and a missing extra is an error of the one command that needs it.
+# supervisor, and a missing extra is an error of the one command that needs it.
 from shoal.api.defaults import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -54,8 +54,8 @@ from shoal.logs import configure as configure_logging
 
 if TYPE_CHECKING:
     from shoal.app import App
-    from shoal.ingest.runner import TransportFactory
     from shoal.ingest.store import TopicState
+    from shoal.ingest.supervisor import TransportFactory
     from shoal.metrics import WorkerMetrics
     from shoal.queue.client import Shoal
     from shoal.queue.store import QueueStateCount
@@ -107,7 +107,7 @@ def ingest_transport() -> TransportFactory:
     ``SHOAL_INGEST_TRANSPORT``: ``postgres`` (the default) or ``nats``, on
     ``SHOAL_NATS_URL`` with ``SHOAL_NATS_MONITOR_URL`` for its durability check.
     """
-    from shoal.ingest.runner import DEFAULT_NATS_URL, transport_factory
+    from shoal.ingest.supervisor import DEFAULT_NATS_URL, transport_factory
 
     kind = os.environ.get(TRANSPORT_ENV, "").strip() or "postgres"
     try:
@@ -176,7 +176,7 @@ def worker_pool_size(args: argparse.Namespace, app: App) -> int:
     """``--pool-size``, else the default pool, grown to fit the app's consumers and sinks
     beside the reserve (so a worker's defaults pass its own connection budget check)."""
     from shoal.ingest.pipeline import pool_size_for
-    from shoal.ingest.runner import consumer_slots, sink_writers
+    from shoal.ingest.supervisor import consumer_slots, sink_writers
 
     if args.pool_size is not None:
         return int(args.pool_size)

@@ -33,7 +33,7 @@ from shoal.api.server import api_config
 from shoal.app import App
 from shoal.batch.aggregator import ZOMBIES_REAPED
 from shoal.batch.item import Item
-from shoal.batch.runner import CANCELLED_SKIPS, PHANTOM_SKIPS
+from shoal.batch.item_runner import CANCELLED_SKIPS, PHANTOM_SKIPS
 from shoal.batch.service import Batches
 from shoal.cli import main as cli_main
 from shoal.db.pool import Database

@@ -9,7 +9,7 @@ import psycopg
 
 from shoal import FakeClock, Shoal
 from shoal.batch.item import Item
-from shoal.batch.runner import MARK_AFTER
+from shoal.batch.item_runner import MARK_AFTER
 from shoal.batch.states import ItemStatus
 
 from .batch_helpers import make_batches, running, settle

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from shoal.clock import FakeClock
-from shoal.ingest.runner import RESTART_PAUSE, _keep_running
+from shoal.ingest.supervisor import RESTART_PAUSE, _keep_running
 from tests.conftest import wait_for
 
 

@@ -43,7 +43,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from shoal.batch.aggregator import ZOMBIES_REAPED
-from shoal.batch.runner import CANCELLED_SKIPS, PHANTOM_SKIPS
+from shoal.batch.item_runner import CANCELLED_SKIPS, PHANTOM_SKIPS
 from shoal.batch.service import Batches
 from shoal.batch.states import ItemStatus
 from shoal.db.usage import quantile

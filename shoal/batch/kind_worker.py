@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from datetime import timedelta
 
-from shoal.batch.runner import ItemRunner
+from shoal.batch.item_runner import ItemRunner
 from shoal.queue.worker import DEFAULT_SHUTDOWN_GRACE, Worker
 
 

@@ -26,6 +26,7 @@ from shoal.batch.inputs import (
     parse_items,
     request_hash,
 )
+from shoal.batch.item_runner import PHANTOM_SKIPS, ItemRunner
 from shoal.batch.kind_worker import KindWorker
 from shoal.batch.kinds import BatchKind
 from shoal.batch.plans import (
@@ -37,7 +38,6 @@ from shoal.batch.plans import (
     still_creating,
     task_id_of,
 )
-from shoal.batch.runner import PHANTOM_SKIPS, ItemRunner
 from shoal.batch.states import ItemId, ItemStatus, TaskOutcome, TaskStatus
 from shoal.batch.store import BatchStore, ItemRow, TaskRow
 from shoal.batch.views import Created, ItemsPage, Progress, TaskView, task_view

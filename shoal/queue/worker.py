@@ -76,7 +76,7 @@ LIMITS_RECHECK = timedelta(seconds=30)
 # Backoff of the fetcher and completer after a failed database call.
 ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # The message of the cancellation that stop() sends to handlers still running
-# after the grace period. A handler (the batch layer's runner) tells by it a
+# after the grace period. A handler (the batch layer's ItemRunner) tells by it a
 # run stopped by our own shutdown, which costs no attempt, from one cut off by
 # its execution timeout, which does.
 SHUTDOWN = "shoal: worker shutdown"

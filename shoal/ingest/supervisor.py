@@ -1,4 +1,4 @@
-"""What ``shoal worker`` runs for an app's topics: consumers, sinks and the monitor.
+"""The ingest side of ``shoal worker``: starts consumers, sinks and monitor; restarts them.
 
 The transport comes from the app (``app.ingest_settings.transport``), else from
 the caller of :func:`start_pipeline` (``shoal worker`` builds it with
