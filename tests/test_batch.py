@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 import pytest
 
 from shoal import Conflict, FakeClock, InvalidInput, NotFound, PermanentError, Shoal
 from shoal.batch.item import Item
-from shoal.batch.service import IdempotencyMismatch
+from shoal.batch.service import Batches, IdempotencyMismatch
 from shoal.batch.states import ItemStatus, TaskOutcome, TaskStatus
+from shoal.batch.store import GuardedItem
 from shoal.hooks import Event
 from shoal.testing import Probe
 
@@ -316,7 +317,7 @@ async def test_a_long_item_heartbeats_past_its_zombie_timeout(
 # -- the aggregator ------------------------------------------------------------------
 
 
-async def guard_one(batches, clock_now=None):  # type: ignore[no-untyped-def]
+async def guard_one(batches: Batches, clock_now: datetime | None = None) -> GuardedItem:
     """Stage a running item as a worker's guard leaves it."""
     (item_id,) = [i.id for i in (await batches.items((await batches.tasks())[0].task_id)).items][:1]
     passed = await batches.store.guard_items([item_id], now=clock_now)
@@ -341,14 +342,14 @@ async def test_zombie_is_reaped_by_stale_heartbeat_and_retried(
     assert [k for (k,) in jobs] == [f"item-{item.id}:0", f"item-{item.id}:1"]
     # The dead worker comes back: its late write loses to the fence.
     assert not await batches.store.complete_items(
-        [(item.id, first.attempt, "stale")], now=clock.now()
+        [(item.id, first.fence, "stale")], now=clock.now()
     )
     second = await guard_one(batches, clock.now())
     clock.advance(timedelta(minutes=3))
     report = await batches.aggregator.run_once()
     assert report.reaped_to_error == 1  # no attempts left
     assert (await batches.get(created.task_id)).outcome is TaskOutcome.COMPLETED_WITH_ERRORS
-    assert second.attempt == first.attempt + 1
+    assert second.fence == first.fence + 1
 
 
 async def test_reaper_judges_by_last_sign_of_life_not_start_time(
@@ -359,7 +360,7 @@ async def test_reaper_judges_by_last_sign_of_life_not_start_time(
     guarded = await guard_one(batches, clock.now())
     for _ in range(10):  # running for 10 minutes, heartbeating every minute
         clock.advance(timedelta(minutes=1))
-        assert await batches.store.heartbeat_items([(guarded.id, guarded.attempt)], now=clock.now())
+        assert await batches.store.heartbeat_items([(guarded.id, guarded.fence)], now=clock.now())
         assert (await batches.aggregator.run_once()).reaped_to_pending == 0
 
 
@@ -371,9 +372,7 @@ async def test_reaper_never_touches_an_item_that_just_finished(
     guarded = await guard_one(batches, clock.now())
     clock.advance(timedelta(minutes=5))
     # The worker finishes a moment before the aggregator's pass.
-    assert await batches.store.complete_items(
-        [(guarded.id, guarded.attempt, "ok")], now=clock.now()
-    )
+    assert await batches.store.complete_items([(guarded.id, guarded.fence, "ok")], now=clock.now())
     report = await batches.aggregator.run_once()
     assert report.reaped_to_pending + report.reaped_to_error == 0
     (item,) = (await batches.items(created.task_id)).items

@@ -75,7 +75,7 @@ async def dispatch_items(
         ids = await boss.insert_many(
             group[0].queue,
             [{"item": d.id} for d in group],
-            singleton_keys=[f"item-{d.id}:{d.attempt}" for d in group],
+            singleton_keys=[f"item-{d.id}:{d.fence}" for d in group],
             conn=conn,
             **options,
         )

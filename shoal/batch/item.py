@@ -78,13 +78,13 @@ class Item:
 
     @property
     def fence(self) -> int:
-        """The fencing token of this claim: the item's claim counter (the store's ``attempt``).
+        """The fencing token of this claim: the item's claim counter (its row's ``attempt`` column).
 
         It grows with every claim of the item, handed-back ones included, so
         it may run ahead of :attr:`attempt`; the run's final write counts only
         while the item row still holds it.
         """
-        return self._guarded.attempt
+        return self._guarded.fence
 
     async def heartbeat(self) -> bool:
         """Extend the job's execution deadline and the item's sign of life.

@@ -141,7 +141,7 @@ class ItemRunner:
         for job, guarded in claimed:
             self._prepared[job.id] = guarded
             if guarded is not None:
-                self._held[guarded.id] = guarded.attempt
+                self._held[guarded.id] = guarded.fence
         return [job for job, _ in claimed]
 
     async def release_unstarted(self) -> int:
@@ -150,7 +150,7 @@ class ItemRunner:
         One statement for them all, and a new job for each in the same
         transaction: the one it was claimed with was a one-shot delivery.
         """
-        unstarted = [(g.id, g.attempt) for g in self._prepared.values() if g is not None]
+        unstarted = [(g.id, g.fence) for g in self._prepared.values() if g is not None]
         self._prepared.clear()
         for item_id, _ in unstarted:
             self._held.pop(item_id, None)
@@ -245,8 +245,8 @@ class ItemRunner:
         # that ends without a result sends its item a new job. Any other job
         # is retried, or handed back, by the queue.
         taken = job.claim.lease_expires_at is None
-        self._held[guarded.id] = guarded.attempt
-        self._in_handler[guarded.id] = (guarded.attempt, self.clock.monotonic())
+        self._held[guarded.id] = guarded.fence
+        self._in_handler[guarded.id] = (guarded.fence, self.clock.monotonic())
         try:
             result = await self.kind.handler(item)
         except asyncio.CancelledError as cancel:
@@ -287,7 +287,7 @@ class ItemRunner:
         finally:
             del self._in_handler[guarded.id]
         # Still held (heartbeats continue) until finalize records the result.
-        return ItemDone(guarded.id, guarded.attempt, guarded.task_id, result)
+        return ItemDone(guarded.id, guarded.fence, guarded.task_id, result)
 
     def _report(self, item_id: ItemId, outcome: str) -> None:
         self.hooks.emit(

@@ -39,7 +39,7 @@ class NewTask:
 
 
 class GuardedItem(NamedTuple):
-    """An item that passed the phantom guard: now running under fence ``attempt``.
+    """An item that passed the phantom guard: now running under ``fence``.
 
     A NamedTuple, as ClaimedJob is: one is made for every item run, where a
     tuple is several times cheaper to make than a frozen dataclass. Its data
@@ -47,7 +47,7 @@ class GuardedItem(NamedTuple):
     """
 
     id: ItemId
-    attempt: int  # the fencing token (monotonic)
+    fence: int  # the fencing token: the item row's attempt column (monotonic)
     run: int  # runs since the item was (re)opened; bounded by max_attempts
     ref: str
     data_json: str
@@ -98,10 +98,10 @@ class CompletedItems:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """An item that needs a job: its queue, options and current attempt."""
+    """An item that needs a job: its queue, options and current fence."""
 
     id: ItemId
-    attempt: int
+    fence: int  # the item row's attempt column; its jobs' singleton key names it
     status: ItemStatus
     queue: str
     job_options: Mapping[str, Any]
@@ -399,7 +399,7 @@ class BatchStore:
     async def fail_item(
         self,
         item_id: ItemId,
-        attempt: int,
+        fence: int,
         *,
         status: ItemStatus,
         message: str,
@@ -412,7 +412,7 @@ class BatchStore:
             "fail_item",
             {
                 "item_id": item_id,
-                "attempt": attempt,
+                "attempt": fence,
                 "status": status.value,
                 "message": message,
                 "entry": json.dumps(dict(entry)),

@@ -144,7 +144,7 @@ async def run_item(
         raise InvalidInput("attempt", f"must be within 1..{last_attempt}, got {attempt!r}")
     guarded = GuardedItem(
         id=ItemId(0),
-        attempt=attempt,
+        fence=attempt,
         run=attempt,
         ref=ref,
         data_json=json.dumps(data),
