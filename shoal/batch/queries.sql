@@ -237,9 +237,9 @@ RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
 -- time, as in reap_zombies. The candidates carry their job's queue and key,
 -- and the probe is the queue's singleton_held_v1, a function the planner
 -- cannot inline, so job_singleton is searched by both for each candidate
--- whatever the statistics say (as a NOT EXISTS, the planner compared every
--- job of the queue with each item: a pass over a 50,000-item queue took
--- 10-14 s).
+-- whatever the statistics say (written as a NOT EXISTS, the probe lets the
+-- planner compare every job of the queue with each item, and a pass over a
+-- 50,000-item queue takes 10-14 s).
 WITH candidates AS MATERIALIZED (
     SELECT i.id, t.item_queue AS queue, 'item-' || i.id || ':' || i.attempt AS singleton_key
     FROM {schema}.task t

@@ -55,8 +55,8 @@ from shoal.queue.worker import DEFAULT_POLL_INTERVAL
 
 # Most item jobs one claim takes (the queue's default is 500). Reached only by
 # fast items (the worker's prefetch follows their rate): a claim also guards
-# its items, and halving the number of claims of a 100,000-item task of no-op
-# items took 4-5% off its run here. Claimed items wait in the worker's buffer
+# its items, and a 100,000-item task of no-op items runs 4-5% faster here with
+# claims of 1000 than of 500. Claimed items wait in the worker's buffer
 # as running, and are handed back at shutdown.
 ITEM_CLAIM_BATCH = 1000
 

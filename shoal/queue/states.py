@@ -14,7 +14,9 @@
 A take completes a waiting job in the step that delivers it, without a lease:
 the batch layer's claim of item jobs (take_item_jobs_v1), whose item rows
 record the run and its outcome instead. ``redrive()`` completes the waiting
-copies in a dead-letter queue it sends back as new jobs.
+copies in a dead-letter queue it sends back as new jobs. An ingest message's
+job leaves ``active`` by being deleted when its consumer acknowledges it
+(delete_jobs_v1): the topic's done-marker, not a finished row, records it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytesseract
 # Rendering resolution: body text of 9-10 pt reads reliably from 200 dpi up.
 OCR_DPI = 200
 # Tesseract runs OpenMP threads by default; a worker OCRs several pages at once
-# and the threads of those processes fight over the cores: one page took 4-5
+# and the threads of those processes fight over the cores: one page takes 4-5
 # times as long here as with one thread each. The tesseract processes inherit
 # this; an operator's own setting wins.
 os.environ.setdefault("OMP_THREAD_LIMIT", "1")
