@@ -105,16 +105,27 @@ def ingest_transport() -> TransportFactory:
     """The ingest transport the environment names (``worker``, ``topic``; docs/cli.md).
 
     ``SHOAL_INGEST_TRANSPORT``: ``postgres`` (the default) or ``nats``, on
-    ``SHOAL_NATS_URL`` with ``SHOAL_NATS_MONITOR_URL`` for its durability check.
+    ``SHOAL_NATS_URL`` with ``SHOAL_NATS_MONITOR_URL`` for its durability check
+    (each a comma-separated list for a cluster) and ``SHOAL_NATS_REPLICAS``.
     """
     from shoal.ingest.runner import DEFAULT_NATS_URL, transport_factory
 
     kind = os.environ.get(TRANSPORT_ENV, "").strip() or "postgres"
+    replicas_text = os.environ.get("SHOAL_NATS_REPLICAS", "").strip() or "1"
+    try:
+        replicas = int(replicas_text)
+    except ValueError:
+        replicas = 0
+    if replicas < 1:
+        raise InvalidInput(
+            "SHOAL_NATS_REPLICAS", f"must be a whole number >= 1, got {replicas_text!r}"
+        )
     try:
         return transport_factory(
             kind,
             nats_url=os.environ.get("SHOAL_NATS_URL", "").strip() or DEFAULT_NATS_URL,
             nats_monitor_url=os.environ.get("SHOAL_NATS_MONITOR_URL", "").strip() or None,
+            nats_replicas=replicas,
         )
     except InvalidInput:
         raise InvalidInput(TRANSPORT_ENV, f"must be postgres or nats, got {kind!r}") from None

@@ -21,6 +21,7 @@ from shoal.cli import (
     main,
     parser,
 )
+from shoal.errors import InvalidInput
 
 ENV_NAMES = sorted({variable for _, _, variable, _, _ in ENV_SETTINGS})
 
@@ -136,7 +137,12 @@ def test_a_variable_of_another_command_is_not_read(monkeypatch: pytest.MonkeyPat
     assert not hasattr(args, "grace")
 
 
-TRANSPORT_NAMES = ("SHOAL_INGEST_TRANSPORT", "SHOAL_NATS_URL", "SHOAL_NATS_MONITOR_URL")
+TRANSPORT_NAMES = (
+    "SHOAL_INGEST_TRANSPORT",
+    "SHOAL_NATS_URL",
+    "SHOAL_NATS_MONITOR_URL",
+    "SHOAL_NATS_REPLICAS",
+)
 
 
 def test_the_ingest_transport_is_the_environments(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +160,36 @@ def test_the_ingest_transport_is_the_environments(monkeypatch: pytest.MonkeyPatc
     transport = ingest_transport()(cast(Shoal, None))  # nats needs no client
     assert isinstance(transport, NatsTransport)
     assert transport._servers == ["nats://10.0.0.9:4222"]
-    assert transport._monitor_url == "http://10.0.0.9:8222"
+    assert transport._monitor_urls == ["http://10.0.0.9:8222"]
+    assert transport._replicas == 1
+
+
+def test_a_nats_cluster_is_every_servers_url_and_the_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shoal.ingest.nats import NatsTransport
+
+    monkeypatch.setenv("SHOAL_INGEST_TRANSPORT", "nats")
+    monkeypatch.setenv("SHOAL_NATS_URL", "nats://n1:4222, nats://n2:4222,nats://n3:4222")
+    monkeypatch.setenv("SHOAL_NATS_MONITOR_URL", "http://n1:8222,http://n2:8222,http://n3:8222")
+    monkeypatch.setenv("SHOAL_NATS_REPLICAS", "3")
+    transport = ingest_transport()(cast(Shoal, None))
+    assert isinstance(transport, NatsTransport)
+    assert transport._servers == ["nats://n1:4222", "nats://n2:4222", "nats://n3:4222"]
+    assert transport._monitor_urls == ["http://n1:8222", "http://n2:8222", "http://n3:8222"]
+    assert transport._replicas == 3
+
+
+@pytest.mark.parametrize("value", ["0", "three", "-1"])
+def test_bad_nats_replicas_are_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("SHOAL_INGEST_TRANSPORT", "nats")
+    monkeypatch.setenv("SHOAL_NATS_REPLICAS", value)
+    with pytest.raises(
+        InvalidInput, match=f"SHOAL_NATS_REPLICAS: must be a whole number >= 1, got '{value}'"
+    ):
+        ingest_transport()
 
 
 @pytest.mark.parametrize("command", [["worker", "--app", "m:a"], ["topic", "dead", "t"]])
