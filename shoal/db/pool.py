@@ -81,6 +81,10 @@ CONNECT_LATER = (
     "the database system is in recovery mode",
     "too many clients already",
     "remaining connection slots are reserved",
+    # target_session_attrs=read-write (or primary) found only a standby: in a
+    # failover, the one about to be promoted.
+    "session is read-only",
+    "server is in hot standby mode",
 )
 CONNECT_RETRY_PAUSE_S = 0.5
 
@@ -92,9 +96,16 @@ def redacted_url(url: str) -> str:
     except psycopg.ProgrammingError:
         return "an unparsable database URL"
     user = info.get("user")
-    host = info.get("host") or info.get("hostaddr") or "localhost"
-    port = info.get("port") or "5432"
-    return f"postgresql://{f'{user}@' if user else ''}{host}:{port}/{info.get('dbname') or ''}"
+    # A multi-host string lists hosts and ports comma-separated, pairwise (one
+    # port may serve all): written back as libpq's host1:port1,host2:port2.
+    hosts = str(info.get("host") or info.get("hostaddr") or "localhost").split(",")
+    ports = str(info.get("port") or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    where = ",".join(
+        f"{host or 'localhost'}:{port or '5432'}" for host, port in zip(hosts, ports, strict=False)
+    )
+    return f"postgresql://{f'{user}@' if user else ''}{where}/{info.get('dbname') or ''}"
 
 
 def connect_failure(exc: psycopg.Error, url: str) -> CannotConnect:
