@@ -167,9 +167,28 @@ def load_app(spec: str) -> App:
     return app
 
 
+PREPARE_ENV = "SHOAL_PREPARE_THRESHOLD"
+
+
+def prepare_threshold() -> int | None:
+    """``SHOAL_PREPARE_THRESHOLD``: ``off`` (behind PgBouncer in transaction mode before
+    1.21, docs/deploying.md) or how many runs of a statement prepare it (psycopg's 5)."""
+    from shoal.db.pool import DEFAULT_PREPARE_THRESHOLD
+
+    text = os.environ.get(PREPARE_ENV, "").strip()
+    if not text:
+        return DEFAULT_PREPARE_THRESHOLD
+    if text.lower() == "off":
+        return None
+    if not text.isdigit():
+        raise InvalidInput(PREPARE_ENV, f"must be 'off' or a whole number >= 0, got {text!r}")
+    return int(text)
+
+
 async def _connect(args: argparse.Namespace, url: str, **kwargs: object) -> Shoal:
     from shoal.queue.client import Shoal
 
+    kwargs.setdefault("prepare_threshold", prepare_threshold())
     return await Shoal.connect(url, schema=args.schema, **kwargs)  # type: ignore[arg-type]  # kwargs are Shoal.connect's own
 
 
@@ -177,7 +196,7 @@ async def cmd_migrate(args: argparse.Namespace, url: str) -> int:
     from shoal.db.migrate import migrate
     from shoal.db.pool import Database
 
-    async with Database(url, schema=args.schema) as db:
+    async with Database(url, schema=args.schema, prepare_threshold=prepare_threshold()) as db:
         applied = await migrate(db)
     console.print(f"schema {args.schema!r}: " + (f"applied {applied}" if applied else "up to date"))
     return 0
@@ -656,8 +675,8 @@ def parser() -> argparse.ArgumentParser:
         epilog="Environment variables: DATABASE_URL, SHOAL_DATA_DIR, SHOAL_SCHEMA, "
         "SHOAL_LOG_LEVEL, SHOAL_LOG_FORMAT, SHOAL_POOL_SIZE, SHOAL_GRACE, SHOAL_HOST, "
         "SHOAL_PORT, SHOAL_API_TOKEN, SHOAL_METRICS_PORT, SHOAL_METRICS_HOST, "
-        "SHOAL_INGEST_TRANSPORT, SHOAL_NATS_URL, SHOAL_NATS_MONITOR_URL "
-        "(a flag wins over its variable).",
+        "SHOAL_INGEST_TRANSPORT, SHOAL_NATS_URL, SHOAL_NATS_MONITOR_URL, SHOAL_NATS_REPLICAS, "
+        "SHOAL_PREPARE_THRESHOLD (a flag wins over its variable).",
     )
     root.add_argument(
         "--database-url",

@@ -8,7 +8,7 @@ value, exit 2, before anything starts.
 from __future__ import annotations
 
 import argparse
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -20,6 +20,7 @@ from shoal.cli import (
     ingest_transport,
     main,
     parser,
+    prepare_threshold,
 )
 from shoal.errors import InvalidInput
 
@@ -204,3 +205,32 @@ def test_a_bad_ingest_transport_ends_worker_and_topic_before_anything_starts(
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: SHOAL_INGEST_TRANSPORT: must be postgres or nats, got 'bogus'"
     ]
+
+
+def test_prepared_statements_can_be_turned_off_for_pgbouncer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SHOAL_PREPARE_THRESHOLD", raising=False)
+    assert prepare_threshold() == 5  # psycopg's own default
+    monkeypatch.setenv("SHOAL_PREPARE_THRESHOLD", "off")
+    assert prepare_threshold() is None
+    monkeypatch.setenv("SHOAL_PREPARE_THRESHOLD", "0")
+    assert prepare_threshold() == 0
+    monkeypatch.setenv("SHOAL_PREPARE_THRESHOLD", "never")
+    with pytest.raises(InvalidInput, match="SHOAL_PREPARE_THRESHOLD: must be 'off' or a whole"):
+        prepare_threshold()
+
+
+async def test_a_pool_without_prepared_statements_prepares_none(db_url: str) -> None:
+    from shoal.db import Database
+
+    async with Database(db_url, prepare_threshold=None) as db:
+
+        async def run(conn: Any) -> Any:
+            assert conn.prepare_threshold is None
+            for _ in range(10):
+                await conn.execute("SELECT 1")
+            cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            return (await cur.fetchone())[0]
+
+        assert await db.run(run) == 0

@@ -57,6 +57,11 @@ DEFAULT_DEADLINE = timedelta(seconds=30)
 # drops the connection, and how soon keepalives start.
 TCP_USER_TIMEOUT_MS = 30_000
 KEEPALIVES_IDLE_S = 10
+# psycopg's own default: a statement run this many times on one connection is
+# prepared on the server. None prepares nothing, which PgBouncer in
+# transaction mode needs before 1.21 (a prepared statement lives on one server
+# connection, and the next transaction may get another): docs/deploying.md.
+DEFAULT_PREPARE_THRESHOLD: int | None = 5
 RECONNECT_TIMEOUT_S = 3600.0
 
 TRANSIENT_SQLSTATES = {
@@ -163,10 +168,15 @@ def check_schema_name(name: object) -> str:
     return name
 
 
-def connection_kwargs(deadline: timedelta, application_name: str) -> dict[str, Any]:
+def connection_kwargs(
+    deadline: timedelta,
+    application_name: str,
+    prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+) -> dict[str, Any]:
     """The settings of every connection shoal opens, async or sync."""
     return {
         "autocommit": True,
+        "prepare_threshold": prepare_threshold,
         "application_name": application_name,
         "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
         "keepalives": 1,
@@ -189,7 +199,8 @@ class Database:
 
     ``run`` is the only way shoal's stores touch the database: it checks out a
     connection, runs the given coroutine function inside a transaction, and
-    enforces the deadline.
+    enforces the deadline. ``prepare_threshold`` is psycopg's: None prepares
+    no statement on the server, for PgBouncer in transaction mode before 1.21.
 
     >>> db = Database("postgresql://127.0.0.1/test")   # doctest: +SKIP
     >>> await db.open()                                 # doctest: +SKIP
@@ -205,6 +216,7 @@ class Database:
         max_size: int = DEFAULT_POOL_SIZE,
         deadline: timedelta = DEFAULT_DEADLINE,
         application_name: str = "shoal",
+        prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
     ) -> None:
         self.url = url
         self.schema = check_schema_name(schema)
@@ -212,7 +224,7 @@ class Database:
         self.max_size = max_size
         # Attach a CallTimes to time every call's wait for a connection.
         self.call_times: CallTimes | None = None
-        self._kwargs = connection_kwargs(deadline, application_name)
+        self._kwargs = connection_kwargs(deadline, application_name, prepare_threshold)
         self.pool: psycopg_pool.AsyncConnectionPool[AsyncConn] = psycopg_pool.AsyncConnectionPool(
             url,
             min_size=min_size,
