@@ -34,9 +34,10 @@ import pytest
 
 from shoal import Shoal
 from shoal.errors import InvalidInput
+from shoal.ingest import NatsCluster
 from shoal.ingest.message import Envelope, Message, new_envelope
 from shoal.ingest.nats import NatsTransport, UnsafeDurability, stream_name_for
-from shoal.ingest.natsd import NatsCluster, NatsServer
+from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.transport import PublishError
 from tests.conftest import wait_for
