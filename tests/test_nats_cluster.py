@@ -150,6 +150,7 @@ def leader_of_stream(cluster: NatsCluster) -> NatsServer:
     return leader
 
 
+@pytest.mark.slow
 async def test_every_acknowledged_message_is_written_once_while_stream_leaders_are_killed(
     pipeline: Pipeline, boss: Shoal, cluster: NatsCluster
 ) -> None:
