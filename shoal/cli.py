@@ -105,16 +105,27 @@ def ingest_transport() -> TransportFactory:
     """The ingest transport the environment names (``worker``, ``topic``; docs/cli.md).
 
     ``SHOAL_INGEST_TRANSPORT``: ``postgres`` (the default) or ``nats``, on
-    ``SHOAL_NATS_URL`` with ``SHOAL_NATS_MONITOR_URL`` for its durability check.
+    ``SHOAL_NATS_URL`` with ``SHOAL_NATS_MONITOR_URL`` for its durability check
+    (each a comma-separated list for a cluster) and ``SHOAL_NATS_REPLICAS``.
     """
     from shoal.ingest.supervisor import DEFAULT_NATS_URL, transport_factory
 
     kind = os.environ.get(TRANSPORT_ENV, "").strip() or "postgres"
+    replicas_text = os.environ.get("SHOAL_NATS_REPLICAS", "").strip() or "1"
+    try:
+        replicas = int(replicas_text)
+    except ValueError:
+        replicas = 0
+    if replicas < 1:
+        raise InvalidInput(
+            "SHOAL_NATS_REPLICAS", f"must be a whole number >= 1, got {replicas_text!r}"
+        )
     try:
         return transport_factory(
             kind,
             nats_url=os.environ.get("SHOAL_NATS_URL", "").strip() or DEFAULT_NATS_URL,
             nats_monitor_url=os.environ.get("SHOAL_NATS_MONITOR_URL", "").strip() or None,
+            nats_replicas=replicas,
         )
     except InvalidInput:
         raise InvalidInput(TRANSPORT_ENV, f"must be postgres or nats, got {kind!r}") from None
@@ -156,9 +167,28 @@ def load_app(spec: str) -> App:
     return app
 
 
+PREPARE_ENV = "SHOAL_PREPARE_THRESHOLD"
+
+
+def prepare_threshold() -> int | None:
+    """``SHOAL_PREPARE_THRESHOLD``: ``off`` (behind PgBouncer in transaction mode before
+    1.21, docs/deploying.md) or how many runs of a statement prepare it (psycopg's 5)."""
+    from shoal.db.pool import DEFAULT_PREPARE_THRESHOLD
+
+    text = os.environ.get(PREPARE_ENV, "").strip()
+    if not text:
+        return DEFAULT_PREPARE_THRESHOLD
+    if text.lower() == "off":
+        return None
+    if not text.isdigit():
+        raise InvalidInput(PREPARE_ENV, f"must be 'off' or a whole number >= 0, got {text!r}")
+    return int(text)
+
+
 async def _connect(args: argparse.Namespace, url: str, **kwargs: object) -> Shoal:
     from shoal.queue.client import Shoal
 
+    kwargs.setdefault("prepare_threshold", prepare_threshold())
     return await Shoal.connect(url, schema=args.schema, **kwargs)  # type: ignore[arg-type]  # kwargs are Shoal.connect's own
 
 
@@ -166,7 +196,7 @@ async def cmd_migrate(args: argparse.Namespace, url: str) -> int:
     from shoal.db.migrate import migrate
     from shoal.db.pool import Database
 
-    async with Database(url, schema=args.schema) as db:
+    async with Database(url, schema=args.schema, prepare_threshold=prepare_threshold()) as db:
         applied = await migrate(db)
     console.print(f"schema {args.schema!r}: " + (f"applied {applied}" if applied else "up to date"))
     return 0
@@ -645,8 +675,8 @@ def parser() -> argparse.ArgumentParser:
         epilog="Environment variables: DATABASE_URL, SHOAL_DATA_DIR, SHOAL_SCHEMA, "
         "SHOAL_LOG_LEVEL, SHOAL_LOG_FORMAT, SHOAL_POOL_SIZE, SHOAL_GRACE, SHOAL_HOST, "
         "SHOAL_PORT, SHOAL_API_TOKEN, SHOAL_METRICS_PORT, SHOAL_METRICS_HOST, "
-        "SHOAL_INGEST_TRANSPORT, SHOAL_NATS_URL, SHOAL_NATS_MONITOR_URL "
-        "(a flag wins over its variable).",
+        "SHOAL_INGEST_TRANSPORT, SHOAL_NATS_URL, SHOAL_NATS_MONITOR_URL, SHOAL_NATS_REPLICAS, "
+        "SHOAL_PREPARE_THRESHOLD (a flag wins over its variable).",
     )
     root.add_argument(
         "--database-url",

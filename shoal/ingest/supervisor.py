@@ -81,11 +81,14 @@ def transport_factory(
     *,
     nats_url: str = DEFAULT_NATS_URL,
     nats_monitor_url: str | None = None,
+    nats_replicas: int = 1,
 ) -> TransportFactory:
     """What builds the ``kind`` transport (``postgres`` or ``nats``) for a client.
 
     ``nats_url`` is the server to connect to, ``nats_monitor_url`` its
-    monitoring endpoint for the durability check at start-up.
+    monitoring endpoint for the durability check at start-up; for a cluster,
+    each is a comma-separated list of every server's. ``nats_replicas`` is
+    the replicas of each topic's stream.
     """
     if kind == "postgres":
         return PostgresTransport
@@ -95,10 +98,19 @@ def transport_factory(
         def nats(_: Shoal) -> Transport:
             from shoal.ingest.nats import NatsTransport
 
-            return NatsTransport(nats_url, monitor_url=nats_monitor_url)
+            return NatsTransport(
+                _url_list(nats_url),
+                monitor_url=_url_list(nats_monitor_url or ""),
+                replicas=nats_replicas,
+            )
 
         return nats
     raise InvalidInput("kind", f"must be postgres or nats, got {kind!r}")
+
+
+def _url_list(urls: str) -> list[str]:
+    """``"nats://a:4222, nats://b:4222"`` -> both URLs."""
+    return [url.strip() for url in urls.split(",") if url.strip()]
 
 
 async def check_commit_durability(boss: Shoal, transport: Transport) -> bool:

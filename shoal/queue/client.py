@@ -93,7 +93,7 @@ class Shoal:
         cls, url: str, *, schema: str = "shoal", run_migrations: bool = True, **kwargs: Any
     ) -> Shoal:
         """Open a pool on ``url`` and (by default) bring the schema up to date."""
-        pool_keys = {"min_size", "max_size", "deadline", "application_name"}
+        pool_keys = {"min_size", "max_size", "deadline", "application_name", "prepare_threshold"}
         db = Database(url, schema=schema, **{k: v for k, v in kwargs.items() if k in pool_keys})
         await db.open()
         if run_migrations:

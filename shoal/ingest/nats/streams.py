@@ -134,12 +134,49 @@ class Streams:
                         # read what is there and judge that.
                         info = await js.stream_info(config.name)
                 self._check(topic, info)
+                if (info.config.num_replicas or 1) < self._replicas:
+                    info = await self._add_replicas(info)
                 atomic = info.config.allow_atomic is True or await self._enable_atomic(info)
             except CONNECTION_ERRORS as exc:
                 raise TransientError(f"nats: stream {config.name}: {exc}") from exc
             stream = Stream(config.name, atomic)
             self._known[topic] = stream
             return stream
+
+    async def _add_replicas(self, info: StreamInfo) -> StreamInfo:
+        """Raise a stream's replicas to the configured number (made before a cluster had it).
+
+        JetStream copies the messages to the new replicas in place; consumers
+        and their positions stay. A stream with more replicas than configured
+        is left as it is: fewer would weaken it behind its operator's back.
+        When the server refuses, the stream goes on with what it has, and a
+        WARNING says so.
+        """
+        js = self._jetstream()
+        name = info.config.name
+        try:
+            updated = await js.update_stream(
+                dataclasses.replace(info.config, num_replicas=self._replicas)
+            )
+        except nats.js.errors.APIError as exc:
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise
+            log.warning(
+                "nats: stream %s has %s replica(s) and cannot get the configured %d (%s); it "
+                "goes on with what it has",
+                name,
+                info.config.num_replicas or 1,
+                self._replicas,
+                exc,
+            )
+            return info
+        log.info(
+            "nats: stream %s raised from %s to %d replicas",
+            name,
+            info.config.num_replicas or 1,
+            self._replicas,
+        )
+        return updated
 
     async def _enable_atomic(self, info: StreamInfo) -> bool:
         """Turn on atomic publish for a stream made without it (by a shoal before it used it).

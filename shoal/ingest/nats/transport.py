@@ -54,6 +54,12 @@ class NatsTransport:
     at :meth:`start`; any other topic on first use. See
     :mod:`shoal.ingest.nats.durability` for the server setting shoal
     requires and how it is checked.
+
+    For a JetStream cluster, pass every server's URL in ``servers`` (the
+    client moves to another when its server goes), every monitoring URL in
+    ``monitor_url`` (each server's fsync setting is checked) and
+    ``replicas=3``: each topic's stream is then kept on three servers, and
+    :meth:`start` refuses more replicas than the cluster has servers.
     """
 
     name = "nats"
@@ -61,10 +67,10 @@ class NatsTransport:
 
     def __init__(
         self,
-        servers: str | list[str],
+        servers: str | Sequence[str],
         *,
         stream_prefix: str = DEFAULT_STREAM_PREFIX,
-        monitor_url: str | None = None,
+        monitor_url: str | Sequence[str] | None = None,
         allow_unsafe_sync: bool = False,
         replicas: int = 1,
         max_ack_pending: int = DEFAULT_MAX_ACK_PENDING,
@@ -85,7 +91,11 @@ class NatsTransport:
         if max_batch < 1:
             raise InvalidInput("max_batch", f"{max_batch}: at least 1")
         self._servers = [servers] if isinstance(servers, str) else list(servers)
-        self._monitor_url = monitor_url.rstrip("/") if monitor_url else None
+        if not self._servers:
+            raise InvalidInput("servers", "at least one nats:// URL")
+        monitor_urls = [monitor_url] if isinstance(monitor_url, str) else list(monitor_url or ())
+        self._monitor_urls = [url.rstrip("/") for url in monitor_urls if url]
+        self._replicas = replicas
         self._allow_unsafe_sync = allow_unsafe_sync
         self._connect_timeout = connect_timeout
         self._request_timeout_s = request_timeout.total_seconds()
@@ -120,9 +130,10 @@ class NatsTransport:
         """
         if self._nc is None:
             await check_durability(
-                self._monitor_url,
+                self._monitor_urls,
                 allow_unsafe_sync=self._allow_unsafe_sync,
                 timeout_s=self._request_timeout_s,
+                replicas=self._replicas,
             )
             self._nc = await connect(
                 self._servers, within=self._connect_timeout, reconnect_wait=self._reconnect_wait
