@@ -116,11 +116,11 @@ class SyncBatches:
             raise still_creating(exc, idempotency_key) from exc
 
     def get(self, task_id: str, *, conn: SyncConn | None = None) -> TaskView:
-        """A task with its live progress; :class:`~shoal.NotFound` when there is none."""
+        """As ``Batches.get``: progress, elapsed time, estimate, pause; :class:`~shoal.NotFound`
+        when there is no such task."""
 
         def get(cur: SyncCursor) -> TaskView:
-            row = self._row(cur, task_id)
-            return task_view(row, self.store.progress(cur, row.id))
+            return self._view(cur, task_id)
 
         return self.store.run(conn, get)
 
@@ -136,9 +136,19 @@ class SyncBatches:
             check_cancellable(row.id, self.store.lock_task(cur, row.id))
             if self.store.request_cancel(cur, row.id, TaskOutcome.CANCELLED, now=now):
                 self.store.cancel_pending_items(cur, [row.id], now=now)
-            return task_view(self._row(cur, task_id), self.store.progress(cur, row.id))
+            return self._view(cur, task_id)
 
         return self.store.run(conn, cancel)
+
+    def _view(self, cur: SyncCursor, task_id: str) -> TaskView:
+        """What ``Batches.get`` answers: progress, elapsed time, estimate and pause."""
+        row = self._row(cur, task_id)
+        return task_view(
+            row,
+            self.store.progress(cur, row.id),
+            now=self.client.clock.now(),
+            paused_queues=self.client.store.paused_queues(cur),
+        )
 
     def _row(self, cur: SyncCursor, task_id: str) -> TaskRow:
         row = self.store.get_task(cur, task_id_of(task_id))

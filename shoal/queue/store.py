@@ -932,6 +932,11 @@ class SyncJobStore:
     def notify(self, conn: SyncConn | None, queues: Sequence[str]) -> None:
         self._rows("notify_queues", {"channel": self.channel, "queues": list(queues)}, conn)
 
+    def paused_queues(self, cur: SyncCursor) -> list[str]:
+        """The paused queues, read on ``cur`` (in a layer above's transaction)."""
+        cur.execute(self.sql["paused_queues"], {})
+        return [r[0] for r in cur.fetchall()]
+
     def get_job(self, job_id: JobId, *, conn: SyncConn | None = None) -> JobRecord | None:
         rows = self._rows("get_job", {"id": job_id}, conn)
         return _record(rows[0]) if rows else None
