@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import textwrap
@@ -104,9 +105,18 @@ def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     reason = _index_reachable()
     if reason is not None:
         pytest.skip(NETWORK_SKIP + f"test_core_install needs pip to reach it: {reason}")
-    path = tmp_path_factory.mktemp("core") / "venv"
+    base = tmp_path_factory.mktemp("core")
+    # pip builds in the source tree: a copy of what the distribution is made
+    # of keeps its build/ out of the checkout, and a stale one out of the wheel.
+    source = base / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "shoal", source / "shoal", ignore=shutil.ignore_patterns("__pycache__"))
+    path = base / "venv"
     venv.create(path, with_pip=True)
-    installed = _run(path / "bin" / "pip", "install", "--quiet", ROOT)
+    installed = _run(path / "bin" / "pip", "install", "--quiet", source)
     assert installed.returncode == 0, installed.stderr
     return path
 
