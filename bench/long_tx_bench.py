@@ -1,20 +1,24 @@
 """Long transaction and vacuum: a steady queue load while another session holds a transaction open.
 
-    .venv/bin/python bench/long_tx_bench.py                  # ~3.5 minutes
+    .venv/bin/python bench/long_tx_bench.py                  # about 3.5 minutes
     .venv/bin/python bench/long_tx_bench.py --minutes-total 10 --tx-minutes 5
-    .venv/bin/python bench/long_tx_bench.py --libs shoal --rate 2000
+    .venv/bin/python bench/long_tx_bench.py --libs shoal    # at half shoal's maximum
 
-What it does, in one run against one PostgreSQL server with autovacuum as the
-server has it (nothing is switched off):
+What it does, in one run against one PostgreSQL server with autovacuum as a
+default installation has it: DATABASE_URL's server if its autovacuum is on,
+else (``--server auto``) a throwaway cluster started from the machine's
+PostgreSQL binaries with initdb's defaults, removed at the end:
 
 1. creates the database ``shoal_longtx`` with a schema for each library
    (shoal, pgqueuer, procrastinate, set up as bench/queue_bench.py does);
 2. probes each library's maximum drain rate: a backlog drained by one worker
    process (concurrency 10), timed from the first job finished to the last;
-3. runs every library at once, at the same fixed rate (default: half the
-   slowest library's probed rate), for ``--minutes-total``: a producer per
-   library in this process sends a batch every 50 ms, and one worker process
-   per library drains (shoal's also runs maintenance, as ``shoal worker`` does);
+3. runs every library at once for ``--minutes-total``, each at a fixed rate:
+   the same share of its own probed maximum (``--load-fraction``, default
+   0.5, divided by the number of libraries sharing the machine), or
+   ``--rate`` jobs/s for all. A producer per library in this process sends a
+   batch every 50 ms, and one worker process per library drains (shoal's also
+   runs maintenance, as ``shoal worker`` does);
 4. in the middle ``--tx-minutes``, another connection to the same database
    runs ``BEGIN; SELECT txid_current();`` and then sits idle in the
    transaction, which holds back the horizon vacuum may clean up to.
@@ -53,7 +57,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from queue_bench import (
+
+if not __package__:  # run as a file: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.queue_bench import (
     DEFAULT_URL,
     DONE_COUNT_SQL,
     JOB_TABLE,
