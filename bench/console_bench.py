@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import psycopg
 from psycopg import sql
 
@@ -64,7 +65,7 @@ FILL_SQL = [
     INSERT INTO {schema}.job_archive (
         id, queue, state, priority, data, attempt, retry_limit, retry_delay, retry_backoff,
         retry_delay_max, expire_in, start_after, created_at, started_at, finished_at, output,
-        errors, archived_at)
+        errors, cost, archived_at)
     SELECT i, 'queue-' || lpad((i %% 12)::text, 2, '0'),
            CASE WHEN i %% 10 = 0 THEN 'failed' ELSE 'completed' END::{schema}.job_state,
            0, jsonb_build_object('to', 'user' || i || '@example.com'), 1, 2,
@@ -72,7 +73,7 @@ FILL_SQL = [
            now() - interval '3 days', now() - interval '3 days', now() - interval '3 days',
            now() - interval '3 days' + interval '1 s',
            CASE WHEN i %% 10 = 0 THEN NULL ELSE '{"sent": true}'::jsonb END,
-           '[]', now() - interval '2 days'
+           '[]', 1, now() - interval '2 days'
     FROM generate_series(1, %(archive)s) AS i
     """,
     # Live jobs: the bucket of i % 100 picks the state, a skewed draw the queue.
@@ -397,6 +398,7 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
                 started = time.perf_counter()
                 async with conn.transaction(force_rollback=True):
                     await conn.execute(sampler.sql["try_lead"], {"key": "bench"})
+                    await conn.execute(sampler.sql["plan_switches"])
                     for resolution in (FINE_S, COARSE_S):
                         # The latest sample of this slot is removed (in the
                         # rolled-back transaction), so the round writes one.
@@ -408,7 +410,12 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
                             (resolution, resolution),
                         )
                         await conn.execute(
-                            sampler.sql["sample"], {"now": None, "resolution": resolution}
+                            sampler.sql["sample"],
+                            {
+                                "now": None,
+                                "resolution": resolution,
+                                "finished_cap": sampler.finished_cap,
+                            },
                         )
                         await conn.execute(
                             sampler.sql["prune_history"],
@@ -424,37 +431,92 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
     return out
 
 
-async def sample_loop(boss: Any, every_s: float, spent: list[float]) -> None:
-    """The sampler's statements every ``every_s`` seconds at that resolution (each writes)."""
-    from shoal.queue.history import HistorySampler
+def server_pid(data_directory: str) -> int | None:
+    """The postmaster's pid from its data directory (None when not readable here)."""
+    try:
+        with open(os.path.join(data_directory, "postmaster.pid")) as f:
+            pid = int(f.readline().strip())
+        psutil.Process(pid).cpu_times()
+    except (OSError, ValueError, psutil.Error):
+        return None
+    return pid
 
-    sampler = HistorySampler(boss)
+
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the postmaster, its live children and its exited ones."""
+    root = psutil.Process(pid)
+    times = root.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in root.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue  # exited meanwhile: now in the postmaster's children times
+        total += child_times.user + child_times.system
+    return total
+
+
+def backend_cpu_s(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return 0.0
+    return float(times.user + times.system)
+
+
+async def sample_loop(url: str, every_s: float, spent: list[tuple[float, float]]) -> None:
+    """The sampler's statements every ``every_s`` seconds at that resolution (each
+    writes), on a connection of their own; ``spent`` gets (wall s, backend CPU s)
+    per round (CPU 0 when the backend's process cannot be read here)."""
+    from shoal.db.queries import load_queries
+    from shoal.queue.history import FINISHED_CAP
+
+    queries = load_queries("shoal.queue", SCHEMA, file="history.sql")
     resolution = max(1, round(every_s))
-    while True:
-        started = time.perf_counter()
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        await conn.commit()
+        pid = int(row[0]) if row else None
+        while True:
+            started = time.perf_counter()
+            cpu = backend_cpu_s(pid)
+            async with conn.transaction():
+                cur = await conn.execute(queries["try_lead"], {"key": f"shoal.history:{SCHEMA}"})
+                lead = await cur.fetchone()
+                if lead and lead[0]:
+                    await conn.execute(queries["plan_switches"])
+                    await conn.execute(
+                        queries["sample"],
+                        {"now": None, "resolution": resolution, "finished_cap": FINISHED_CAP},
+                    )
+                    await conn.execute(
+                        queries["prune_history"],
+                        {"now": None, "resolution": resolution, "keep_s": 3600},
+                    )
+            spent.append((time.perf_counter() - started, backend_cpu_s(pid) - cpu))
+            await asyncio.sleep(max(0.0, every_s - (time.perf_counter() - started)))
 
-        async def run(conn: Any) -> None:
-            cur = await conn.execute(sampler.sql["try_lead"], {"key": sampler._lock_key})
-            row = await cur.fetchone()
-            if row and row[0]:
-                await conn.execute(sampler.sql["sample"], {"now": None, "resolution": resolution})
-                await conn.execute(
-                    sampler.sql["prune_history"],
-                    {"now": None, "resolution": resolution, "keep_s": 3600},
-                )
 
-        await boss.db.run(run)
-        spent.append(time.perf_counter() - started)
-        await asyncio.sleep(max(0.0, every_s - (time.perf_counter() - started)))
-
-
-async def drain_once(url: str, n: int, *, sampler_on: bool, every_s: float) -> dict[str, float]:
+async def drain_once(
+    url: str, n: int, *, sampler_on: bool, every_s: float, seconds: float, pg_pid: int | None
+) -> dict[str, float]:
+    """Drain ``n`` jobs (or, with ``seconds``, work off jobs for that long); then
+    delete the drain's jobs and VACUUM the table, so every run starts alike."""
     from shoal import Job, Shoal
 
     boss = await Shoal.connect(url, schema=SCHEMA, max_size=12)
-    spent: list[float] = []
+    spent: list[tuple[float, float]] = []
     try:
-        await boss.insert([{"queue": DRAIN_QUEUE, "data": {"n": i}} for i in range(n)])
+        for start in range(0, n, 50_000):
+            await boss.insert(
+                [
+                    {"queue": DRAIN_QUEUE, "data": {"n": i}}
+                    for i in range(start, min(n, start + 50_000))
+                ]
+            )
         seen = 0
         reached = asyncio.Event()
 
@@ -464,52 +526,101 @@ async def drain_once(url: str, n: int, *, sampler_on: bool, every_s: float) -> d
             if seen >= n:
                 reached.set()
 
-        sampler = asyncio.create_task(sample_loop(boss, every_s, spent)) if sampler_on else None
+        sampler = asyncio.create_task(sample_loop(url, every_s, spent)) if sampler_on else None
+        cpu_before = server_cpu_s(pg_pid) if pg_pid else 0.0
         started = time.perf_counter()
         worker = boss.work(DRAIN_QUEUE, handler, concurrency=CONCURRENCY)
-        await asyncio.wait_for(reached.wait(), 600)
-        # Recorded, not just handled; the worker has no event for it (2 ms polls).
-        while worker.stats.completed < n:  # noqa: ASYNC110 - see the line above
-            await asyncio.sleep(0.002)
+        if seconds:
+            await asyncio.sleep(seconds)
+            done = worker.stats.completed
+        else:
+            await asyncio.wait_for(reached.wait(), 900)
+            # Recorded, not just handled; the worker has no event for it (2 ms polls).
+            while worker.stats.completed < n:  # noqa: ASYNC110 - see the line above
+                await asyncio.sleep(0.002)
+            done = n
         elapsed = time.perf_counter() - started
+        cpu = (server_cpu_s(pg_pid) - cpu_before) if pg_pid else 0.0
         if sampler is not None:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
         await worker.stop()
     finally:
         await boss.close()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        job = sql.Identifier(SCHEMA, "job")
+        await conn.execute(sql.SQL("DELETE FROM {} WHERE queue = %s").format(job), (DRAIN_QUEUE,))
+        await conn.execute(sql.SQL("VACUUM {}").format(job))
     return {
         "elapsed_s": elapsed,
-        "rate": n / elapsed,
+        "done": done,
+        "rate": done / elapsed,
         "samples": len(spent),
-        "sampler_s": sum(spent),
+        "sampler_s": sum(w for w, _ in spent),
+        "sampler_cpu_s": sum(c for _, c in spent),
+        "server_cpu_s": cpu,
     }
 
 
+async def postmaster_pid(url: str) -> int | None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SHOW data_directory")
+        row = await cur.fetchone()
+    return server_pid(str(row[0])) if row else None
+
+
 async def sampler_cost(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    pg_pid = await postmaster_pid(url)
     order = []
     for r in range(args.drain_rounds):
         order += [False, True] if r % 2 == 0 else [True, False]
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     for on in order:
-        result = await drain_once(url, args.drain_jobs, sampler_on=on, every_s=args.sample_every)
+        result = await drain_once(
+            url,
+            args.drain_jobs,
+            sampler_on=on,
+            every_s=args.sample_every,
+            seconds=args.drain_seconds,
+            pg_pid=pg_pid,
+        )
         runs[on].append(result)
         print(
             f"  drain sampler {'on ' if on else 'off'}: {result['rate']:8.0f} jobs/s "
-            f"({result['samples']:.0f} samples, {result['sampler_s'] * 1000:.0f} ms in them)",
+            f"over {result['elapsed_s']:.1f} s, server CPU {result['server_cpu_s']:.1f} s "
+            f"({result['samples']:.0f} samples, {result['sampler_s'] * 1000:.0f} ms and "
+            f"{result['sampler_cpu_s'] * 1000:.0f} ms CPU in them)",
             file=sys.stderr,
         )
     off = statistics.median(r["rate"] for r in runs[False])
     on_rate = statistics.median(r["rate"] for r in runs[True])
-    sample_ms = [1000 * r["sampler_s"] / r["samples"] for r in runs[True] if r["samples"]]
+    on_runs = [r for r in runs[True] if r["samples"]]
+    cpu_known = pg_pid is not None and all(r["server_cpu_s"] > 0 for r in on_runs)
     return {
-        "off_rates": [r["rate"] for r in runs[False]],
-        "on_rates": [r["rate"] for r in runs[True]],
+        "pg_pid": pg_pid,
+        "off_runs": runs[False],
+        "on_runs": runs[True],
         "off": off,
         "on": on_rate,
         "ratio": on_rate / off,
-        "sample_ms_in_drain": statistics.median(sample_ms) if sample_ms else None,
-        "sampler_share": statistics.median(r["sampler_s"] / r["elapsed_s"] for r in runs[True]),
+        "sample_ms_in_drain": statistics.median(
+            1000 * r["sampler_s"] / r["samples"] for r in on_runs
+        )
+        if on_runs
+        else None,
+        "sample_cpu_ms_in_drain": statistics.median(
+            1000 * r["sampler_cpu_s"] / r["samples"] for r in on_runs
+        )
+        if on_runs
+        else None,
+        "sampler_share": statistics.median(r["sampler_s"] / r["elapsed_s"] for r in on_runs)
+        if on_runs
+        else 0.0,
+        "cpu_share": [r["sampler_cpu_s"] / r["server_cpu_s"] for r in on_runs] if cpu_known else [],
+        "cpu_per_job_off": [r["server_cpu_s"] / r["done"] for r in runs[False]]
+        if cpu_known
+        else [],
+        "cpu_per_job_on": [r["server_cpu_s"] / r["done"] for r in runs[True]] if cpu_known else [],
     }
 
 
@@ -577,15 +688,24 @@ async def main_async(args: argparse.Namespace) -> int:
             f"(every {args.sample_every:g} s), {args.drain_rounds} runs each"
         )
         print()
-        print("| sampler | drain runs (jobs/s) | median jobs/s |")
-        print("|---|---|---|")
-        print(f"| off | {', '.join(f'{r:.0f}' for r in cost['off_rates'])} | {cost['off']:.0f} |")
-        print(f"| on | {', '.join(f'{r:.0f}' for r in cost['on_rates'])} | {cost['on']:.0f} |")
+        print("| sampler | drain runs (jobs/s) | median jobs/s | server CPU ms per 1,000 jobs |")
+        print("|---|---|---|---|")
+        for name, key, rate in (("off", "off_runs", cost["off"]), ("on", "on_runs", cost["on"])):
+            rates = ", ".join(f"{r['rate']:,.0f}" for r in cost[key])
+            per_job = ", ".join(
+                f"{1e6 * r['server_cpu_s'] / r['done']:.0f}" if r["server_cpu_s"] else "-"
+                for r in cost[key]
+            )
+            print(f"| {name} | {rates} | {rate:,.0f} | {per_job} |")
         print()
+        shares = ", ".join(f"{100 * x:.2f}%" for x in cost["cpu_share"]) or "unknown"
         print(
             f"on/off drain rate: {cost['ratio']:.3f}; a sample took "
-            f"{cost['sample_ms_in_drain'] or 0:.1f} ms during the drain; the sampler's "
-            f"statements were {100 * cost['sampler_share']:.2f}% of the drain's wall time."
+            f"{cost['sample_ms_in_drain'] or 0:.1f} ms "
+            f"({cost['sample_cpu_ms_in_drain'] or 0:.1f} ms "
+            f"of its backend's CPU) during the drain; the sampler's statements were "
+            f"{100 * cost['sampler_share']:.2f}% of the drain's wall time and, of the server's "
+            f"CPU during the drains with it on, {shares} (postmaster pid {cost['pg_pid']})."
         )
     print()
     print(f"(whole run {time.perf_counter() - started:.0f} s)")
@@ -606,6 +726,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--sample-every", type=float, default=1.0, help="seconds between samples while on"
+    )
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=0.0,
+        help="work off the drain's jobs for this long (a steady drain) instead of all of them",
     )
     parser.add_argument("--skip-drain", action="store_true", help="routes only")
     parser.add_argument("--keep", action="store_true", help="keep the schema (then --reuse it)")
