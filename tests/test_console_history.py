@@ -161,6 +161,29 @@ async def test_sampler_writes_one_sample_per_interval_with_counts_depths_percent
     assert (await sampler.history(queue="*", window="24h"))[0] == COARSE_S
 
 
+async def test_past_the_cap_finished_counts_are_scaled_from_the_latest_jobs(
+    timed: Shoal, clock: FakeClock
+) -> None:
+    async def work(job: Job) -> None:
+        clock.advance(timedelta(seconds=job.data["run_s"]))
+
+    # Four jobs finish 1, 3, 5 and 7 s into the interval, each after a 1 s run.
+    for at_s in (1, 3, 5, 7):
+        clock.advance(START + timedelta(seconds=at_s - 1) - clock.now())
+        await timed.send("bulk", {"run_s": 1}, retry_limit=0)
+        assert (await drain(timed, "bulk", work)).ran == 1
+    clock.advance(START + timedelta(seconds=FINE_S) - clock.now())
+    sampler = HistorySampler(timed)
+    sampler.finished_cap = 1
+    assert (await sampler.sample_once())[FINE_S] == 2  # bulk and '*'
+
+    (sample,) = (await sampler.history(queue="bulk", window="15m"))[1]
+    # Two read (the cap and one more, to know it was passed), finished in the
+    # last 5 s of the 10 s interval: the count is twice theirs.
+    assert sample.completed == 4
+    assert sample.run_p50_s == pytest.approx(1.0)
+
+
 async def test_two_samplers_at_once_write_one_sample(timed: Shoal, clock: FakeClock) -> None:
     await timed.send("email", {})
     clock.advance(timedelta(seconds=FINE_S))

@@ -6,12 +6,13 @@ processes: a sampler first takes a transaction advisory lock (the others skip
 the round) and writes only when the latest sample is older than the current
 slot. A sample per queue, plus one for all queues (queue ``*``), holds:
 
-- ``completed``, ``failed``: jobs that finished in the interval;
+- ``completed``, ``failed``: jobs that finished in the interval (past
+  ``FINISHED_CAP`` of them, estimated from the latest ``FINISHED_CAP``);
 - ``waiting``, ``running``, ``retrying``: jobs created, active, retry at the sample;
 - ``run_p50_s``/``run_p95_s`` (start to finish) and ``wait_p50_s``/``wait_p95_s``
   (created to start of the last attempt) of the jobs that finished in the
-  interval, computed in the database from the job rows, not from any one
-  process's memory.
+  interval (past ``FINISHED_CAP``, of the latest ``FINISHED_CAP``), computed in
+  the database from the job rows, not from any one process's memory.
 
 Retention: 10 s samples for 24 hours, 5 min samples for 30 days.
 """
@@ -48,6 +49,9 @@ SERIES = (
     "wait_p95_s",
 )
 ALL_QUEUES = "*"
+# A sample reads at most this many of the jobs that finished in its interval
+# (the latest); past it, its counts are scaled from them (history.sql, sample).
+FINISHED_CAP = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,7 @@ class HistorySampler:
         self.clock = boss.clock
         self.sql = load_queries("shoal.queue", boss.db.schema, file="history.sql")
         self._lock_key = f"shoal.history:{boss.db.schema}"
+        self.finished_cap = FINISHED_CAP
 
     async def sample_once(self) -> dict[int, int]:
         """Take the due samples (10 s and 5 min) and prune old ones; rows written
@@ -104,9 +109,13 @@ class HistorySampler:
             row = await cur.fetchone()
             if not (row and row[0]):
                 return {FINE_S: 0, COARSE_S: 0}
+            await conn.execute(self.sql["plan_switches"])
             written = {}
             for resolution, keep_s in RETENTION_S.items():
-                cur = await conn.execute(self.sql["sample"], {"now": now, "resolution": resolution})
+                cur = await conn.execute(
+                    self.sql["sample"],
+                    {"now": now, "resolution": resolution, "finished_cap": self.finished_cap},
+                )
                 written[resolution] = cur.rowcount
                 await conn.execute(
                     self.sql["prune_history"],
@@ -147,6 +156,7 @@ __all__ = [
     "ALL_QUEUES",
     "COARSE_S",
     "FINE_S",
+    "FINISHED_CAP",
     "SERIES",
     "WINDOWS",
     "HistorySampler",
