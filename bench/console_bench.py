@@ -415,6 +415,7 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
                                 "now": None,
                                 "resolution": resolution,
                                 "finished_cap": sampler.finished_cap,
+                                "depth_cap": sampler.depth_cap,
                             },
                         )
                         await conn.execute(
@@ -471,7 +472,7 @@ async def sample_loop(url: str, every_s: float, spent: list[tuple[float, float]]
     writes), on a connection of their own; ``spent`` gets (wall s, backend CPU s)
     per round (CPU 0 when the backend's process cannot be read here)."""
     from shoal.db.queries import load_queries
-    from shoal.queue.history import FINISHED_CAP
+    from shoal.queue.history import DEPTH_CAP, FINISHED_CAP
 
     queries = load_queries("shoal.queue", SCHEMA, file="history.sql")
     resolution = max(1, round(every_s))
@@ -490,7 +491,12 @@ async def sample_loop(url: str, every_s: float, spent: list[tuple[float, float]]
                     await conn.execute(queries["plan_switches"])
                     await conn.execute(
                         queries["sample"],
-                        {"now": None, "resolution": resolution, "finished_cap": FINISHED_CAP},
+                        {
+                            "now": None,
+                            "resolution": resolution,
+                            "finished_cap": FINISHED_CAP,
+                            "depth_cap": DEPTH_CAP,
+                        },
                     )
                     await conn.execute(
                         queries["prune_history"],
@@ -542,6 +548,8 @@ async def drain_once(
         elapsed = time.perf_counter() - started
         cpu = (server_cpu_s(pg_pid) - cpu_before) if pg_pid else 0.0
         if sampler is not None:
+            if sampler.done():
+                sampler.result()  # raises what stopped it
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
         await worker.stop()

@@ -184,6 +184,29 @@ async def test_past_the_cap_finished_counts_are_scaled_from_the_latest_jobs(
     assert sample.run_p50_s == pytest.approx(1.0)
 
 
+async def test_past_the_cap_waiting_is_estimated_from_the_ids_of_one_priority(
+    timed: Shoal, clock: FakeClock
+) -> None:
+    for i in range(5):  # interleaved: each queue's ids are every other one
+        await timed.send("even", {"i": i})
+        await timed.send("odd", {"i": i})
+    for priority in (0, 0, 0, 5, 5):  # two priorities: counted, not estimated
+        await timed.send("mixed", {}, priority=priority)
+    await timed.send("small", {})
+    clock.advance(timedelta(seconds=FINE_S))
+    sampler = HistorySampler(timed)
+    sampler.depth_cap = 2
+    await sampler.sample_once()
+
+    async def waiting(queue: str) -> int:
+        (sample,) = (await sampler.history(queue=queue, window="15m"))[1]
+        return sample.waiting
+
+    # even and odd: 3 read over 5 ids, the last 4 ids further: round(3 * 9 / 5).
+    assert [await waiting(q) for q in ("even", "odd", "mixed", "small")] == [5, 5, 5, 1]
+    assert await waiting("*") == 16
+
+
 async def test_two_samplers_at_once_write_one_sample(timed: Shoal, clock: FakeClock) -> None:
     await timed.send("email", {})
     clock.advance(timedelta(seconds=FINE_S))

@@ -8,7 +8,8 @@ slot. A sample per queue, plus one for all queues (queue ``*``), holds:
 
 - ``completed``, ``failed``: jobs that finished in the interval (past
   ``FINISHED_CAP`` of them, estimated from the latest ``FINISHED_CAP``);
-- ``waiting``, ``running``, ``retrying``: jobs created, active, retry at the sample;
+- ``waiting``, ``running``, ``retrying``: jobs created, active, retry at the sample
+  (a queue's created and retry jobs together estimated past ``DEPTH_CAP``);
 - ``run_p50_s``/``run_p95_s`` (start to finish) and ``wait_p50_s``/``wait_p95_s``
   (created to start of the last attempt) of the jobs that finished in the
   interval (past ``FINISHED_CAP``, of the latest ``FINISHED_CAP``), computed in
@@ -52,6 +53,9 @@ ALL_QUEUES = "*"
 # A sample reads at most this many of the jobs that finished in its interval
 # (the latest); past it, its counts are scaled from them (history.sql, sample).
 FINISHED_CAP = 10_000
+# A queue's created and retry jobs are counted up to this many; past it they
+# are estimated from the ids of the first ones (history.sql, claimable).
+DEPTH_CAP = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +102,7 @@ class HistorySampler:
         self.sql = load_queries("shoal.queue", boss.db.schema, file="history.sql")
         self._lock_key = f"shoal.history:{boss.db.schema}"
         self.finished_cap = FINISHED_CAP
+        self.depth_cap = DEPTH_CAP
 
     async def sample_once(self) -> dict[int, int]:
         """Take the due samples (10 s and 5 min) and prune old ones; rows written
@@ -114,7 +119,12 @@ class HistorySampler:
             for resolution, keep_s in RETENTION_S.items():
                 cur = await conn.execute(
                     self.sql["sample"],
-                    {"now": now, "resolution": resolution, "finished_cap": self.finished_cap},
+                    {
+                        "now": now,
+                        "resolution": resolution,
+                        "finished_cap": self.finished_cap,
+                        "depth_cap": self.depth_cap,
+                    },
                 )
                 written[resolution] = cur.rowcount
                 await conn.execute(
@@ -155,6 +165,7 @@ class HistorySampler:
 __all__ = [
     "ALL_QUEUES",
     "COARSE_S",
+    "DEPTH_CAP",
     "FINE_S",
     "FINISHED_CAP",
     "SERIES",
