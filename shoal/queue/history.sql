@@ -103,8 +103,8 @@ WITH RECURSIVE slot AS (
     -- together (job_claim, above), retry (job_retry_queue), active (job_lease).
     -- One count over all three states read every unfinished job's row: 450 ms
     -- a sample with 200,000 of them. The round runs with sequential scans
-    -- off (plan_switches): with statistics older than a drain's insert the
-    -- planner took a sequential scan of the whole table for a count.
+    -- off and JIT off (plan_switches): with statistics older than a drain's
+    -- insert the planner took a sequential scan of the whole table for a count.
     SELECT queue, n, 0::bigint AS retrying, 0::bigint AS running FROM claimable
     UNION ALL
     SELECT queue, 0, count(*), 0 FROM {schema}.job WHERE state = 'retry' GROUP BY queue
@@ -128,8 +128,10 @@ ON CONFLICT DO NOTHING
 
 -- name: plan_switches
 -- For the sampling round's transaction: its counts read indexes, whatever
--- the table's statistics say (see sample).
-SET LOCAL enable_seqscan = off
+-- the table's statistics say (see sample), and without JIT compilation: the
+-- estimated cost of those plans passes jit_above_cost, and compiling them
+-- took 1 s, ten times running them.
+SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 
 -- name: prune_history
 DELETE FROM {schema}.history
