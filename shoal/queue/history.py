@@ -52,10 +52,10 @@ SERIES = (
 ALL_QUEUES = "*"
 # A sample reads at most this many of the jobs that finished in its interval
 # (the latest); past it, its counts are scaled from them (history.sql, sample).
-FINISHED_CAP = 10_000
+FINISHED_CAP = 2_000
 # A queue's created and retry jobs are counted up to this many; past it they
 # are estimated from the ids of the first ones (history.sql, claimable).
-DEPTH_CAP = 10_000
+DEPTH_CAP = 1_000
 
 
 @dataclass(frozen=True, slots=True)
