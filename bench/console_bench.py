@@ -27,9 +27,20 @@ first and, unless ``--keep``, at the end):
    on (alternating: off, on, on, off, ...). "On" runs the sampler's own
    statements (leader lock, sample, prune) every ``--sample-every`` seconds at
    a resolution of that many seconds, so each call writes a full sample: at the
-   default of 1 s that is ten times the real cadence (one sample per 10 s). It
-   also times one real sampling round (10 s and 5 min samples, in a
-   transaction rolled back) on the full table.
+   default of 1 s that is ten times the real cadence (one sample per 10 s).
+   With ``--drain-seconds`` each drain works for that long (a steady drain of
+   a ``--drain-jobs`` backlog) instead of to the end; after each drain its
+   jobs are deleted and the table vacuumed. Each drain reports the CPU time
+   (user + system) of the PostgreSQL server's processes, read from the
+   postmaster in the server's data directory when this script can see it
+   (same machine, enough rights), and the CPU time of the sampler's own
+   backend. It also times one real sampling round (10 s and 5 min samples,
+   in a transaction rolled back) on the full table.
+
+The sampler's figures of docs/benchmarks.md:
+
+    .venv/bin/python bench/console_bench.py --calls 3 --routes none \
+        --drain-jobs 600000 --drain-seconds 25 --drain-rounds 3 --sample-every 10
 
 This is a measurement script, not a test: it asserts nothing about speed.
 """
@@ -454,7 +465,7 @@ def server_cpu_s(pid: int) -> float:
         except psutil.NoSuchProcess:
             continue  # exited meanwhile: now in the postmaster's children times
         total += child_times.user + child_times.system
-    return total
+    return float(total)
 
 
 def backend_cpu_s(pid: int | None) -> float:
