@@ -233,7 +233,7 @@ class NatsCluster:
         raise KeyError(name)
 
     def start(self) -> NatsCluster:
-        """Start every member, and return once the cluster has a JetStream meta leader.
+        """Start every member, and return once the cluster has formed.
 
         Members start together: one alone cannot elect a meta leader, and
         its JetStream is not ready until the cluster has one.
@@ -246,21 +246,37 @@ class NatsCluster:
         return self
 
     def wait_meta_leader(self, timeout_s: float = START_TIMEOUT_S) -> str:
-        """The meta leader's name, once every running member agrees there is one."""
+        """The meta leader's name, once the cluster has formed around it.
+
+        Formed means every running member names the same leader and the
+        leader counts every other running member as a current peer. A leader
+        alone is not enough: a new cluster whose leader is lost before its
+        peers are all known shrinks its size to the members it has seen (a
+        cluster of three then reports two, and refuses three replicas).
+        """
         deadline = time.monotonic() + timeout_s
         while True:
-            leaders = set()
+            views: dict[str, dict[str, Any]] = {}
             for server in self.servers:
-                if not server.is_running:
+                if not server.is_running or server.name is None:
                     continue
                 try:
-                    leaders.add((server.monitor("jsz").get("meta_cluster") or {}).get("leader"))
+                    views[server.name] = server.monitor("jsz").get("meta_cluster") or {}
                 except (OSError, ValueError):
-                    leaders.add(None)
+                    views[server.name] = {}
+            leaders = {view.get("leader") for view in views.values()}
             if len(leaders) == 1 and None not in leaders and "" not in leaders:
-                return str(leaders.pop())
+                leader = str(leaders.pop())
+                peers = views.get(leader, {}).get("replicas") or []
+                current = {
+                    peer.get("name")
+                    for peer in peers
+                    if peer.get("current") and not peer.get("offline")
+                }
+                if set(views) - {leader} <= current:
+                    return leader
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no JetStream meta leader in {timeout_s}s: {leaders}")
+                raise RuntimeError(f"no formed JetStream cluster in {timeout_s}s: {views}")
             time.sleep(0.05)  # noqa: TID251 - a blocking start; async callers run it in a thread
 
     def stream_leader(self, stream: str) -> NatsServer | None:
