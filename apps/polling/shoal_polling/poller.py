@@ -5,10 +5,12 @@ A round (:meth:`Poller.run_once`) writes back the results of finished polls
 (their next due time), then, unless the backlog monitor paused the
 observation or the collection topic (D10), claims due ``(card, step)`` rows with ``FOR UPDATE
 SKIP LOCKED`` (pushing their due time a lease ahead, so a poller that dies
-gives its work back after the lease) and starts one poll for each. A poll
-holds its account's semaphore (20 per account, as in the reference) only
-while it calls the gateway and submits: gateway concurrency is per account,
-the database's is fixed by the ingest consumer, whatever the number of
+gives its work back after the lease) and starts one poll for each. Gateway
+concurrency is per account (20, as in the reference) across every poller:
+the claim takes no more of an account's steps than its limit leaves beside
+the ones in flight anywhere (:meth:`Poller._claim`). A poll also holds its
+account's semaphore while it calls the gateway and submits. The database's
+concurrency is fixed by the ingest consumer, whatever the number of
 accounts.
 
 A poll of a status step:
@@ -22,10 +24,11 @@ A poll of a status step:
    degrading to in place when the publish fails); when neither works for a
    few seconds, kept in the pipeline's spool on disk and replayed later.
 
-A 429 with ``Retry-After`` holds the whole account in this poller: every
+A 429 with ``Retry-After`` holds the whole account: in this poller every
 call for it waits until the Retry-After has passed (the rate-limited poll
 too, which then calls again, up to ``rate_limit_retries`` times), and the
-claim takes no steps of a held account meanwhile. The gateway's limit is per
+hold is written to the account's row, so that no poller's claim takes its
+steps meanwhile. The gateway's limit is per
 account, so calling it for the account's other cards would only earn more
 429s.
 
@@ -186,6 +189,9 @@ class Poller:
         self._failures: dict[tuple[str, str], int] = {}
         # Accounts held by a 429's Retry-After: account -> clock.monotonic() it ends.
         self._held_until: dict[str, float] = {}
+        # The same holds as wall-clock times, written to the account rows by
+        # the next claim, so that every poller leaves the account alone.
+        self._pending_holds: dict[str, datetime] = {}
         self.account_waits = 0  # polls waiting for their account's hold to pass
 
     # -- the budget check (D12) ---------------------------------------------------------
@@ -263,28 +269,103 @@ class Poller:
         await self.flush()
 
     async def _claim(self, limit: int) -> list[tuple[str, str, Step]]:
+        """Claim due steps, at most ``account_concurrency`` in flight per account across pollers.
+
+        Two statements in one transaction. The first locks the accounts that
+        have due steps, room and no 429 hold (``FOR UPDATE SKIP LOCKED``: an
+        account another poller is claiming for is left to it this round).
+        The second starts with a snapshot taken after those locks were
+        granted, so it sees every claim that committed before: it counts each
+        locked account's steps in flight (leased by any poller) and takes at
+        most the rest of its limit, in due order. Slots come back when a
+        poll's result is written or, should its poller die, when its lease
+        passes.
+        """
         now = self.clock.now()
         held = self.held_accounts()
+        await self.share_holds()
+        cap = self.settings.account_concurrency
 
         async def run(conn: AsyncConn) -> list[tuple[str, str, Step]]:
-            # SKIP LOCKED: pollers in several processes share the schedule
-            # without waiting on each other; the lease hands a step back if
-            # its poller dies before writing the result.
+            params = {"now": now, "limit": limit, "cap": cap, "held": held}
             cur = await conn.execute(
-                "WITH picked AS ("
-                " SELECT d.card_id, d.step, c.account_id FROM shoal_polling.due d"
+                "WITH full_accounts AS ("
+                " SELECT c.account_id FROM shoal_polling.due d"
+                " JOIN shoal_polling.card c ON c.id = d.card_id"
+                " WHERE d.leased_until > %(now)s"
+                " GROUP BY c.account_id HAVING count(*) >= %(cap)s)"
+                " SELECT a.id FROM shoal_polling.account a"
+                " WHERE a.id IN ("
+                "  SELECT c.account_id FROM shoal_polling.due d"
+                "  JOIN shoal_polling.card c ON c.id = d.card_id"
+                "  JOIN shoal_polling.account h ON h.id = c.account_id"
+                "  WHERE d.due_at <= %(now)s AND c.polling_enabled"
+                "  AND (h.held_until IS NULL OR h.held_until <= %(now)s)"
+                "  AND c.account_id <> ALL(%(held)s::text[])"
+                "  AND c.account_id NOT IN (SELECT account_id FROM full_accounts)"
+                "  ORDER BY d.due_at LIMIT %(limit)s)"
+                " AND (a.held_until IS NULL OR a.held_until <= %(now)s)"
+                " ORDER BY a.id FOR UPDATE SKIP LOCKED",
+                params,
+            )
+            accounts = [r[0] for r in await cur.fetchall()]
+            if not accounts:
+                return []
+            # The steps of a locked account are claimed only by its lock's
+            # holder, so they need no row locks of their own.
+            cur = await conn.execute(
+                "WITH running AS ("
+                " SELECT c.account_id, count(*) AS n FROM shoal_polling.due d"
+                " JOIN shoal_polling.card c ON c.id = d.card_id"
+                " WHERE d.leased_until > %(now)s AND c.account_id = ANY(%(accounts)s)"
+                " GROUP BY c.account_id),"
+                " candidates AS ("
+                " SELECT d.card_id, d.step, c.account_id, d.due_at FROM shoal_polling.due d"
                 " JOIN shoal_polling.card c ON c.id = d.card_id"
                 " WHERE d.due_at <= %(now)s AND c.polling_enabled"
-                " AND c.account_id <> ALL(%(held)s::text[])"
-                " ORDER BY d.due_at LIMIT %(limit)s FOR UPDATE OF d SKIP LOCKED)"
-                " UPDATE shoal_polling.due d SET due_at = %(lease)s FROM picked"
-                " WHERE d.card_id = picked.card_id AND d.step = picked.step"
+                " AND c.account_id = ANY(%(accounts)s)"
+                " ORDER BY d.due_at LIMIT %(limit)s),"
+                " picked AS ("
+                " SELECT r.card_id, r.step, r.account_id FROM ("
+                "  SELECT x.*,"
+                "  row_number() OVER (PARTITION BY x.account_id ORDER BY x.due_at) AS rn"
+                "  FROM candidates x) r"
+                " LEFT JOIN running ru ON ru.account_id = r.account_id"
+                " WHERE r.rn <= %(cap)s - coalesce(ru.n, 0))"
+                " UPDATE shoal_polling.due d SET due_at = %(lease)s, leased_until = %(lease)s"
+                " FROM picked WHERE d.card_id = picked.card_id AND d.step = picked.step"
                 " RETURNING d.card_id, picked.account_id, d.step",
-                {"now": now, "limit": limit, "lease": now + self.settings.lease, "held": held},
+                {**params, "accounts": accounts, "lease": now + self.settings.lease},
             )
             return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
         return await self.db.run(run)
+
+    async def share_holds(self) -> None:
+        """Write this poller's 429 holds to their accounts, so that no poller claims their steps.
+
+        A hold not written (the database unreachable) stays pending for the
+        next call; this poller keeps honouring it meanwhile.
+        """
+        if not self._pending_holds:
+            return
+        holds, self._pending_holds = self._pending_holds, {}
+
+        async def run(conn: AsyncConn) -> None:
+            await conn.execute(
+                "UPDATE shoal_polling.account a SET held_until = greatest(a.held_until, x.until)"
+                " FROM unnest(%s::text[], %s::timestamptz[]) AS x(id, until) WHERE a.id = x.id",
+                (list(holds), list(holds.values())),
+            )
+
+        try:
+            await self.db.run(run)
+        except ShoalError as exc:
+            for account_id, until in holds.items():
+                self._pending_holds[account_id] = max(
+                    until, self._pending_holds.get(account_id, until)
+                )
+            log.warning("account holds not shared with other pollers yet: %s", exc)
 
     async def flush(self) -> None:
         """Write the next due time of every finished poll in one statement (or two)."""
@@ -308,7 +389,7 @@ class Poller:
         async def run(conn: AsyncConn) -> None:
             if keep:
                 await conn.execute(
-                    "UPDATE shoal_polling.due d SET due_at = x.due_at,"
+                    "UPDATE shoal_polling.due d SET due_at = x.due_at, leased_until = NULL,"
                     " failures = CASE WHEN x.ok THEN 0 ELSE d.failures + 1 END"
                     " FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::boolean[])"
                     " AS x(card_id, step, due_at, ok)"
@@ -553,6 +634,7 @@ class Poller:
                 self.stats.rate_limited += 1
                 self.metrics.rate_limited.labels(account=account).inc()
                 self.hold_account(account_id, exc.retry_after)
+                await self.share_holds()
                 if retries >= self.settings.rate_limit_retries:
                     raise
                 retries += 1
@@ -576,6 +658,7 @@ class Poller:
                 "account %s: gateway answered 429; holding its calls %.1f s", account_id, seconds
             )
         self._held_until[account_id] = until
+        self._pending_holds[account_id] = self.clock.now() + timedelta(seconds=seconds)
         self.stats.account_pauses += 1
         self.metrics.account_pauses.labels(account=self.metrics.account(account_id)).inc()
         self.metrics.accounts_paused.set(len(self._held_until))

@@ -31,6 +31,9 @@ CREATE TABLE IF NOT EXISTS shoal_polling.account (
     id text PRIMARY KEY,
     real_name_enabled boolean NOT NULL DEFAULT true
 );
+-- Until when the gateway told a poller to leave the account alone (a 429's
+-- Retry-After): no poller claims its steps before then.
+ALTER TABLE shoal_polling.account ADD COLUMN IF NOT EXISTS held_until timestamptz;
 CREATE TABLE IF NOT EXISTS shoal_polling.plan (
     id text PRIMARY KEY,
     quota_kb bigint NOT NULL CHECK (quota_kb > 0),
@@ -120,6 +123,11 @@ CREATE TABLE IF NOT EXISTS shoal_polling.due (
     PRIMARY KEY (card_id, step)
 );
 CREATE INDEX IF NOT EXISTS due_at ON shoal_polling.due (due_at);
+-- Set while a poller holds the step (its lease), NULL once its result is
+-- written: the in-flight polls every poller counts against the account's limit.
+ALTER TABLE shoal_polling.due ADD COLUMN IF NOT EXISTS leased_until timestamptz;
+CREATE INDEX IF NOT EXISTS due_in_flight ON shoal_polling.due (card_id)
+    WHERE leased_until IS NOT NULL;
 CREATE TABLE IF NOT EXISTS shoal_polling.collection_record (
     observation_id text NOT NULL,
     observed_at timestamptz NOT NULL,
