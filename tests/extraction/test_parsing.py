@@ -6,10 +6,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pdfplumber
 import pytesseract
 import pytest
 
 from shoal_extract.parsing import DocumentFormat, ParseError, ParseLimits, parse_document
+from shoal_extract.pdf_layout import page_words
 
 
 def _paper(key: dict[str, Any], layout: str) -> dict[str, Any]:
@@ -30,6 +32,25 @@ def test_a_text_layer_keeps_its_title_and_headings(corpus_dir: Path, key: dict[s
     assert {"## Abstract", "## 1 Introduction", "## 2 Methods", "## References"} <= set(lines)
     # Blocks are paragraphs: the title's block and the authors' are apart.
     assert "\n\n" in parsed.text
+
+
+def test_pages_without_graphics_give_the_words_pdfplumber_gives(
+    corpus_dir: Path, hard_dir: Path
+) -> None:
+    """The short path for text-only pages changes the cost of parsing, never the words."""
+    fast = slow = 0
+    for path in sorted([*corpus_dir.glob("paper-*.pdf"), *hard_dir.glob("*.pdf")]):
+        with pdfplumber.open(path) as pdf:
+            for page in pdf.pages:
+                words = page.extract_words(extra_attrs=["size", "fontname"])
+                found = page_words(page)
+                if found.tables or page.lines or page.rects or page.curves:
+                    slow += 1
+                    continue
+                fast += 1
+                assert found.words == words, f"{path.name} page {page.page_number}"
+                assert found.chars == sum(len(str(w["text"]).strip()) for w in words)
+    assert fast > 20 and slow > 0, "both paths were taken"
 
 
 def test_two_columns_read_left_then_right(hard_dir: Path, hard_key: dict[str, Any]) -> None:

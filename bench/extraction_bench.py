@@ -1,0 +1,245 @@
+"""Parse and extract N text-layer PDFs with the rules extractor, on worker processes.
+
+    .venv/bin/python -m bench.extraction_bench                      # 1,000 PDFs, 2 workers
+    .venv/bin/python -m bench.extraction_bench --documents 200 --workers 1 --ocr-pages 4
+
+The corpus generator's papers, every one rendered as a text-layer PDF (a
+different seed from the sample corpus, so none is already stored), are
+imported into a fresh database, then one extraction task (``rules``) runs
+over all of them on ``--workers`` processes of ``shoal-extract worker``,
+started and connected before the clock starts. The clock runs from creating
+the task to the task closing: parsing (pdfplumber's layout-aware path),
+extraction, evidence checks and shoal's bookkeeping, all of it.
+
+Beside the rate it prints the machine (cores, load average, a single
+connection's commit rate), and per document: WAL bytes, and the database
+server's CPU time (its processes' utime + stime from /proc, so only when the
+server runs on this machine). OCR is measured apart: ``--ocr-pages`` pages
+of scanned papers (no text layer) parsed in this process, pages per second.
+
+Asserts nothing: docs/benchmarks.md gives the target (20 documents a second
+with 2 workers on a 2-core machine) and the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from shoal import Shoal
+from shoal_extract.corpus import blocks, make_papers, render_pdf
+from shoal_extract.hard_corpus import make_hard_papers, render_scan
+from shoal_extract.parsing import DocumentFormat, ParseLimits, parse_document
+from shoal_extract.templates import DEFAULT_TEMPLATE
+from shoal_extract.workbench import Workbench
+from shoal_extract.worker import ExtractionApp, WorkerSettings
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DATABASE = "shoal_bench_extraction"
+SEED = 20261202  # not the sample corpus's: its documents are new to the database
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int
+    load: float
+    commits_per_s: float
+
+
+def commit_rate(url: str, seconds: float = 3.0) -> float:
+    """Single-row INSERT commits per second on one connection (a temporary table)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE commit_probe (n int)")
+        done, started = 0, time.monotonic()
+        while time.monotonic() - started < seconds:
+            conn.execute("INSERT INTO commit_probe VALUES (1)")
+            done += 1
+        return done / (time.monotonic() - started)
+
+
+def server_cpu_seconds(url: str) -> float | None:
+    """utime + stime of every PostgreSQL process, when the server runs on this machine."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pg_postmaster_start_time(), inet_server_addr()").fetchone()
+    if row is None or (row[1] is not None and str(row[1]) not in ("127.0.0.1", "::1")):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            if comm not in ("postgres", "postmaster"):
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (children not counted)
+    return total / ticks
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wal_lsn(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def fresh_database(server_url: str) -> str:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+    return psycopg.conninfo.make_conninfo(server_url, dbname=DATABASE)
+
+
+def write_pdfs(folder: Path, count: int) -> None:
+    rng = random.Random(SEED + 1)
+    for paper in make_papers(count, SEED):
+        name = Path(paper.file).stem
+        (folder / f"{name}.pdf").write_bytes(render_pdf(paper, blocks(paper, rng)))
+
+
+def start_workers(url: str, count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shoal_extract.cli",
+                "--database-url",
+                url,
+                "worker",
+                "--concurrency",
+                str(concurrency),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def ocr_rate(pages: int) -> tuple[int, float]:
+    """Pages of scanned papers OCRed per second in this process (Tesseract)."""
+    done, spent = 0, 0.0
+    for hard in make_hard_papers(per_layout=max(1, pages)):
+        if hard.layout != "scan":
+            continue
+        content = render_scan(hard.parts)
+        started = time.monotonic()
+        parsed = parse_document(content, DocumentFormat.PDF, ParseLimits())
+        spent += time.monotonic() - started
+        done += len(parsed.page_starts) or 1
+        if done >= pages:
+            break
+    return done, done / spent if spent else 0.0
+
+
+async def run(args: argparse.Namespace) -> None:
+    url = fresh_database(args.database_url)
+    machine = Machine(os.cpu_count() or 0, os.getloadavg()[0], commit_rate(url))
+    print(
+        f"machine: {machine.cores} cores, load {machine.load:.2f}, "
+        f"{machine.commits_per_s:,.0f} commits/s on one connection; "
+        f"{args.documents} PDFs, {args.workers} worker processes x concurrency {args.concurrency}"
+    )
+    boss = await Shoal.connect(url, max_size=10)
+    extraction = ExtractionApp(WorkerSettings())
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        store = await extraction.attach(boss)
+        bench = Workbench(extraction.app.batches(boss), store)
+        with tempfile.TemporaryDirectory() as tmp:
+            started = time.monotonic()
+            await asyncio.to_thread(write_pdfs, Path(tmp), args.documents)
+            generated = time.monotonic() - started
+            started = time.monotonic()
+            imported = await bench.import_folder(Path(tmp))
+            import_s = time.monotonic() - started
+        print(f"generated in {generated:.1f} s, imported in {import_s:.1f} s")
+        workers = start_workers(url, args.workers, args.concurrency)
+        await asyncio.sleep(args.warmup)  # the workers import and connect before the clock
+        wal, cpu = wal_lsn(url), server_cpu_seconds(url)
+        worker_cpu = sum(cpu_seconds(w.pid) for w in workers)
+        started = time.monotonic()
+        created = await bench.start([d.id for d in imported.documents], DEFAULT_TEMPLATE)
+        # The task closes in the worker processes: polled, as a user's script would.
+        while (view := await bench.task(created.task_id)).completed_at is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        elapsed = time.monotonic() - started
+        wal_per = (wal_lsn(url) - wal) / args.documents
+        cpu_after = server_cpu_seconds(url)
+        rss = [peak_rss_mib(w.pid) for w in workers]
+        worker_cpu = sum(cpu_seconds(w.pid) for w in workers) - worker_cpu
+        print(
+            f"task {created.task_id}: {view.status.value}, {view.progress.as_dict()}\n"
+            f"{args.documents} documents in {elapsed:.2f} s: "
+            f"{args.documents / elapsed:.1f} documents/s "
+            f"({args.documents / elapsed / args.workers:.1f} per worker process)"
+        )
+        per_doc_cpu = (
+            "n/a (server not local)"
+            if cpu is None or cpu_after is None
+            else f"{(cpu_after - cpu) / args.documents * 1000:.2f} ms"
+        )
+        print(
+            f"per document: worker CPU {worker_cpu / args.documents * 1000:.1f} ms, "
+            f"database server CPU {per_doc_cpu}, {wal_per:,.0f} WAL bytes "
+            "(the server's CPU and WAL count everything it does meanwhile: run alone)"
+        )
+        print("worker peak RSS MiB: " + ", ".join("n/a" if r is None else f"{r:.0f}" for r in rss))
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait(timeout=30)
+        await extraction.close()
+        await boss.close()
+    if args.ocr_pages:
+        pages, rate = await asyncio.to_thread(ocr_rate, args.ocr_pages)
+        print(f"OCR: {pages} scanned pages at {rate:.2f} pages/s (one process, Tesseract)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL))
+    parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8, help="per worker process")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds for workers to start")
+    parser.add_argument("--ocr-pages", type=int, default=10)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
