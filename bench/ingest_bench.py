@@ -22,7 +22,14 @@ Reported: messages/s end to end (observations applied per second; the
 collection records ride along), p50/p99 ingest lag (apply time minus
 published_at), database connections at peak (sampled from pg_stat_activity
 every 50 ms) against the pool size, which is the configured budget, and the
-process's peak RSS. ``--backlog M`` then publishes M messages with nothing
+process's peak RSS. Per message: the WAL the bench database's statements
+wrote and the top-level statements they took (from pg_stat_statements when
+the server loads it; else the WAL is the whole server's, which on a shared
+server includes everyone's), and the CPU of the consumer process, of the
+producer process and of the bench database's server backends. The header
+gives the cores, the load and the server's commit rate (one connection, one
+one-row INSERT per commit, for a few seconds), the rate that bounds anything
+that commits per message. ``--backlog M`` then publishes M messages with nothing
 consuming, and drains them, sampling RSS every second: the memory of a long
 drain must stay flat.
 
@@ -40,6 +47,7 @@ import asyncio
 import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -128,31 +136,61 @@ def records(n: int) -> list[dict[str, Any]]:
 
 
 class Sampler:
-    """Peak connections to the bench database and peak RSS of this process."""
+    """Peak connections to the bench database, peak RSS of this process, backend CPU.
+
+    The CPU of the bench database's server backends is read from /proc
+    (the server runs on this machine) every ``CPU_EVERY`` samples and at
+    :meth:`stop`: a backend seen at the first reading counts from there, one
+    that appears later from its start. A backend that exits between two
+    readings loses at most that interval's CPU.
+    """
+
+    CPU_EVERY = 10
 
     def __init__(self) -> None:
         self.peak_connections = 0
         self.peak_rss = 0
         self.rss_series: list[int] = []
         self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        # pid -> (CPU seconds when first seen, or 0 for a backend born since; last seen)
+        self._backend_cpu: dict[int, tuple[float, float]] = {}
+        self._first_reading = True
+
+    async def _read_backend_cpu(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        cur = await conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (BENCH_DB,))
+        for (pid,) in await cur.fetchall():
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue  # not readable here (a remote server), or gone
+            now = times.user + times.system
+            first = self._backend_cpu.get(pid, (now if self._first_reading else 0.0, now))[0]
+            self._backend_cpu[pid] = (first, now)
+        self._first_reading = False
+
+    @property
+    def backend_cpu_s(self) -> float:
+        return sum(last - first for first, last in self._backend_cpu.values())
 
     async def _run(self, every_s: float) -> None:
         me = psutil.Process()
-        async with await psycopg.AsyncConnection.connect(server_url(), autocommit=True) as conn:
-            while True:
-                cur = await conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (BENCH_DB,)
-                )
-                row = await cur.fetchone()
-                assert row is not None
-                self.peak_connections = max(self.peak_connections, int(row[0]))
-                rss = me.memory_info().rss
-                self.peak_rss = max(self.peak_rss, rss)
-                self.rss_series.append(rss)
-                await asyncio.sleep(every_s)
-
-    def __enter__(self) -> Sampler:
-        return self
+        conn = self._conn = await psycopg.AsyncConnection.connect(server_url(), autocommit=True)
+        tick = 0
+        while True:
+            if tick % self.CPU_EVERY == 0:
+                await self._read_backend_cpu(conn)
+            tick += 1
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (BENCH_DB,)
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            self.peak_connections = max(self.peak_connections, int(row[0]))
+            rss = me.memory_info().rss
+            self.peak_rss = max(self.peak_rss, rss)
+            self.rss_series.append(rss)
+            await asyncio.sleep(every_s)
 
     def start(self, every_s: float = 0.05) -> None:
         self._task = asyncio.create_task(self._run(every_s))
@@ -162,6 +200,98 @@ class Sampler:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._conn is not None:
+            await self._read_backend_cpu(self._conn)
+            await self._conn.close()
+
+
+# -- what the server did, per message ---------------------------------------------------------
+
+COMMIT_PROBE_S = 3.0
+
+
+def commit_rate(url: str, seconds: float = COMMIT_PROBE_S) -> float:
+    """Commits per second of one connection inserting one row per transaction.
+
+    With the server's ``synchronous_commit`` (on), each commit waits for its
+    WAL flush: on most machines this is the disk's flush rate, which bounds
+    anything that commits per message.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TEMPORARY TABLE commit_probe (n int)")
+        n = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            conn.execute("INSERT INTO commit_probe VALUES (%s)", (n,))
+            n += 1
+        return n / (time.perf_counter() - started)
+
+
+class Meter:
+    """The bench database's statements and WAL between :meth:`start` and :meth:`stop`.
+
+    With pg_stat_statements loaded by the server, statements are the
+    top-level calls in the bench database and WAL the bytes they wrote (the
+    bench's alone, whoever else uses the server). Without it, statements are
+    unknown and WAL is the server's insert position moved, everyone's.
+    """
+
+    def __init__(self) -> None:
+        self.pgss = False
+        self._lsn = 0
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(bench_url(), autocommit=True)
+
+    async def open(self) -> Meter:
+        async with await self._connect() as conn:
+            cur = await conn.execute("SHOW shared_preload_libraries")
+            row = await cur.fetchone()
+            if row is not None and "pg_stat_statements" in row[0]:
+                await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                self.pgss = True
+        return self
+
+    async def start(self) -> None:
+        async with await self._connect() as conn:
+            if self.pgss:
+                await conn.execute(
+                    "SELECT pg_stat_statements_reset(0, (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database()), 0)"
+                )
+            cur = await conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+            row = await cur.fetchone()
+            assert row is not None
+            self._lsn = int(row[0])
+
+    async def stop(self) -> dict[str, Any]:
+        async with await self._connect() as conn:
+            cur = await conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+            row = await cur.fetchone()
+            assert row is not None
+            usage: dict[str, Any] = {
+                "wal_bytes": int(row[0]) - self._lsn,
+                "wal_source": "server",
+                "statements": None,
+                "top": [],
+            }
+            if self.pgss:
+                cur = await conn.execute(
+                    "SELECT query, calls, wal_bytes FROM pg_stat_statements s"
+                    " JOIN pg_database d ON d.oid = s.dbid"
+                    " WHERE d.datname = current_database() AND s.toplevel"
+                    " AND s.query NOT LIKE '%%pg_stat_statements%%'"
+                    " AND s.query NOT LIKE '%%pg_current_wal_insert_lsn%%'"
+                    " ORDER BY s.calls DESC"
+                )
+                top = [(" ".join(q.split()), int(c), int(w)) for q, c, w in await cur.fetchall()]
+                usage.update(
+                    wal_bytes=sum(w for _, _, w in top),
+                    wal_source="statements",
+                    statements=sum(c for _, c, _ in top),
+                    top=top,
+                )
+            return usage
 
 
 async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
@@ -222,7 +352,7 @@ async def insert_collection(pool: AsyncConnectionPool, rows: list[dict[str, Any]
 
 
 async def run_pipeline(
-    n: int, transport_kind: str, nats_url: str | None, nats_monitor: str | None
+    n: int, transport_kind: str, nats_url: str | None, nats_monitor: str | None, meter: Meter
 ) -> dict[str, Any]:
     db = await Database(bench_url(), max_size=SHOAL_POOL).open()
     boss = Shoal(db)
@@ -252,6 +382,7 @@ async def run_pipeline(
     stop = asyncio.Event()
     consumer = pipeline.consumer(OBS, apply, concurrency=CONCURRENCY)
     sink = pipeline.batch_consumer(COLLECTION, write, batch_size=200, max_wait=timedelta(seconds=1))
+    await meter.start()
     sampler = Sampler()
     sampler.start()
     tasks = [asyncio.create_task(consumer.run(stop)), asyncio.create_task(sink.run(stop))]
@@ -272,10 +403,10 @@ async def run_pipeline(
     )
     assert producer.stdin is not None and producer.stdout is not None
     assert (await producer.stdout.readline()).strip() == b"ready"
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     producer.stdin.write(b"go\n")
     await producer.stdin.drain()
-    published = float((await producer.stdout.readline()).strip())
+    published, producer_cpu = map(float, (await producer.stdout.readline()).split())
     await producer.wait()
 
     async def done() -> bool:
@@ -283,9 +414,11 @@ async def run_pipeline(
 
     await wait_until(done, 1800)
     elapsed = time.monotonic() - started
+    consumer_cpu = time.process_time() - cpu_started
     stop.set()
     await asyncio.gather(*tasks)
     await sampler.stop()
+    usage = await meter.stop()
     assert await count(db, "collection") == n
     result = {
         "system": f"pipeline ({transport_kind})",
@@ -298,6 +431,10 @@ async def run_pipeline(
         "budget": CONCURRENCY + 1 + SHOAL_POOL + (1 if boss.notifier is not None else 0),
         "peak_rss_mib": sampler.peak_rss / 2**20,
         "duplicates": consumer.stats.duplicates,
+        "consumer_cpu_s": consumer_cpu,
+        "producer_cpu_s": producer_cpu,
+        "backend_cpu_s": sampler.backend_cpu_s,
+        **usage,
     }
     await pipeline.close()
     await boss.close()
@@ -308,7 +445,7 @@ async def run_pipeline(
 # -- the bare baseline ----------------------------------------------------------------------
 
 
-async def run_bare(n: int) -> dict[str, Any]:
+async def run_bare(n: int, meter: Meter) -> dict[str, Any]:
     db = await Database(bench_url(), max_size=SHOAL_POOL).open()
     await reset(db)
     await db.close()
@@ -317,9 +454,10 @@ async def run_bare(n: int) -> dict[str, Any]:
     )
     await pool.open(wait=True)
     obs, recs = observations(n), records(n)
+    await meter.start()
     sampler = Sampler()
     sampler.start()
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     for body in obs:
         queue.put_nowait(body)
@@ -336,7 +474,9 @@ async def run_bare(n: int) -> dict[str, Any]:
 
     await asyncio.gather(*(applier() for _ in range(CONCURRENCY)), collector())
     elapsed = time.monotonic() - started
+    consumer_cpu = time.process_time() - cpu_started
     await sampler.stop()
+    usage = await meter.stop()
     await pool.close()
     return {
         "system": "bare (30 tasks on a pool)",
@@ -349,6 +489,10 @@ async def run_bare(n: int) -> dict[str, Any]:
         "budget": CONCURRENCY + 1,
         "peak_rss_mib": sampler.peak_rss / 2**20,
         "duplicates": 0,
+        "consumer_cpu_s": consumer_cpu,
+        "producer_cpu_s": 0.0,
+        "backend_cpu_s": sampler.backend_cpu_s,
+        **usage,
     }
 
 
@@ -427,11 +571,37 @@ def nats_server() -> Any:
             server.stop()
 
 
-def print_table(rows: list[dict[str, Any]], n: int) -> None:
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def describe_machine(rate: float) -> str:
+    with psycopg.connect(server_url(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT name, setting FROM pg_settings"
+            " WHERE name IN ('fsync', 'synchronous_commit') ORDER BY name"
+        ).fetchall()
+    settings = ", ".join(f"{name}={value}" for name, value in rows)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"commit {git_commit()}; {os.cpu_count()} cores; load {load}; commit rate "
+        f"{rate:,.0f}/s (one connection, one-row INSERT per commit, {COMMIT_PROBE_S:.0f} s); "
+        f"{settings}"
+    )
+
+
+def print_table(rows: list[dict[str, Any]], n: int, machine: str) -> None:
     bare = next((r for r in rows if r["system"].startswith("bare")), None)
+    print(f"\n{machine}")
     print(
-        f"\nN = {n:,} observations + {n:,} collection records; consumer concurrency {CONCURRENCY}; "
-        f"{os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}"
+        f"N = {n:,} observations + {n:,} collection records; consumer concurrency {CONCURRENCY}; "
+        f"load now {os.getloadavg()[0]:.2f}"
     )
     print(
         f"{'system':28} {'seconds':>8} {'msgs/s':>8} {'vs bare':>8} {'lag p50':>8} {'lag p99':>8} "
@@ -445,6 +615,34 @@ def print_table(rows: list[dict[str, Any]], n: int) -> None:
             f"{r['budget']:6d} {r['peak_rss_mib']:8.0f} "
             + (f"{r['published_s']:11.2f}s" if r.get("published_s") else f"{'-':>12}")
         )
+    server_wal = any(r["wal_source"] == "server" for r in rows)
+    print(
+        "\nPer observation (its collection record included): WAL bytes"
+        + (" (the whole server's: pg_stat_statements not loaded)" if server_wal else "")
+        + ", top-level statements (pg_stat_statements), CPU microseconds of the consumer "
+        "process, the producer process and the bench database's server backends"
+    )
+    print(
+        f"{'system':28} {'WAL B':>8} {'stmts':>7} {'consumer':>9} {'producer':>9} "
+        f"{'backends':>9} {'all CPU':>9}"
+    )
+    for r in rows:
+        stmts = f"{r['statements'] / n:7.2f}" if r["statements"] is not None else f"{'-':>7}"
+        cpu = [r["consumer_cpu_s"], r["producer_cpu_s"], r["backend_cpu_s"]]
+        print(
+            f"{r['system']:28} {r['wal_bytes'] / n:8.0f} {stmts} "
+            + " ".join(f"{c / n * 1e6:9.0f}" for c in cpu)
+            + f" {sum(cpu) / n * 1e6:9.0f}"
+        )
+
+
+def print_statements(rows: list[dict[str, Any]], n: int) -> None:
+    for r in rows:
+        if not r["top"]:
+            continue
+        print(f"\n{r['system']}: calls per observation, WAL bytes per observation, statement")
+        for query, calls, wal in r["top"][:12]:
+            print(f"  {calls / n:7.3f} {wal / n:7.0f}  {query[:110]}")
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -452,16 +650,20 @@ async def main_async(args: argparse.Namespace) -> None:
     db = await Database(bench_url()).open()
     await migrate(db)
     await db.close()
+    meter = await Meter().open()
+    machine = describe_machine(commit_rate(bench_url()))
     rows: list[dict[str, Any]] = []
     transports = args.transports.split(",")
-    rows.append(await run_bare(args.n))
+    rows.append(await run_bare(args.n, meter))
     for kind in transports:
         if kind == "nats":
             with nats_server() as server:
-                rows.append(await run_pipeline(args.n, "nats", server.url, server.monitor_url))
+                rows.append(
+                    await run_pipeline(args.n, "nats", server.url, server.monitor_url, meter)
+                )
         else:
-            rows.append(await run_pipeline(args.n, kind, None, None))
-    rows.append(await run_bare(args.n))  # again, so drift over the run shows
+            rows.append(await run_pipeline(args.n, kind, None, None, meter))
+    rows.append(await run_bare(args.n, meter))  # again, so drift over the run shows
     rows[-1]["system"] = "bare (again)"
     bare = [r for r in rows if r["system"].startswith("bare")]
     best = max(bare, key=lambda r: r["msgs_per_s"])
@@ -470,7 +672,9 @@ async def main_async(args: argparse.Namespace) -> None:
         + [r for r in rows if not r["system"].startswith("bare")]
         + [r for r in bare if r is not best]
     )
-    print_table(rows, args.n)
+    print_table(rows, args.n, machine)
+    if args.statements:
+        print_statements(rows, args.n)
     if args.backlog:
         result = await run_backlog(args.backlog)
         print(
@@ -502,14 +706,14 @@ async def produce_async(
     obs, recs = observations(n), records(n)
     print("ready", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
 
     async def produce(topic: Topic[Any], bodies: list[dict[str, Any]]) -> None:
         for i in range(0, len(bodies), CHUNK):
             await pipeline.publish_many(topic, bodies[i : i + CHUNK])
 
     await asyncio.gather(produce(OBS, obs), produce(COLLECTION, recs))
-    print(f"{time.monotonic() - started:.3f}", flush=True)
+    print(f"{time.monotonic() - started:.3f} {time.process_time() - cpu_started:.3f}", flush=True)
     await pipeline.close()
     await boss.close()
 
@@ -521,6 +725,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--transports", default="postgres,nats")
     parser.add_argument("--backlog", type=int, default=0, help="also drain a backlog of this many")
+    parser.add_argument(
+        "--statements", action="store_true", help="list each run's statements (pg_stat_statements)"
+    )
     parser.add_argument("--produce", type=int, help=argparse.SUPPRESS)  # the producer process
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)
     parser.add_argument("--nats-monitor-url", help=argparse.SUPPRESS)

@@ -43,8 +43,11 @@ class Coalescer(Generic[Request, Result]):
         self._ready.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=self._name)
-        # Shielded: a cancelled submitter must not cancel the shared flush.
-        return await asyncio.shield(future)
+        # Not shielded: the flush runs in the coalescer's own task, so a
+        # cancelled submitter cancels only its own future, which the flush then
+        # skips; its request is still written. (A shield per request cost an
+        # extra future and callback on every hot-path ack.)
+        return await future
 
     async def _run(self) -> None:
         while True:

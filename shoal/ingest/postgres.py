@@ -25,7 +25,7 @@ from shoal.db.pool import AsyncConn
 from shoal.errors import InvalidInput, ShoalError
 from shoal.ingest.dedupe import DoneStore, PostgresDoneStore
 from shoal.ingest.message import Envelope, check_group_name, check_topic_name
-from shoal.ingest.store import IngestStore
+from shoal.ingest.store import ClaimedMessage, IngestStore
 from shoal.ingest.transport import (
     DEFAULT_ACK_WAIT,
     DEFAULT_PUBLISH_TIMEOUT,
@@ -36,7 +36,7 @@ from shoal.ingest.transport import (
 from shoal.queue.client import Shoal
 from shoal.queue.job import event_entry
 from shoal.queue.states import JobId, JobState
-from shoal.queue.store import ClaimedJob, Failure
+from shoal.queue.store import Failure
 
 QUEUE_PREFIX = "topic."
 # (job id, attempt, (message id, TTL) of the done-marker to write, or None)
@@ -68,7 +68,7 @@ def marker_ttl(boss: Shoal, done: DoneStore) -> timedelta | None:
 class PgDelivery:
     __slots__ = ("_claim", "_envelope", "_sub")
 
-    def __init__(self, sub: PgSubscription, claim: ClaimedJob) -> None:
+    def __init__(self, sub: PgSubscription, claim: ClaimedMessage) -> None:
         self._sub = sub
         self._claim = claim
         self._envelope: Envelope | None = None
@@ -76,7 +76,7 @@ class PgDelivery:
     @property
     def envelope(self) -> Envelope:
         if self._envelope is None:
-            self._envelope = Envelope.decode(self._claim.data_json)
+            self._envelope = Envelope.decode(self._claim.envelope_json)
         return self._envelope
 
     @property
@@ -136,7 +136,7 @@ class PgSubscription:
         return [None] * len(acks)
 
     async def end(
-        self, claim: ClaimedJob, state: JobState, delay: timedelta | None, kind: str, why: str
+        self, claim: ClaimedMessage, state: JobState, delay: timedelta | None, kind: str, why: str
     ) -> None:
         at = self.boss.clock.now().isoformat()
         failure = Failure(
@@ -161,7 +161,7 @@ class PgSubscription:
             claims = await self._claim(limit)
         return [PgDelivery(self, claim) for claim in claims]
 
-    async def _claim(self, limit: int) -> list[ClaimedJob]:
+    async def _claim(self, limit: int) -> list[ClaimedMessage]:
         return await self.store.claim(
             self.queue, limit, ack_wait=self.ack_wait, now=self.boss.clock.sql_now()
         )

@@ -103,10 +103,9 @@ SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
 -- The postgres transport's delivery: claims up to %(limit)s waiting messages of
 -- one topic's queue under a lease of the consumer's ack wait (the queue
 -- layer's claim_jobs_leased_v1, shoal/queue/migrations/0014_queue_ingest_contract.sql):
--- the queue's claim row, read by name as a ClaimedJob.
-SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
-       retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
-       lease_expires_at
+-- only what a delivery needs of the claim row (a ClaimedMessage), so the
+-- consumer reads three columns per message instead of fifteen.
+SELECT id, attempt, data
 FROM {schema}.claim_jobs_leased_v1(
     %(queue)s, %(limit)s, %(now)s::timestamptz, %(ack_wait)s::interval)
 

@@ -6,14 +6,28 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database
-from shoal.db.queries import fetch_named, load_queries
+from shoal.db.queries import load_queries
 from shoal.ingest.transport import Depth
-from shoal.queue.store import ClaimedJob, claim_reader
+from shoal.queue.states import JobId
+
+
+class ClaimedMessage(NamedTuple):
+    """A message the postgres transport delivered: its job, the attempt it was
+    delivered under (the fencing token of its ack, nak and touch), and the
+    envelope's JSON text.
+
+    A NamedTuple of the three columns a delivery needs, not the queue's whole
+    claim row: one is read for every delivery, on the consumer's hot path.
+    """
+
+    id: JobId
+    attempt: int
+    envelope_json: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +77,7 @@ class IngestStore:
 
     async def claim(
         self, queue: str, limit: int, *, ack_wait: timedelta, now: datetime | None
-    ) -> list[ClaimedJob]:
+    ) -> list[ClaimedMessage]:
         """Claim up to ``limit`` messages of ``queue``, each leased for ``ack_wait`` from now.
 
         The lease is the claiming consumer's, whatever the message was
@@ -72,14 +86,10 @@ class IngestStore:
         extends it by ``ack_wait`` again. Not flushed before returning, like
         the queue's claim: a claim lost to a crash only redelivers.
         """
-        query = self.sql["claim_messages"]
-        params = {"queue": queue, "limit": limit, "ack_wait": ack_wait, "now": now}
-
-        columns, rows = await self.db.run(
-            lambda c: fetch_named(c, query, params), transaction=False
+        rows = await self._rows(
+            "claim_messages", {"queue": queue, "limit": limit, "ack_wait": ack_wait, "now": now}
         )
-        read = claim_reader(columns)
-        return [read(r) for r in rows]
+        return [ClaimedMessage._make(r) for r in rows]
 
     async def ack(
         self,
