@@ -150,9 +150,7 @@ async def test_one_document_and_the_failed_ones_rerun_as_new_tasks(
     bench, client, task_id, ids = reviewed
     url = f"/v1/extraction/tasks/{task_id}/rerun"
     # One paper again with another template: a new task that says what it re-runs.
-    got = await client.post(
-        url, json={"documents": [ids["paper-06.txt"]], "template": "metadata"}
-    )
+    got = await client.post(url, json={"documents": [ids["paper-06.txt"]], "template": "metadata"})
     assert got.status_code == 202, got.text
     again = got.json()
     assert again["rerun_of"] == task_id and again["document_ids"] == [ids["paper-06.txt"]]
