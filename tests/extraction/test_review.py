@@ -102,7 +102,7 @@ async def test_a_corrected_value_is_stored_with_who_and_when_and_exported(
     assert report.documents == 1 and report.unmatched == 2
 
 
-BAD_REVIEWS = [
+BAD_REVIEWS: list[tuple[dict[str, Any], str, str]] = [
     ({"field": "nope", "action": "correct", "value": "x"}, "field", "not a field of"),
     ({"field": "year", "action": "correct", "value": "soon"}, "value", "year"),
     ({"field": "year", "action": "correct"}, "value", "correct needs the value"),
