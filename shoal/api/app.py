@@ -76,6 +76,8 @@ def create_api(
         redoc_url=None,
     )
     install_error_handlers(api)
+    # For an application's own routes (App.on_api hooks): they refuse writes too.
+    api.state.read_only = read_only
     auth = [Depends(require_token(token))]
     queues = QueueInspector(boss)
 

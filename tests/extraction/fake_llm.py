@@ -8,6 +8,7 @@ quote: the value as printed (authors: the first name). A script makes it misbeha
 endpoints do:
 
 - ``burst``: request numbers (1-based, in arrival order) answered 429 or 503;
+- ``retry_after``: request numbers answered 429 with this ``Retry-After`` (seconds);
 - ``slow``: files whose first call is held until the client times out and
   hangs up (recorded as ``late``);
 - ``malformed_once``: files whose first answer is not JSON (a repair fixes it);
@@ -44,6 +45,7 @@ SCHEMA_MARK = "The answer must match this JSON Schema:"
 @dataclass
 class Script:
     burst: dict[int, int] = field(default_factory=dict)  # request number -> status
+    retry_after: dict[int, int] = field(default_factory=dict)  # request number -> seconds
     slow: set[str] = field(default_factory=set)
     malformed_once: set[str] = field(default_factory=set)
     malformed_always: set[str] = field(default_factory=set)
@@ -140,6 +142,14 @@ class FakeModel:
             def record(outcome: str, response_id: str | None = None) -> None:
                 self._record(Call(seq, item, attempt, file, outcome, response_id))
 
+            wait = self.script.retry_after.get(seq)
+            if wait is not None:
+                record("rate_limited")
+                return JSONResponse(
+                    {"error": {"message": "rate limit reached"}},
+                    status_code=429,
+                    headers={"Retry-After": str(wait)},
+                )
             status = self.script.burst.get(seq)
             if status is not None:
                 record("rate_limited" if status == 429 else "unavailable")

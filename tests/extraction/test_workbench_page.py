@@ -1,4 +1,5 @@
-"""The workbench page in headless Chromium: upload, pick, start, watch, browse, retry, export.
+"""The workbench page in headless Chromium: upload, pick, start, watch, browse, correct a
+value, retry, export (the correction in it), re-run one document.
 
 A real uvicorn server (with a token, so the page's token prompt is exercised)
 serves shoal's API with the workbench mounted; the extraction workers run in
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +33,7 @@ UI_TIMEOUT_MS = 20_000
 @pytest.fixture
 async def workbench(boss: Shoal) -> AsyncIterator[tuple[str, Bench]]:
     bench = await open_bench(boss)
-    api = build_api(boss, bench.bench.batches, bench.bench, token=TOKEN)
+    api = build_api(boss, bench.bench.batches, bench.bench, token=TOKEN, token_name="reviewer-1")
     stop = asyncio.Event()
     workers = asyncio.create_task(
         bench.extraction.app.run(boss, stop=stop, grace=timedelta(seconds=0.5))
@@ -115,8 +117,20 @@ async def test_upload_pick_start_watch_browse_retry_and_export(
         await year.click()
         await expect(year.locator(".evidence")).to_contain_text("p. 1 · confidence 95% · “")
         await expect(year.locator(".evidence")).to_contain_text(str(truth["paper-01.pdf"]["year"]))
-        await year.click()
+        await year.locator(".value").click()  # the value again: the panel closes
         await expect(year.locator(".evidence")).to_have_count(0)
+
+        # Review: correct the title; the table shows the correction, who made it, the original.
+        title = paper.locator('td[data-field="title"]')
+        await title.click()
+        await title.locator("input.correction").fill("A corrected title")
+        await title.locator("button.correct").click()
+        title = table.locator("tr", has_text="paper-01.pdf").locator('td[data-field="title"]')
+        await expect(title).to_have_class(re.compile(r"\bcorrected\b"), timeout=UI_TIMEOUT_MS)
+        await expect(title).to_contain_text("A corrected title")
+        await expect(title.locator(".reviewed")).to_contain_text("corrected by reviewer-1")
+        await expect(title.locator(".reviewed")).to_contain_text(truth["paper-01.pdf"]["title"])
+        await expect(page.locator("#results .ledger")).to_contain_text("(corrected: 1)")
         broken = table.locator('tr[data-status="error"]')
         await expect(broken).to_contain_text("broken-truncated.pdf")
         await expect(broken.locator("td.item-error")).to_contain_text("ParseError: pdfminer")
@@ -141,5 +155,18 @@ async def test_upload_pick_start_watch_browse_retry_and_export(
         by_file = {r["file"]: r for r in exported}
         assert by_file["paper-01.pdf"]["doi"] == (truth["paper-01.pdf"]["doi"] or "")
         assert by_file["broken-truncated.pdf"]["status"] == "error"
+        assert by_file["paper-01.pdf"]["title"] == "A corrected title"
+        assert by_file["paper-01.pdf"]["corrected"] == "title"
+        assert by_file["paper-01.pdf"]["title.original"] == truth["paper-01.pdf"]["title"]
+        assert by_file["paper-01.pdf"]["title.reviewer"] == "reviewer-1"
+
+        # Re-run one document (with step 2's template and extractor): a new task.
+        await table.locator("tr", has_text="paper-06.txt").locator("button.rerun-one").click()
+        await expect(page.locator("#rerun-msg")).to_contain_text("re-runs 1 document(s)")
+        await expect(page.locator("section.task")).to_have_count(2, timeout=UI_TIMEOUT_MS)
+        rerun = page.locator("section.task").first
+        await expect(rerun).to_contain_text("re-run of")
+        await expect(rerun.locator(".badge")).to_have_text("completed", timeout=UI_TIMEOUT_MS)
+        await expect(table.locator("tr[data-item-id]")).to_have_count(1, timeout=UI_TIMEOUT_MS)
     finally:
         await context.close()

@@ -17,7 +17,15 @@ route                                        answers
 ``GET  /v1/extraction/tasks``                ``{"tasks": [...]}``, newest first
 ``GET  /v1/extraction/tasks/{id}/results``   ``{"fields", "results", "next_cursor"}``
 ``GET  /v1/extraction/tasks/{id}/export``    ``?format=csv|jsonl``, streamed
+``POST /v1/extraction/tasks/{id}/reviews``   ``{item_id, field, action, value?}``: 201
+``POST /v1/extraction/tasks/{id}/rerun``     ``{documents, template?, ...}``: 202, a new task
+``GET  /v1/extraction/budget``               the model budgets: pauses, buckets
 ==========================================  ===========================================
+
+A review is stored with the name of the token that sent it (``token_name``;
+``local`` on an API without a token, which only this machine can reach). An
+API started read-only (``shoal api --read-only``) refuses every write here
+too, with shoal's 403.
 
 Progress, cancel and retry-failed are shoal's own routes (``/v1/tasks/{id}``).
 """
@@ -64,12 +72,63 @@ class StartTask(BaseModel):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
 
 
+class ReviewValue(BaseModel):
+    """``POST /v1/extraction/tasks/{id}/reviews``: accept a value, or correct it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    item_id: int = Field(ge=1, le=2**63 - 1)
+    field: str = Field(min_length=1, max_length=63)
+    action: Literal["accept", "correct"]
+    # The corrected value (null: the paper does not state it); ignored by accept.
+    value: Any = None
+
+
+class Rerun(BaseModel):
+    """``POST /v1/extraction/tasks/{id}/rerun``: some documents again, as a new task."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    documents: Literal["failed"] | list[int] = Field(union_mode="left_to_right")
+    template: str | None = Field(default=None, min_length=1, max_length=63)
+    template_version: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    extractor: Literal["rules", "llm"] | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+
+
+# Methods that change nothing: all a read-only API answers (as shoal's own routes).
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+LOCAL_REVIEWER = "local"  # who reviews on an API without a token (loopback only)
+
+
 class Refused(HTTPException):
     """A 401/403 in shoal's error shape (its handler reads ``field``)."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        *,
+        field: str = "authorization",
+    ) -> None:
         super().__init__(status, message, headers)
-        self.field = "authorization"
+        self.field = field
+
+
+def refuse_writes(read_only: bool) -> Callable[..., Awaitable[None]]:
+    """With ``read_only``, anything but GET, HEAD and OPTIONS is answered 403."""
+
+    async def check(request: Request) -> None:
+        if read_only and request.method not in READ_METHODS:
+            raise Refused(
+                403,
+                f"method: this API is read-only (shoal api --read-only); "
+                f"{request.method} {request.url.path!r:.200} changes state",
+                field="method",
+            )
+
+    return check
 
 
 def require_bearer(token: str | None) -> Callable[..., Awaitable[None]]:
@@ -96,10 +155,26 @@ def page() -> str:
     return resources.files("shoal_extract").joinpath("static", PAGE).read_text("utf-8")
 
 
-def mount_workbench(api: FastAPI, workbench: Workbench, *, token: str | None) -> FastAPI:
-    """Add the workbench's routes and page to ``api`` (from ``create_api``); returns it."""
+def mount_workbench(
+    api: FastAPI,
+    workbench: Workbench,
+    *,
+    token: str | None,
+    token_name: str | None = None,
+    read_only: bool | None = None,
+) -> FastAPI:
+    """Add the workbench's routes and page to ``api`` (from ``create_api``); returns it.
+
+    ``token_name`` names whoever holds ``token`` in the reviews they store
+    (default ``api``); ``read_only`` defaults to what ``create_api`` was told.
+    """
+    if read_only is None:
+        read_only = bool(getattr(api.state, "read_only", False))
+    reviewer = (token_name or "api") if token is not None else LOCAL_REVIEWER
     router = APIRouter(
-        prefix="/v1/extraction", dependencies=[Depends(require_bearer(token))], tags=["extraction"]
+        prefix="/v1/extraction",
+        dependencies=[Depends(require_bearer(token)), Depends(refuse_writes(read_only))],
+        tags=["extraction"],
     )
 
     @router.post("/documents", status_code=201)
@@ -198,6 +273,45 @@ def mount_workbench(api: FastAPI, workbench: Workbench, *, token: str | None) ->
             },
         )
 
+    @router.post("/tasks/{task_id}/reviews", status_code=201)
+    async def review(task_id: str, body: ReviewValue) -> dict[str, Any]:
+        """Accept or correct one value; stored with the token's name and the time."""
+        if body.action == "accept" and "value" in body.model_fields_set:
+            raise InvalidInput("value", "accept takes no value: it keeps the extracted one")
+        if body.action == "correct" and "value" not in body.model_fields_set:
+            raise InvalidInput(
+                "value", "correct needs the value (null: the paper does not state it)"
+            )
+        stored = await workbench.review(
+            task_id, body.item_id, body.field, body.action, reviewer=reviewer, value=body.value
+        )
+        return {"review": stored.as_dict()}
+
+    @router.post("/tasks/{task_id}/rerun", status_code=202)
+    async def rerun(task_id: str, body: Rerun, response: Response) -> dict[str, Any]:
+        """Some documents of a task (or its failed ones) again, as a new task."""
+        created, ids = await workbench.rerun(
+            task_id,
+            body.documents,
+            template=body.template,
+            template_version=body.template_version,
+            extractor=body.extractor,
+            idempotency_key=body.idempotency_key,
+        )
+        if not created.created:
+            response.status_code = 200
+        return {
+            "task_id": created.task_id,
+            "created": created.created,
+            "rerun_of": task_id,
+            "document_ids": ids,
+        }
+
+    @router.get("/budget")
+    async def budget() -> dict[str, Any]:
+        """The model budgets shared by every worker: pauses in force, rate buckets."""
+        return {"models": [state.as_dict() for state in await workbench.budget()]}
+
     api.include_router(router)
 
     @api.get(PAGE_PATH, response_class=HTMLResponse, include_in_schema=False)
@@ -207,4 +321,12 @@ def mount_workbench(api: FastAPI, workbench: Workbench, *, token: str | None) ->
     return api
 
 
-__all__ = ["PAGE_PATH", "StartTask", "mount_workbench", "require_bearer"]
+__all__ = [
+    "PAGE_PATH",
+    "Rerun",
+    "ReviewValue",
+    "StartTask",
+    "mount_workbench",
+    "refuse_writes",
+    "require_bearer",
+]

@@ -6,6 +6,7 @@
 The llm extractor is configured by ``SHOAL_LLM_BASE_URL``, ``SHOAL_LLM_MODEL``
 and ``SHOAL_LLM_API_KEY`` (docs/extraction.md); without them only ``rules``
 runs. ``SHOAL_EXTRACT_MAX_PAGES`` and ``SHOAL_EXTRACT_MAX_OCR_PAGES`` bound one document.
+``SHOAL_API_TOKEN_NAME`` names the token's holder in the reviews they store.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from shoal import Shoal
 from shoal_extract.api import mount_workbench
-from shoal_extract.cli import llm_settings, parse_limits
+from shoal_extract.cli import TOKEN_NAME_ENV, llm_settings, parse_limits
 from shoal_extract.workbench import Workbench
 from shoal_extract.worker import ExtractionApp, WorkerSettings
 
@@ -35,4 +36,9 @@ app = extraction.app
 @app.on_api
 async def mount(api: Any, boss: Shoal, token: str | None) -> None:
     store = await extraction.attach(boss)
-    mount_workbench(api, Workbench(app.batches(boss), store), token=token)
+    mount_workbench(
+        api,
+        Workbench(app.batches(boss), store),
+        token=token,
+        token_name=os.environ.get(TOKEN_NAME_ENV) or None,
+    )

@@ -46,6 +46,7 @@ from shoal_extract.evaluate import load_key, split_key
 from shoal_extract.export import FORMATS, ExportFormat, write_export
 from shoal_extract.extractors.llm import (
     DEFAULT_MAX_CALLS,
+    DEFAULT_MAX_PAUSE_S,
     DEFAULT_MAX_PROMPT_TOKENS,
     DEFAULT_TIMEOUT_S,
     LlmSettings,
@@ -100,7 +101,27 @@ def llm_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> LlmSet
         price_out_per_mtok=number("SHOAL_LLM_PRICE_OUT", 0.0),
         max_prompt_tokens=int(number("SHOAL_LLM_MAX_PROMPT_TOKENS", DEFAULT_MAX_PROMPT_TOKENS)),
         max_calls=int(number("SHOAL_LLM_MAX_CALLS", DEFAULT_MAX_CALLS)),
+        max_pause_s=number("SHOAL_LLM_MAX_PAUSE_S", DEFAULT_MAX_PAUSE_S),
+        requests_per_minute=per_minute("SHOAL_LLM_RPM", environ),
+        tokens_per_minute=per_minute("SHOAL_LLM_TPM", environ),
     )
+
+
+TOKEN_NAME_ENV = "SHOAL_API_TOKEN_NAME"
+
+
+def per_minute(name: str, environ: Mapping[str, str]) -> int | None:
+    """A rate from the environment: a whole number of at least 1, or unset (no limit)."""
+    raw = environ.get(name)
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SystemExit(f"{name} must be a whole number per minute, got {raw!r}") from None
+    if value < 1:
+        raise SystemExit(f"{name} must be at least 1 per minute (unset it for no limit)")
+    return value
 
 
 def parse_limits(args: argparse.Namespace, environ: Mapping[str, str]) -> ParseLimits:
@@ -274,6 +295,51 @@ async def cmd_run(args: argparse.Namespace, url: str) -> int:
         await session.close()
 
 
+async def cmd_rerun(args: argparse.Namespace, url: str) -> int:
+    session = await Session.open(args, url, max_size=20)
+    clock = SystemClock()
+    started = clock.monotonic()
+    stop = asyncio.Event()
+    runner: asyncio.Task[object] | None = None
+    try:
+        bench = session.bench
+        documents: list[int] | str
+        if args.failed:
+            documents = "failed"
+        else:
+            try:
+                documents = [int(p) for p in args.documents.split(",") if p.strip()]
+            except ValueError:
+                raise InvalidInput(
+                    "--documents", f"must be ids like 1,2,3, got {args.documents!r}"
+                ) from None
+        created, ids = await bench.rerun(
+            args.task,
+            documents,
+            template=args.template,
+            template_version=args.template_version,
+            extractor=args.extractor,
+        )
+        console.print(f"task {created.task_id}: {len(ids)} documents of task {args.task} again")
+        if args.no_work:
+            console.print("queued: `shoal-extract worker` processes will run it")
+            return 0
+        runner = asyncio.create_task(session.extraction.app.run(session.boss, stop=stop))
+        view = await watch_task(bench.batches, created.task_id, console)
+        usage = await bench.usage(created.task_id)
+        skips = await bench.batches.phantom_skips()
+        console.print(task_table(view, usage, skips, clock.monotonic() - started))
+        failed = errors_table(await bench.all_results(created.task_id))
+        if failed is not None:
+            console.print(failed)
+        return 0
+    finally:
+        stop.set()
+        if runner is not None:
+            await runner
+        await session.close()
+
+
 async def _latest_closed_task(bench: Workbench) -> str:
     for view in await bench.tasks(limit=50):
         if view.status != "processing":
@@ -285,8 +351,18 @@ async def cmd_evaluate(args: argparse.Namespace, url: str) -> int:
     session = await Session.open(args, url, max_size=2)
     try:
         task_id = args.task or await _latest_closed_task(session.bench)
-        key_path = Path(args.key) if args.key else data_dir(os.environ) / "corpus" / KEY_FILE
-        key = load_key(key_path)
+        if args.against == "reviews":
+            if args.key:
+                raise InvalidInput("--key", "not with --against reviews: the reviews are the key")
+            key = await session.bench.reviewed_key(task_id)
+            key_path = Path("reviews")
+            if not key:
+                raise InvalidInput(
+                    "--against", "no reviewed values for this task's template: review some first"
+                )
+        else:
+            key_path = Path(args.key) if args.key else data_dir(os.environ) / "corpus" / KEY_FILE
+            key = load_key(key_path)
         report = await session.bench.evaluate(task_id, key)
         parts = split_key(key)
         reports = {
@@ -363,11 +439,19 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
     _stop_on_signals(stop)
     try:
         bench = session.bench
-        api = build_api(session.boss, bench.batches, bench, token=token)
+        api = build_api(
+            session.boss,
+            bench.batches,
+            bench,
+            token=token,
+            token_name=args.token_name or os.environ.get(TOKEN_NAME_ENV) or None,
+            read_only=args.read_only,
+        )
         async with serving(api, host=args.host, port=args.port) as base:
             err.print(
                 f"workbench: {base}/extraction   tasks: {base}/tasks   console: {base}/"
                 + (" (bearer token required)" if token else "")
+                + (" read-only" if args.read_only else "")
             )
             await stop.wait()
     finally:
@@ -406,6 +490,7 @@ COMMANDS = {
     "templates": cmd_templates,
     "run": cmd_run,
     "evaluate": cmd_evaluate,
+    "rerun": cmd_rerun,
     "export": cmd_export,
     "worker": cmd_worker,
     "api": cmd_api,
@@ -485,6 +570,24 @@ def parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--key", help="default: <data dir>/corpus/key.json")
     evaluate.add_argument("--json", action="store_true", help="print JSON")
     evaluate.add_argument("--misses", action="store_true", help="list every wrong field")
+    evaluate.add_argument(
+        "--against",
+        choices=("key", "reviews"),
+        default="key",
+        help="the truth: a key file (default), or the values people accepted or corrected",
+    )
+
+    rerun = sub.add_parser(
+        "rerun", parents=[worker_opts], help="documents of a task again, as a new task"
+    )
+    rerun.add_argument("--task", required=True)
+    which = rerun.add_mutually_exclusive_group(required=True)
+    which.add_argument("--failed", action="store_true", help="the task's documents in error")
+    which.add_argument("--documents", help="ids of documents in the task: 1,2,3")
+    rerun.add_argument("--template", help="default: the task's")
+    rerun.add_argument("--template-version", type=int, help="default: the newest (or the task's)")
+    rerun.add_argument("--extractor", choices=EXTRACTORS, help="default: the task's")
+    rerun.add_argument("--no-work", action="store_true", help="only queue it for workers")
 
     export = sub.add_parser("export", parents=[worker_opts], help="write a task's results")
     export.add_argument("--task", required=True)
@@ -498,6 +601,10 @@ def parser() -> argparse.ArgumentParser:
     api.add_argument("--host", default="127.0.0.1")
     api.add_argument("--port", type=int, default=8000)
     api.add_argument("--token", help="bearer token (prefer $SHOAL_API_TOKEN)")
+    api.add_argument(
+        "--token-name", help=f"who holds the token, in the reviews it stores (${TOKEN_NAME_ENV})"
+    )
+    api.add_argument("--read-only", action="store_true", help="refuse every write")
     return root
 
 

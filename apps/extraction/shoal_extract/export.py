@@ -1,12 +1,16 @@
 """A task's results as CSV (one column per field) or JSON Lines (one object per document).
 
 CSV is for a spreadsheet: ``file, status, <each field>, field_errors, error,
-tokens, cost_usd, flagged``, then each field's evidence: ``<field>.page``,
-``<field>.confidence``, ``<field>.quote``. A field not found is an empty cell
-and says why in ``field_errors``; ``flagged`` lists the fields whose quote is
-not in the source text. JSON Lines keeps types (numbers stay numbers,
-not-found is ``null``, evidence is an object per field) and is the format to
-feed another program.
+tokens, cost_usd, flagged, corrected``, then each field's evidence:
+``<field>.page``, ``<field>.confidence``, ``<field>.quote``, and its review:
+``<field>.review`` (accepted or corrected), ``<field>.original`` (what was
+extracted), ``<field>.reviewer``, ``<field>.reviewed_at``. A field's column
+holds the value a reviewer stands by (the extracted one when nobody corrected
+it); ``corrected`` lists the fields a person corrected. A field not found is an
+empty cell and says why in ``field_errors``; ``flagged`` lists the fields
+whose quote is not in the source text. JSON Lines keeps types (numbers stay
+numbers, not-found is ``null``, evidence and reviews are objects per field)
+and is the format to feed another program.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from shoal_extract.workbench import ResultLine, ResultsPage
 ExportFormat = Literal["csv", "jsonl"]
 FORMATS: tuple[ExportFormat, ...] = ("csv", "jsonl")
 EVIDENCE_PARTS = ("page", "confidence", "quote")
+REVIEW_PARTS = ("review", "original", "reviewer", "reviewed_at")
 MEDIA_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
 
 
@@ -39,7 +44,9 @@ def csv_header(fields: tuple[str, ...]) -> list[str]:
         "tokens",
         "cost_usd",
         "flagged",
+        "corrected",
         *(f"{name}.{part}" for name in fields for part in EVIDENCE_PARTS),
+        *(f"{name}.{part}" for name in fields for part in REVIEW_PARTS),
     ]
 
 
@@ -58,12 +65,21 @@ def _csv_row(line: ResultLine, fields: tuple[str, ...]) -> list[object]:
         line.usage.tokens,
         f"{line.usage.cost_usd:.6f}",
         " ".join(line.flagged),
+        " ".join(line.corrected),
         *(
             _cell(line.evidence.get(name, {}).get(part))
             for name in fields
             for part in EVIDENCE_PARTS
         ),
+        *(cell for name in fields for cell in _review_cells(line, name)),
     ]
+
+
+def _review_cells(line: ResultLine, name: str) -> list[object]:
+    review = line.reviews.get(name)
+    if review is None:
+        return ["", "", "", ""]
+    return [review.action, _cell(review.original), review.reviewer, review.at.isoformat()]
 
 
 def _cell(value: object) -> object:

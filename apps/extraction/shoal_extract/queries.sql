@@ -91,8 +91,10 @@ VALUES (%(task_id)s, %(item_id)s, %(attempt)s, %(document_id)s, %(model)s, %(out
 
 -- name: usage_by_item
 -- Calls, tokens and cost of each item of a task, every attempt counted.
-SELECT item_id, count(*), COALESCE(sum(prompt_tokens), 0), COALESCE(sum(completion_tokens), 0),
-       COALESCE(sum(cost_usd), 0)
+-- A cache hit is no call; a call answered 429 with Retry-After (paused) is one.
+SELECT item_id, count(*) FILTER (WHERE outcome <> 'cached'), COALESCE(sum(prompt_tokens), 0),
+       COALESCE(sum(completion_tokens), 0), COALESCE(sum(cost_usd), 0),
+       count(*) FILTER (WHERE outcome = 'cached'), count(*) FILTER (WHERE outcome = 'paused')
 FROM {schema}.model_call
 WHERE task_id = %(task_id)s
 GROUP BY item_id
@@ -115,3 +117,88 @@ ON CONFLICT (sha256, parser_version) DO NOTHING
 SELECT count(*)
 FROM {schema}.parsed
 WHERE sha256 = ANY(%(sha256)s::text[])
+
+-- name: template_version
+-- One version of a template by name.
+SELECT id, name, version, description, fields
+FROM {schema}.template
+WHERE name = %(name)s AND version = %(version)s
+
+-- name: insert_review
+-- A person accepts or corrects one value.
+INSERT INTO {schema}.review
+    (task_id, item_id, document_id, template_id, field, action, original, value, reviewer, at)
+VALUES (%(task_id)s, %(item_id)s, %(document_id)s, %(template_id)s, %(field)s, %(action)s,
+        %(original)s::jsonb, %(value)s::jsonb, %(reviewer)s, COALESCE(%(now)s, now()))
+RETURNING id, item_id, field, action, original, value, reviewer, at
+
+-- name: reviews_of_task
+-- The newest review of each value of a task.
+SELECT DISTINCT ON (item_id, field) id, item_id, field, action, original, value, reviewer, at
+FROM {schema}.review
+WHERE task_id = %(task_id)s
+ORDER BY item_id, field, id DESC
+
+-- name: reviews_of_template
+-- The newest review of each field of each document, over every task of one
+-- template name (any version): the key to score an extractor against.
+SELECT DISTINCT ON (d.sha256, r.field) d.sha256, d.filename, r.field, r.value
+FROM {schema}.review r
+JOIN {schema}.template t ON t.id = r.template_id
+JOIN {schema}.document d ON d.id = r.document_id
+WHERE t.name = %(name)s
+ORDER BY d.sha256, r.field, r.id DESC
+
+-- name: cached_result
+-- A model's stored answer for this content, parser, template version and model.
+SELECT extraction
+FROM {schema}.model_result
+WHERE sha256 = %(sha256)s AND parser_version = %(parser_version)s
+  AND template_id = %(template_id)s AND model = %(model)s
+
+-- name: store_result
+-- The first answer stored wins; a concurrent one writes nothing.
+INSERT INTO {schema}.model_result (sha256, parser_version, template_id, model, extraction, created_at)
+VALUES (%(sha256)s, %(parser_version)s, %(template_id)s, %(model)s, %(extraction)s::jsonb,
+        COALESCE(%(now)s, now()))
+ON CONFLICT DO NOTHING
+
+-- name: budget_ensure
+-- The model's budget row, created full and unpaused the first time.
+INSERT INTO {schema}.model_budget (model) VALUES (%(model)s)
+ON CONFLICT (model) DO NOTHING
+
+-- name: budget_row
+-- The model's budget, locked for this transaction: claims take turns; and now.
+SELECT paused_until, requests, tokens, counted_at, COALESCE(%(now)s, now())
+FROM {schema}.model_budget
+WHERE model = %(model)s
+FOR UPDATE
+
+-- name: budget_update
+-- The buckets after a claim (or a refill that was not enough).
+UPDATE {schema}.model_budget
+SET requests = %(requests)s, tokens = %(tokens)s, counted_at = %(counted_at)s
+WHERE model = %(model)s
+
+-- name: budget_settle
+-- A call used more (or fewer) tokens than it was estimated at.
+UPDATE {schema}.model_budget
+SET tokens = tokens - %(extra)s
+WHERE model = %(model)s AND tokens IS NOT NULL
+
+-- name: budget_pause
+-- The endpoint said to wait: no worker calls this model before then. A later
+-- pause never shortens an earlier one.
+INSERT INTO {schema}.model_budget (model, paused_until)
+VALUES (%(model)s, COALESCE(%(now)s, now()) + make_interval(secs => %(seconds)s))
+ON CONFLICT (model) DO UPDATE
+SET paused_until = GREATEST(
+    {schema}.model_budget.paused_until, EXCLUDED.paused_until)
+RETURNING paused_until
+
+-- name: budget_state
+-- The model budgets, for the workbench (pauses in force, buckets).
+SELECT model, paused_until, requests, tokens, counted_at, COALESCE(%(now)s, now())
+FROM {schema}.model_budget
+ORDER BY model

@@ -18,9 +18,22 @@ from shoal_extract.workbench import Workbench
 START_TIMEOUT_S = 10.0
 
 
-def build_api(boss: Shoal, batches: Batches, workbench: Workbench, *, token: str | None) -> FastAPI:
+def build_api(
+    boss: Shoal,
+    batches: Batches,
+    workbench: Workbench,
+    *,
+    token: str | None,
+    token_name: str | None = None,
+    read_only: bool = False,
+) -> FastAPI:
     """shoal's API (``/v1``, dashboard at ``/``) with the workbench's routes and page."""
-    return mount_workbench(create_api(boss, batches, token=token), workbench, token=token)
+    return mount_workbench(
+        create_api(boss, batches, token=token, read_only=read_only),
+        workbench,
+        token=token,
+        token_name=token_name,
+    )
 
 
 class _QuietServer(uvicorn.Server):

@@ -229,6 +229,78 @@ class ExtractStore:
         found = await self.db.fetch(self.q["template_by_id"], {"id": template_id})
         return _template(found[0]) if found else None
 
+    async def template_version(self, name: str, version: int) -> StoredTemplate | None:
+        found = await self.db.fetch(self.q["template_version"], {"name": name, "version": version})
+        return _template(found[0]) if found else None
+
+    # -- reviews -----------------------------------------------------------------------
+
+    async def insert_review(self, review: NewReview) -> Review:
+        found = await self.db.fetch(
+            self.q["insert_review"],
+            {
+                "task_id": review.task_id,
+                "item_id": review.item_id,
+                "document_id": review.document_id,
+                "template_id": review.template_id,
+                "field": review.field,
+                "action": review.action,
+                "original": json.dumps(review.original, ensure_ascii=False),
+                "value": json.dumps(review.value, ensure_ascii=False),
+                "reviewer": review.reviewer,
+                "now": self.clock.sql_now(),
+            },
+        )
+        return _review(found[0])
+
+    async def reviews_of_task(self, task_id: str) -> dict[int, dict[str, Review]]:
+        """The newest review of each value of a task: item id -> field -> review."""
+        found = await self.db.fetch(self.q["reviews_of_task"], {"task_id": task_id})
+        reviews: dict[int, dict[str, Review]] = {}
+        for row in found:
+            review = _review(row)
+            reviews.setdefault(review.item_id, {})[review.field] = review
+        return reviews
+
+    async def reviews_of_template(self, name: str) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Reviewed values of every task of template ``name``: sha256 -> (file, field -> value)."""
+        found = await self.db.fetch(self.q["reviews_of_template"], {"name": name})
+        key: dict[str, tuple[str, dict[str, Any]]] = {}
+        for sha256, filename, field_name, value in found:
+            key.setdefault(sha256, (filename, {}))[1][field_name] = value
+        return key
+
+    # -- model results -----------------------------------------------------------------
+
+    async def cached_result(
+        self, sha256: str, template_id: int, model: str
+    ) -> dict[str, Any] | None:
+        found = await self.db.fetch(
+            self.q["cached_result"],
+            {
+                "sha256": sha256,
+                "parser_version": PARSER_VERSION,
+                "template_id": template_id,
+                "model": model,
+            },
+        )
+        return dict(found[0][0]) if found else None
+
+    async def store_result(
+        self, sha256: str, template_id: int, model: str, extraction: Mapping[str, Any]
+    ) -> None:
+        await self.db.fetch(
+            self.q["store_result"],
+            {
+                "sha256": sha256,
+                "parser_version": PARSER_VERSION,
+                "template_id": template_id,
+                "model": model,
+                "extraction": json.dumps(extraction, ensure_ascii=False),
+                "now": self.clock.sql_now(),
+            },
+        )
+
     # -- model calls -------------------------------------------------------------------
 
     async def record_call(self, call: CallFor, record: CallRecord) -> None:
@@ -253,10 +325,67 @@ class ExtractStore:
         found = await self.db.fetch(self.q["usage_by_item"], {"task_id": task_id})
         return {
             r[0]: Usage(
-                calls=r[1], prompt_tokens=r[2], completion_tokens=r[3], cost_usd=float(r[4])
+                calls=r[1],
+                prompt_tokens=r[2],
+                completion_tokens=r[3],
+                cost_usd=float(r[4]),
+                cached=r[5],
+                paused=r[6],
             )
             for r in found
         }
+
+
+@dataclass(frozen=True, slots=True)
+class NewReview:
+    task_id: str
+    item_id: int
+    document_id: int
+    template_id: int
+    field: str
+    action: str  # accepted | corrected
+    original: Any
+    value: Any
+    reviewer: str
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    """A person's verdict on one value: who, when, what was extracted, what stands."""
+
+    id: int
+    item_id: int
+    field: str
+    action: str  # accepted | corrected
+    original: Any
+    value: Any
+    reviewer: str
+    at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "item_id": self.item_id,
+            "field": self.field,
+            "action": self.action,
+            "original": self.original,
+            "value": self.value,
+            "reviewer": self.reviewer,
+            "at": self.at.isoformat(),
+        }
+
+
+def _review(row: Sequence[Any]) -> Review:
+    return Review(
+        id=row[0],
+        item_id=row[1],
+        field=row[2],
+        action=row[3],
+        original=row[4],
+        value=row[5],
+        reviewer=row[6],
+        at=row[7],
+    )
 
 
 def _chunks(docs: Sequence[NewDocument], max_bytes: int) -> list[list[NewDocument]]:
@@ -286,5 +415,7 @@ __all__ = [
     "DocumentRow",
     "ExtractStore",
     "NewDocument",
+    "NewReview",
+    "Review",
     "template_payload",
 ]

@@ -20,10 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from shoal import Batches, Created, InvalidInput, TaskView
+from shoal_extract.budget import BudgetState, ModelGate
 from shoal_extract.evaluate import KeyEntry, Report, ResultRow, score
 from shoal_extract.extractors.base import Usage
 from shoal_extract.parsing import EXTENSIONS
-from shoal_extract.store import DocumentRow, ExtractStore, NewDocument, template_payload
+from shoal_extract.store import (
+    DocumentRow,
+    ExtractStore,
+    NewDocument,
+    NewReview,
+    Review,
+    template_payload,
+)
 from shoal_extract.templates import StoredTemplate
 from shoal_extract.worker import DEFAULT_EXTRACTOR, EXTRACTORS, KIND
 
@@ -32,6 +40,9 @@ MAX_DOCUMENT_BYTES = 50 * 1024 * 1024
 MAX_FILENAME = 255
 MAX_TASK_DOCUMENTS = 10_000
 MAX_REF = 512
+MAX_REVIEWER = 200
+# What a reviewer does to a value (the API's words) -> what is stored.
+REVIEW_ACTIONS = {"accept": "accepted", "correct": "corrected"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,14 @@ class ResultLine:
     # field -> {page, quote, confidence, verified}; fields with a value only
     evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
     flagged: tuple[str, ...] = ()  # fields whose quote is not in the source text
+    # field -> the newest review of its value; ``fields`` holds the reviewed values,
+    # ``extracted`` what the extractor gave (the two differ where a value was corrected)
+    reviews: dict[str, Review] = field(default_factory=dict)
+    extracted: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def corrected(self) -> tuple[str, ...]:
+        return tuple(f for f, r in self.reviews.items() if r.action == "corrected")
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +103,8 @@ class ResultLine:
             "field_errors": self.field_errors,
             "evidence": self.evidence,
             "flagged": list(self.flagged),
+            "corrected": list(self.corrected),
+            "reviews": {f: r.as_dict() for f, r in self.reviews.items()},
             "error": self.error,
             "usage": self.usage.as_dict(),
         }
@@ -134,6 +155,7 @@ class Workbench:
     def __init__(self, batches: Batches, store: ExtractStore) -> None:
         self.batches = batches
         self.store = store
+        self.gate = ModelGate(store, store.clock)  # to show the model budgets
 
     # -- documents ---------------------------------------------------------------------
 
@@ -181,14 +203,28 @@ class Workbench:
         *,
         extractor: str = DEFAULT_EXTRACTOR,
         idempotency_key: str | None = None,
+        template_version: int | None = None,
+        rerun_of: str | None = None,
     ) -> Created:
-        """One extraction task over ``document_ids``: task, items and jobs in one transaction."""
+        """One extraction task over ``document_ids``: task, items and jobs in one transaction.
+
+        The newest version of ``template`` unless ``template_version`` names one.
+        """
         if extractor not in EXTRACTORS:
             raise InvalidInput(
                 "extractor", f"must be one of {', '.join(EXTRACTORS)}, got {extractor!r:.40}"
             )
         ids = _document_ids(document_ids)
         stored = await self.template(template)
+        if template_version is not None and template_version != stored.version:
+            older = await self.store.template_version(stored.template.name, template_version)
+            if older is None:
+                raise InvalidInput(
+                    "template_version",
+                    f"template {stored.template.name!r} has no version {template_version!r:.20} "
+                    f"(versions 1-{stored.version})",
+                )
+            stored = older
         found = await self.store.documents_by_id(ids)
         for i, doc_id in enumerate(ids):
             if doc_id not in found:
@@ -200,10 +236,147 @@ class Workbench:
             }
             for doc_id in ids
         ]
-        params = {**template_payload(stored), "extractor": extractor}
+        params: dict[str, Any] = {**template_payload(stored), "extractor": extractor}
+        if rerun_of is not None:
+            params["rerun_of"] = rerun_of
         return await self.batches.create(
             KIND, items, params=params, idempotency_key=idempotency_key
         )
+
+    async def rerun(
+        self,
+        task_id: str,
+        documents: Sequence[int] | str,
+        *,
+        template: str | None = None,
+        template_version: int | None = None,
+        extractor: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[Created, list[int]]:
+        """Extract some documents of a task again, as a new task; its id and the documents.
+
+        ``documents`` is ``"failed"`` (the task's documents in error) or ids of
+        documents in the task. The template (its newest version unless
+        ``template_version`` names one) and the extractor default to the
+        task's. The task itself is left as it is: its results, and the reviews
+        of them, stay what they were; the new task says which it re-runs.
+        """
+        view = await self.task(task_id)
+        params = view.params if isinstance(view.params, dict) else {}
+        rows = await self.batches.export_rows(view.task_id)
+        in_task = {
+            r.data["document_id"]: r
+            for r in rows
+            if isinstance(r.data, dict) and isinstance(r.data.get("document_id"), int)
+        }
+        if documents == "failed":
+            ids = [d for d, r in in_task.items() if r.status.value == "error"]
+            if not ids:
+                raise InvalidInput("documents", f"task {view.task_id} has no failed documents")
+        elif isinstance(documents, str):
+            raise InvalidInput(
+                "documents", f'must be "failed" or a list of document ids, got {documents!r:.40}'
+            )
+        else:
+            ids = _document_ids(documents)
+            for i, doc_id in enumerate(ids):
+                if doc_id not in in_task:
+                    raise InvalidInput(
+                        f"documents[{i}]", f"document {doc_id} is not in task {view.task_id}"
+                    )
+        if template is None:
+            template = str(params.get("template", ""))
+            if template_version is None and isinstance(params.get("template_version"), int):
+                template_version = params["template_version"]
+        created = await self.start(
+            ids,
+            template,
+            extractor=extractor or str(params.get("extractor", DEFAULT_EXTRACTOR)),
+            idempotency_key=idempotency_key,
+            template_version=template_version,
+            rerun_of=view.task_id,
+        )
+        return created, ids
+
+    async def review(
+        self,
+        task_id: str,
+        item_id: object,
+        field_name: object,
+        action: object,
+        *,
+        reviewer: str,
+        value: Any = None,
+    ) -> Review:
+        """Accept one extracted value, or correct it to ``value``; stored with who and when.
+
+        The value must be of its field's type (``None``: the paper does not
+        state it). Only a completed document's values can be reviewed.
+        """
+        if action not in REVIEW_ACTIONS:
+            raise InvalidInput("action", f"must be accept or correct, got {action!r:.40}")
+        if not reviewer or len(reviewer) > MAX_REVIEWER:
+            raise InvalidInput("reviewer", f"must be 1-{MAX_REVIEWER} characters")
+        view = await self.task(task_id)
+        if isinstance(item_id, bool) or not isinstance(item_id, int) or not 0 < item_id < 2**63:
+            raise InvalidInput("item_id", f"must be an item id, got {item_id!r:.40}")
+        page = await self.batches.items(view.task_id, cursor=item_id - 1, limit=1)
+        item = page.items[0] if page.items and page.items[0].id == item_id else None
+        if item is None:
+            raise InvalidInput("item_id", f"task {view.task_id} has no item {item_id}")
+        if item.status.value != "completed":
+            raise InvalidInput(
+                "item_id",
+                f"item {item_id} is {item.status.value}: only completed values are reviewed",
+            )
+        stored = await self._stored_template(view)
+        if stored is None:
+            raise InvalidInput("task_id", f"task {view.task_id} names no stored template")
+        spec = next((f for f in stored.template.fields if f.name == field_name), None)
+        if spec is None:
+            raise InvalidInput(
+                "field",
+                f"{field_name!r:.80} is not a field of {stored.template.name} "
+                f"v{stored.version}; its fields: {', '.join(stored.template.field_names)}",
+            )
+        result = item.result if isinstance(item.result, dict) else {}
+        original = (result.get("fields") or {}).get(spec.name)
+        if action == "accept":
+            value = original
+        elif value is not None:
+            why = spec.check_value(value)
+            if why:
+                raise InvalidInput("value", f"{spec.name}: {why}")
+        data = item.data if isinstance(item.data, dict) else {}
+        return await self.store.insert_review(
+            NewReview(
+                task_id=view.task_id,
+                item_id=item_id,
+                document_id=int(data["document_id"]),
+                template_id=stored.id,
+                field=spec.name,
+                action=REVIEW_ACTIONS[str(action)],
+                original=original,
+                value=value,
+                reviewer=reviewer,
+            )
+        )
+
+    async def reviewed_key(self, task_id: str) -> dict[str, KeyEntry]:
+        """The reviewed values of every task of this task's template, as a key to score with.
+
+        A value a person accepted or corrected is the truth for that document
+        and field; fields nobody reviewed are not scored.
+        """
+        view = await self.task(task_id)
+        stored = await self._stored_template(view)
+        if stored is None:
+            return {}
+        reviewed = await self.store.reviews_of_template(stored.template.name)
+        return {
+            sha: KeyEntry(file=file, sha256=sha, expected="completed", fields=values)
+            for sha, (file, values) in reviewed.items()
+        }
 
     async def tasks(self, *, limit: int = 50) -> list[TaskView]:
         """The newest extraction tasks (shoal tasks of this kind), newest first."""
@@ -239,6 +412,10 @@ class Workbench:
             tuple(await self._lines(view, rows)), None, await self._field_names(view)
         )
 
+    async def budget(self) -> list[BudgetState]:
+        """Each model's shared budget: a pause in force, the rate buckets."""
+        return await self.gate.states()
+
     async def usage(self, task_id: str) -> Usage:
         total = Usage()
         for usage in (await self.store.usage_by_item(task_id)).values():
@@ -248,15 +425,19 @@ class Workbench:
     async def evaluate(self, task_id: str, key: dict[str, KeyEntry]) -> Report:
         """Per-field accuracy of a task's results against a key file."""
         page = await self.all_results(task_id)
-        rows = [ResultRow(r.sha256, r.file, r.status, r.fields) for r in page.lines]
+        # The extractor is scored on what it extracted, never on a person's corrections.
+        rows = [ResultRow(r.sha256, r.file, r.status, r.extracted) for r in page.lines]
         return score(rows, key, page.fields)
 
-    async def _field_names(self, view: TaskView) -> tuple[str, ...]:
+    async def _stored_template(self, view: TaskView) -> StoredTemplate | None:
         params = view.params if isinstance(view.params, dict) else {}
         template_id = params.get("template_id")
-        stored = (
-            await self.store.template_by_id(template_id) if isinstance(template_id, int) else None
-        )
+        if isinstance(template_id, bool) or not isinstance(template_id, int):
+            return None
+        return await self.store.template_by_id(template_id)
+
+    async def _field_names(self, view: TaskView) -> tuple[str, ...]:
+        stored = await self._stored_template(view)
         return stored.template.field_names if stored else ()
 
     async def _lines(self, view: TaskView, items: Sequence[Any]) -> list[ResultLine]:
@@ -267,11 +448,14 @@ class Workbench:
         ]
         docs = await self.store.documents_by_id(doc_ids) if doc_ids else {}
         usage = await self.store.usage_by_item(view.task_id)
+        reviews = await self.store.reviews_of_task(view.task_id)
         lines = []
         for item in items:
             data = item.data if isinstance(item.data, dict) else {}
             doc = docs.get(data.get("document_id", -1))
             result = item.result if isinstance(item.result, dict) else {}
+            extracted = dict(result.get("fields") or {})
+            reviewed = reviews.get(item.id, {}) if item.status.value == "completed" else {}
             lines.append(
                 ResultLine(
                     item_id=item.id,
@@ -281,7 +465,7 @@ class Workbench:
                     status=item.status.value,
                     attempts=item.attempts,
                     failed_runs=len(item.errors),
-                    fields=dict(result.get("fields") or {}),
+                    fields=extracted | {f: r.value for f, r in reviewed.items()},
                     field_errors=dict(result.get("field_errors") or {}),
                     error=item.error,
                     usage=usage.get(item.id, Usage()),
@@ -289,6 +473,8 @@ class Workbench:
                     response_id=result.get("response_id"),
                     evidence=dict(result.get("evidence") or {}),
                     flagged=tuple(result.get("flagged") or ()),
+                    reviews=reviewed,
+                    extracted=extracted,
                 )
             )
         return lines

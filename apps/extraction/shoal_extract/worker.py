@@ -12,7 +12,10 @@ permanent error carrying the parser's message.
 
 A document is parsed once per parser version: the parse is stored under the
 file's content hash, and every later item over the same bytes (another
-template, another extractor, a retry) reads it from there.
+template, another extractor, a retry) reads it from there. Likewise a model's
+answer is stored under the content hash, the template version and the model:
+an item asking the same again (a re-run, another task) reuses it without a
+call, and the cache hit is recorded in the ledger.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from datetime import timedelta
 from typing import Any
 
 from shoal import App, Clock, Item, PermanentError, Shoal, SystemClock
+from shoal_extract.budget import ModelGate, Rates
 from shoal_extract.evidence import FLAG, Evidence, check_evidence
-from shoal_extract.extractors.base import CallContext, CallRecord, Extraction, Extractor
+from shoal_extract.extractors.base import CallContext, CallRecord, Extraction, Extractor, Usage
 from shoal_extract.extractors.llm import LlmExtractor, LlmSettings
 from shoal_extract.extractors.rules import RulesExtractor
 from shoal_extract.parsing import ParsedText, ParseError, ParseLimits, parse_document
@@ -71,6 +75,7 @@ class ExtractionApp:
         self.app = App()
         # Set by attach() (the worker's start hook, or the caller); read by the handler.
         self.store: ExtractStore | None = None
+        self.gate: ModelGate | None = None
         self._templates: dict[int, StoredTemplate] = {}
         self._parsing = asyncio.Semaphore(PARSE_THREADS)
         self._extractors: dict[str, Extractor] = {"rules": RulesExtractor()}
@@ -95,6 +100,9 @@ class ExtractionApp:
             store = ExtractStore(boss.db, schema=self.settings.schema, clock=self.clock)
             for template in SHIPPED_TEMPLATES:
                 await store.save_template(template)
+            llm = self.settings.llm
+            rates = Rates(llm.requests_per_minute, llm.tokens_per_minute) if llm else Rates()
+            self.gate = ModelGate(store, self.clock, rates)
             self.store = store
         return self.store
 
@@ -174,8 +182,20 @@ class ExtractionApp:
             attempt=call.attempt,
             document_id=document_id,
             record=record,
+            gate=self.gate,
         )
-        extraction = await extractor.extract(parsed, stored.template, context=context)
+        model = self._llm.settings.model if extractor is self._llm and self._llm else None
+        if model is None:  # the rules cost nothing: no cache
+            extraction = await extractor.extract(parsed, stored.template, context=context)
+        else:
+            sha256 = (await store.documents_by_id([document_id]))[document_id].sha256
+            cached = await store.cached_result(sha256, stored.id, model)
+            if cached is not None:
+                extraction = extraction_of(cached, model)
+                await record(CallRecord("cached", model, Usage(cached=1), extraction.response_id))
+            else:
+                extraction = await extractor.extract(parsed, stored.template, context=context)
+                await store.store_result(sha256, stored.id, model, cacheable(extraction))
         evidence = await asyncio.to_thread(
             check_evidence,
             parsed,
@@ -184,6 +204,33 @@ class ExtractionApp:
             extraction.confidence,
         )
         return result_of(extraction, stored, extractor.name, pages=parsed.pages, evidence=evidence)
+
+
+def cacheable(extraction: Extraction) -> dict[str, Any]:
+    """What the model cache keeps of an extraction (all but who asked)."""
+    return {
+        "values": extraction.values,
+        "notes": extraction.notes,
+        "quotes": extraction.quotes,
+        "confidence": extraction.confidence,
+        "chunks_shown": list(extraction.chunks_shown),
+        "response_id": extraction.response_id,
+        "usage": extraction.usage.as_dict(),  # what the first answer cost
+    }
+
+
+def extraction_of(cached: Mapping[str, Any], model: str) -> Extraction:
+    """A cached answer as this item's extraction: it cost this item nothing."""
+    return Extraction(
+        values=dict(cached.get("values") or {}),
+        notes=dict(cached.get("notes") or {}),
+        usage=Usage(cached=1),
+        model=model,
+        response_id=cached.get("response_id"),
+        quotes=dict(cached.get("quotes") or {}),
+        confidence={k: float(v) for k, v in (cached.get("confidence") or {}).items()},
+        chunks_shown=tuple(cached.get("chunks_shown") or ()),
+    )
 
 
 def result_of(
@@ -221,6 +268,7 @@ def result_of(
         "model": extraction.model,
         "response_id": extraction.response_id,
         "usage": extraction.usage.as_dict(),
+        "cached": extraction.usage.cached > 0,
     }
 
 

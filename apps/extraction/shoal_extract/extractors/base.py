@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from shoal_extract.parsing import ParsedText
@@ -30,6 +31,8 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    cached: int = 0  # results reused from an earlier call: no call made, nothing spent
+    paused: int = 0  # calls answered 429 with Retry-After: the model's calls paused
 
     @property
     def tokens(self) -> int:
@@ -41,6 +44,8 @@ class Usage:
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             cost_usd=round(self.cost_usd + other.cost_usd, 6),
+            cached=self.cached + other.cached,
+            paused=self.paused + other.paused,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -49,6 +54,8 @@ class Usage:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cost_usd": self.cost_usd,
+            "cached": self.cached,
+            "paused": self.paused,
         }
 
 
@@ -56,7 +63,7 @@ class Usage:
 class CallRecord:
     """One model call, as it is written to the usage table."""
 
-    outcome: str  # answered | invalid | rejected | unavailable | timeout
+    outcome: str  # answered | invalid | rejected | unavailable | timeout | cached | paused
     model: str
     usage: Usage
     response_id: str | None = None
@@ -69,6 +76,16 @@ async def _no_recording(record: CallRecord) -> None:
     return None
 
 
+class CallGate(Protocol):
+    """The model budget shared by every worker (:class:`shoal_extract.budget.ModelGate`)."""
+
+    async def acquire(self, model: str, tokens: int) -> float: ...
+
+    async def settle(self, model: str, estimated: int, used: int) -> None: ...
+
+    async def pause(self, model: str, seconds: float) -> datetime: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CallContext:
     """Who an extraction is for: sent along to the model endpoint, and where usage goes."""
@@ -78,6 +95,7 @@ class CallContext:
     attempt: int = 1
     document_id: int = 0
     record: Recorder = _no_recording
+    gate: CallGate | None = None  # None: no shared budget (a 429 is then a plain retry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,4 +124,4 @@ class Extractor(Protocol):
     ) -> Extraction: ...
 
 
-__all__ = ["CallContext", "CallRecord", "Extraction", "Extractor", "Recorder", "Usage"]
+__all__ = ["CallContext", "CallGate", "CallRecord", "Extraction", "Extractor", "Recorder", "Usage"]

@@ -21,8 +21,12 @@ How failures are classified, so the batch layer does the right thing:
 =====================================  ==========================================
 what happened                          what the item does
 =====================================  ==========================================
-429, 5xx, timeout, connection error,   transient (:class:`ModelUnavailable`):
-a 200 whose body is not a completion   retried with backoff
+429 with ``Retry-After``               every worker's calls to the model pause
+                                       (:mod:`shoal_extract.budget`); this call
+                                       waits, then is made again: no retry spent
+429 without it, 5xx, timeout,          transient (:class:`ModelUnavailable`):
+connection error, a 200 whose body     retried with backoff
+is not a completion
 other 4xx (bad key, unknown model)     permanent: retrying sends the same request
 answer invalid after one repair        permanent
 =====================================  ==========================================
@@ -37,6 +41,8 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -61,6 +67,9 @@ DEFAULT_MAX_PROMPT_TOKENS = 6_000
 # Calls per document (repairs not counted): the first over every field's best
 # chunks, the rest for fields still null over chunks not yet shown.
 DEFAULT_MAX_CALLS = 3
+# Longest an item waits, in total, on pauses an endpoint asked for (429 with
+# Retry-After) before it gives up this attempt as a transient failure.
+DEFAULT_MAX_PAUSE_S = 600.0
 QUOTES = "_quotes"  # never a field name: those start with a letter
 # A model's confidence in a value (no log-probabilities asked for): the value
 # appears in the passage it quotes, or the quote only supports it.
@@ -109,6 +118,10 @@ class LlmSettings:
     price_out_per_mtok: float = 0.0  # USD per million completion tokens
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     max_calls: int = DEFAULT_MAX_CALLS
+    max_pause_s: float = DEFAULT_MAX_PAUSE_S
+    # Across every worker, through PostgreSQL (shoal_extract.budget); None: unlimited.
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         return round(
@@ -309,17 +322,36 @@ class LlmExtractor:
             "response_format": {"type": "json_object"},
         }
         url = settings.base_url.rstrip("/") + "/chat/completions"
-        try:
-            response = await self._client.post(url, json=body, headers=headers)
-        except httpx.TimeoutException as exc:
-            await context.record(CallRecord("timeout", settings.model, Usage(calls=1)))
-            raise ModelUnavailable(
-                f"no answer from {url} within {settings.timeout_s:g}s ({type(exc).__name__})"
-            ) from None
-        except httpx.TransportError as exc:
-            await context.record(CallRecord("unavailable", settings.model, Usage(calls=1)))
-            raise ModelUnavailable(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
-        status = response.status_code
+        estimate = _tokens(messages)
+        gate = context.gate
+        paused_s = 0.0
+        while True:
+            if gate is not None:
+                await gate.acquire(settings.model, estimate)
+            try:
+                response = await self._client.post(url, json=body, headers=headers)
+            except httpx.TimeoutException as exc:
+                await context.record(CallRecord("timeout", settings.model, Usage(calls=1)))
+                raise ModelUnavailable(
+                    f"no answer from {url} within {settings.timeout_s:g}s ({type(exc).__name__})"
+                ) from None
+            except httpx.TransportError as exc:
+                await context.record(CallRecord("unavailable", settings.model, Usage(calls=1)))
+                raise ModelUnavailable(f"cannot reach {url}: {type(exc).__name__}: {exc}") from None
+            status = response.status_code
+            wait = retry_after(response) if status == 429 else None
+            if wait is None or gate is None:
+                break
+            await context.record(CallRecord("paused", settings.model, Usage(calls=1, paused=1)))
+            if paused_s + wait > settings.max_pause_s:
+                raise ModelUnavailable(
+                    f"{url} asked to wait {wait:g}s more (429 Retry-After) after "
+                    f"{paused_s:g}s of pauses, over the limit of {settings.max_pause_s:g}s "
+                    "(SHOAL_LLM_MAX_PAUSE_S)"
+                )
+            paused_s += wait
+            # Every worker's calls to this model wait; this one too, then asks again.
+            await gate.pause(settings.model, wait)
         if status == 429 or status >= 500:
             await context.record(CallRecord("unavailable", settings.model, Usage(calls=1)))
             raise ModelUnavailable(f"{url} answered {status}: {_excerpt(response)}")
@@ -346,7 +378,34 @@ class LlmExtractor:
             cost_usd=settings.cost(prompt, completion),
         )
         response_id = payload.get("id") if isinstance(payload.get("id"), str) else None
+        if gate is not None and prompt + completion:
+            await gate.settle(settings.model, estimate, prompt + completion)
         return Answer(content, usage, response_id)
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a ``Retry-After`` header asks for.
+
+    Delta-seconds, or an HTTP date counted from the response's own ``Date``
+    (the server's clock, not this machine's); None when there is none.
+    """
+    raw = response.headers.get("retry-after", "").strip()
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(raw)
+        sent = parsedate_to_datetime(response.headers.get("date", ""))
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (_utc(when) - _utc(sent)).total_seconds())
+
+
+def _utc(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _confidence(value: Any, quote: str) -> float:
@@ -374,4 +433,5 @@ __all__ = [
     "answer_schema",
     "check_answer",
     "quotes_of",
+    "retry_after",
 ]
