@@ -41,3 +41,17 @@ AS $$
       AND j.lease_expires_at IS NOT NULL AND j.attempt = u.attempt
     RETURNING j.id;
 $$;
+
+-- Room on each page for a job's next version. A claim and a completion each
+-- write a new row version (state is in the partial indexes' predicates, so
+-- neither can be a HOT update). On a full page the new version goes to
+-- another page, and the update then logs the old row locked, references two
+-- pages and the whole new row: at fillfactor 100 a drained job cost 912
+-- bytes of WAL, the raw loop's 591 (pg_waldump, 300 jobs claimed and
+-- completed). With half of each page left free at insert, the new version
+-- stays on its page (the dead one before it is pruned when the page is next
+-- read) and logs only the bytes that changed: 749 bytes. The price is space
+-- for waiting jobs: twice the pages a backlog would take full. Only rows
+-- written from now on are placed this way; the lock is SHARE UPDATE
+-- EXCLUSIVE, which workers' reads and writes do not wait for.
+ALTER TABLE {schema}.job SET (fillfactor = 50);
