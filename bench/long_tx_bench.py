@@ -42,13 +42,9 @@ import asyncio
 import contextlib
 import json
 import os
-import pwd
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +56,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 if not __package__:  # run as a file: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.machine import OwnServer, describe
 from bench.queue_bench import (
     DEFAULT_URL,
     DONE_COUNT_SQL,
@@ -84,8 +81,6 @@ TICK_S = 0.05
 PROBE_N = {"shoal": 10_000, "pgqueuer": 3_000, "procrastinate": 1_000}
 PROBE_TIMEOUT_S = 60.0
 URL_ENV = "SHOAL_BENCH_URL"
-# The OS user a throwaway server runs as when this script runs as root.
-SERVER_USER = "postgres"
 SCRIPT = os.path.abspath(__file__)
 # "Recovered": an interval at 80% of steady throughput with at most this many
 # seconds of load waiting, ending within RECOVER_S of the transaction's end.
@@ -193,57 +188,6 @@ async def worker_async(lib: str, t0: float, interval: float) -> None:
 
 
 # == a throwaway server with PostgreSQL's default configuration ==============
-
-
-class OwnServer:
-    """A fresh cluster from the machine's PostgreSQL binaries, defaults untouched.
-
-    Used when the server of DATABASE_URL runs with autovacuum off (as the
-    development machine's does, for its other benchmarks): the point here is
-    autovacuum as a default installation has it. Runs as ``postgres`` through
-    ``runuser`` when this script runs as root (PostgreSQL refuses root).
-    """
-
-    def __init__(self) -> None:
-        found = sorted(
-            (p for p in Path("/usr/lib/postgresql").glob("*/bin") if (p / "initdb").exists()),
-            key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
-        )
-        if not found:
-            raise SystemExit("no /usr/lib/postgresql/<n>/bin/initdb to start a server with")
-        self.bin_dir = found[-1]
-        self.as_root = os.geteuid() == 0
-        self.base = Path(tempfile.mkdtemp(prefix="shoal-longtx-"))
-        if self.as_root:
-            user = pwd.getpwnam(SERVER_USER)
-            os.chown(self.base, user.pw_uid, user.pw_gid)
-        self.data = self.base / "data"
-        from shoal.db.embedded import free_port
-
-        self.port = free_port()
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def run(self, program: str, *args: str) -> None:
-        command = [str(self.bin_dir / program), *args]
-        if self.as_root:
-            command = ["runuser", "-u", SERVER_USER, "--", *command]
-        result = subprocess.run(
-            command, cwd=self.base, capture_output=True, text=True, stdin=subprocess.DEVNULL
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"{program} failed: {result.stderr.strip()[-1000:]}")
-
-    def start(self) -> None:
-        self.run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
-        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base}"
-        log = str(self.base / "server.log")
-        self.run("pg_ctl", "start", "-w", "-D", str(self.data), "-l", log, "-o", options)
-
-    def stop(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            with contextlib.suppress(RuntimeError):
-                self.run("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(self.data))
-        shutil.rmtree(self.base, ignore_errors=True)
 
 
 async def autovacuum_of(url: str) -> str:
@@ -602,13 +546,14 @@ async def main_async(args: argparse.Namespace) -> int:
     own = None
     server_note = f"{conninfo_to_dict(admin_url).get('host', 'local socket')} (DATABASE_URL)"
     if args.server == "own" or (args.server == "auto" and await autovacuum_of(admin_url) != "on"):
-        own = OwnServer()
+        own = OwnServer(prefix="shoal-longtx-")
         own.start()
         server_note = (
             f"a throwaway cluster (initdb defaults, {own.bin_dir}) on 127.0.0.1:{own.port}"
             + (", as DATABASE_URL's server has autovacuum off" if args.server == "auto" else "")
         )
         admin_url = own.url
+    server_note += f"\n{describe(admin_url)}"
     try:
         return await run_bench(args, admin_url, load_at_start, server_note)
     finally:

@@ -48,12 +48,21 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+if not __package__:  # run as a file: make ``bench`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.machine import OwnServer, ServerMeter, Usage, describe
+
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "shoal_bench"
 QUEUE = "bench_noop"
 CONCURRENCY = 10
 # The raw baseline claims this many jobs per statement (the issue's figure).
 RAW_CLAIM_BATCH = 100
+# The second raw baseline runs this many claim loops at once, each on its own
+# connection: as many as shoal's worker keeps busy during a drain (the
+# fetcher's and the completer's; its LISTEN connection only waits). The shoal
+# child reports its pool's size, to check.
+RAW_CLAIMERS = 2
 # pgqueuer runs with its own default batch size (PgQueuer.run(batch_size=10)),
 # and again with the batch the raw baseline and shoal claim (up to 100); the
 # "vs pgqueuer" column compares with the second, which drained faster in every
@@ -84,7 +93,8 @@ STALE_LIBS = ("raw", "shoal")
 
 SETTINGS = {
     "raw": (
-        f"one connection; claim {RAW_CLAIM_BATCH} per UPDATE ... WHERE id IN (SELECT ... "
+        f"one connection (x1) or {RAW_CLAIMERS} at once (x{RAW_CLAIMERS}), each a loop: "
+        f"claim {RAW_CLAIM_BATCH} per UPDATE ... WHERE id IN (SELECT ... "
         "FOR UPDATE SKIP LOCKED LIMIT n) RETURNING, then complete them in one UPDATE"
     ),
     "shoal": f"boss.work(queue, handler, concurrency={CONCURRENCY}) (batch_size default)",
@@ -138,14 +148,19 @@ UPDATE bench_raw.job SET state = 'done', finished_at = now()
 WHERE id = ANY(%s) AND state = 'running'
 """
 
-# What "every job finished" looks like in each library's tables.
+# What "every job finished" looks like in each library's tables. The comment
+# marks the drain's watcher, whose polls are not the library's statements.
+WATCH_MARK = "/* bench watch */"  # also on the parent's own queries during a drain
 DONE_COUNT_SQL = {
-    "raw": "SELECT count(*) FROM bench_raw.job WHERE state = 'done'",
-    "shoal": "SELECT count(*) FROM shoal.job WHERE state = 'completed'",
+    "raw": f"SELECT count(*) FROM bench_raw.job WHERE state = 'done' {WATCH_MARK}",
+    "shoal": f"SELECT count(*) FROM shoal.job WHERE state = 'completed' {WATCH_MARK}",
     # pgqueuer deletes a finished job from its queue table and logs it.
-    "pgqueuer": "SELECT count(*) FROM bench_pgqueuer.pgqueuer_log WHERE status = 'successful'",
+    "pgqueuer": (
+        f"SELECT count(*) FROM bench_pgqueuer.pgqueuer_log WHERE status = 'successful' {WATCH_MARK}"
+    ),
     "procrastinate": (
-        "SELECT count(*) FROM bench_procrastinate.procrastinate_jobs WHERE status = 'succeeded'"
+        "SELECT count(*) FROM bench_procrastinate.procrastinate_jobs WHERE status = 'succeeded' "
+        f"{WATCH_MARK}"
     ),
 }
 
@@ -252,10 +267,15 @@ async def open_watch(url: str) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(url, autocommit=True)
 
 
-async def drain_raw(url: str, n: int, batch: int | None = None) -> dict[str, Any]:
+async def drain_raw(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
+    """``variant`` claim loops at once (default 1), each on its own connection.
+
+    A loop stops at its first empty claim: the others hold the rest.
+    """
     handled = 0
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        start = time.perf_counter()
+
+    async def loop(conn: psycopg.AsyncConnection[Any]) -> None:
+        nonlocal handled
         while True:
             cur = await conn.execute(RAW_CLAIM, (QUEUE, RAW_CLAIM_BATCH))
             rows = await cur.fetchall()
@@ -264,11 +284,21 @@ async def drain_raw(url: str, n: int, batch: int | None = None) -> dict[str, Any
             for _id, _data in rows:
                 handled += 1  # the no-op handler
             await conn.execute(RAW_COMPLETE, ([r[0] for r in rows],))
+
+    conns = [
+        await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(variant or 1)
+    ]
+    try:
+        start = time.perf_counter()
+        await asyncio.gather(*(loop(c) for c in conns))
         elapsed = time.perf_counter() - start
+    finally:
+        for conn in conns:
+            await conn.close()
     return {"elapsed_s": elapsed, "handled": handled}
 
 
-async def drain_shoal(url: str, n: int, batch: int | None = None) -> dict[str, Any]:
+async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
     from shoal import Job, Shoal
 
     counter = DrainCounter(n)
@@ -295,6 +325,7 @@ async def drain_shoal(url: str, n: int, batch: int | None = None) -> dict[str, A
         await wait_until_recorded(watch, "shoal", counter, describe)
         elapsed = time.perf_counter() - start
         stats = worker.stats
+        pool_size = boss.db.pool.get_stats().get("pool_size", 0)
         await worker.stop()
     finally:
         await watch.close()
@@ -302,6 +333,7 @@ async def drain_shoal(url: str, n: int, batch: int | None = None) -> dict[str, A
     return {
         "elapsed_s": elapsed,
         "handled": counter.seen,
+        "pool_size": pool_size,
         "worker_stats": {
             "claimed": stats.claimed,
             "completed": stats.completed,
@@ -312,7 +344,7 @@ async def drain_shoal(url: str, n: int, batch: int | None = None) -> dict[str, A
     }
 
 
-async def drain_pgqueuer(url: str, n: int, batch: int | None = None) -> dict[str, Any]:
+async def drain_pgqueuer(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
     from pgqueuer import PgQueuer
     from pgqueuer.models import Job as PgqJob
 
@@ -329,7 +361,7 @@ async def drain_pgqueuer(url: str, n: int, batch: int | None = None) -> dict[str
             counter.hit()
 
         start = time.perf_counter()
-        run = asyncio.create_task(pgq.run(batch_size=batch or PGQ_REFERENCE_BATCH))
+        run = asyncio.create_task(pgq.run(batch_size=variant or PGQ_REFERENCE_BATCH))
         try:
             await wait_until_recorded(watch, "pgqueuer", counter)
             elapsed = time.perf_counter() - start
@@ -339,7 +371,7 @@ async def drain_pgqueuer(url: str, n: int, batch: int | None = None) -> dict[str
     return {"elapsed_s": elapsed, "handled": counter.seen}
 
 
-async def drain_procrastinate(url: str, n: int, batch: int | None = None) -> dict[str, Any]:
+async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
     counter = DrainCounter(n)
 
     async def bench_noop(i: int) -> None:
@@ -364,7 +396,7 @@ async def drain_procrastinate(url: str, n: int, batch: int | None = None) -> dic
     return {"elapsed_s": elapsed, "handled": counter.seen}
 
 
-# Each takes (url, n, batch); only pgqueuer's batch size is a setting measured here.
+# Each takes (url, n, variant): pgqueuer's batch size, or the raw loop's claimers.
 DRAINS: dict[str, Callable[[str, int, int | None], Coroutine[Any, Any, dict[str, Any]]]] = {
     "raw": drain_raw,
     "shoal": drain_shoal,
@@ -386,9 +418,9 @@ def peak_rss_kib() -> int:
     return 0
 
 
-def worker_main(lib: str, n: int, batch: int | None) -> None:
+def worker_main(lib: str, n: int, variant: int | None) -> None:
     url = os.environ[URL_ENV]
-    result = asyncio.run(DRAINS[lib](url, n, batch))
+    result = asyncio.run(DRAINS[lib](url, n, variant))
     result["vm_hwm_kib"] = peak_rss_kib()
     print(json.dumps(result), flush=True)
 
@@ -403,16 +435,26 @@ class Case:
     lib: str
     stale: bool = False
     batch: int | None = None  # pgqueuer's batch_size
+    claimers: int | None = None  # the raw loop's connections
     enqueue_s: list[float] = field(default_factory=list)
     drain_s: list[float] = field(default_factory=list)
     rss_mib: list[float] = field(default_factory=list)
     sampled_rss_mib: list[float] = field(default_factory=list)
+    usage: list[Usage] = field(default_factory=list)  # what the server did per drain
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
     @property
+    def variant(self) -> int | None:
+        return self.batch if self.batch is not None else self.claimers
+
+    @property
+    def key(self) -> tuple[str, bool, int | None]:
+        return (self.lib, self.stale, self.variant)
+
+    @property
     def label(self) -> str:
-        name = "raw psycopg" if self.lib == "raw" else self.lib
+        name = f"raw psycopg x{self.claimers or 1}" if self.lib == "raw" else self.lib
         if self.lib in STALE_LIBS:
             return f"{name} ({'stale' if self.stale else 'fresh'} stats)"
         if self.batch is not None:
@@ -444,6 +486,8 @@ class Bench:
         self.pg_version = ""
         self.shoal_version = shoal_version()
         self.load_at_start = os.getloadavg()
+        self.machine = ""  # machine.describe()'s line, taken before the cases
+        self.server = ""
 
     # -- setup ----------------------------------------------------------
 
@@ -463,6 +507,10 @@ class Bench:
                     )
                 )
         self.conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        with contextlib.suppress(psycopg.Error):  # loaded only where the server preloads it
+            await self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        self.meter = ServerMeter(self.conn, BENCH_DB, ignore_like=f"%{WATCH_MARK}%")
+        await self.meter.open()
         for schema in (SCHEMA_RAW, SCHEMA_PROCRASTINATE, SCHEMA_PGQUEUER):
             await self.conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         await self.conn.execute(sql.SQL(RAW_SCHEMA_SQL).format(schema=sql.Identifier(SCHEMA_RAW)))
@@ -601,7 +649,7 @@ class Bench:
 
     # -- drains (timed in a child) ---------------------------------------
 
-    async def drain(self, lib: str, batch: int | None) -> dict[str, Any]:
+    async def drain(self, lib: str, variant: int | None) -> dict[str, Any]:
         env = dict(os.environ, **{URL_ENV: self.url})
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -610,7 +658,7 @@ class Bench:
             lib,
             "--n",
             str(self.n),
-            *(["--batch", str(batch)] if batch else []),
+            *(["--variant", str(variant)] if variant else []),
             env=env,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -640,6 +688,20 @@ class Bench:
             result["stderr"] = stderr[-2000:]
         return result
 
+    async def sessions(self) -> list[int]:
+        cur = await self.conn.execute(
+            f"SELECT pid FROM pg_stat_activity WHERE datname = %s {WATCH_MARK}", (BENCH_DB,)
+        )
+        return [r[0] for r in await cur.fetchall()]
+
+    async def wait_for_child_sessions(self, parent: list[int]) -> None:
+        """Wait until the sessions not in ``parent`` have ended (their statistics are then in)."""
+        deadline = time.perf_counter() + 10
+        while time.perf_counter() < deadline:
+            if not set(await self.sessions()) - set(parent):
+                return
+            await asyncio.sleep(0.02)
+
     async def cancel_orphaned_statements(self) -> str:
         """Cancel statements still running for a drain child that has exited.
 
@@ -650,7 +712,7 @@ class Bench:
         """
         cur = await self.conn.execute(
             "SELECT pid, left(query, 60) FROM pg_stat_activity"
-            " WHERE datname = %s AND state = 'active' AND pid <> pg_backend_pid()",
+            f" WHERE datname = %s AND state = 'active' AND pid <> pg_backend_pid() {WATCH_MARK}",
             (BENCH_DB,),
         )
         rows = await cur.fetchall()
@@ -668,6 +730,11 @@ class Bench:
         await self.conn.execute(TRUNCATE_SQL[lib])
         await self.enqueue(lib)
         for rep in range(self.reps):
+            # A checkpoint before the jobs arrive: the drain then modifies no
+            # page for the first time since a checkpoint, so its WAL holds no
+            # full-page images unless a timed checkpoint falls inside it
+            # (counted: "FPI" in the per-job table).
+            await self.conn.execute("CHECKPOINT")
             if case.stale:
                 stats = await self.make_stats_stale(lib)
             else:
@@ -677,19 +744,24 @@ class Bench:
                 # Fresh: statistics that know the N waiting jobs are there.
                 await self.conn.execute(sql.SQL("ANALYZE {}").format(JOB_TABLE[lib]))
                 stats = await self.table_stats(lib)
-            if rep == 0:
+            if rep == 0 and (case.claimers or 1) == 1:
                 await self.explain_claim(lib, case.label)
-            result = await self.drain(lib, case.batch)
+            parent = await self.sessions()
+            before = await self.meter.sample()
+            result = await self.drain(lib, case.variant)
+            await self.wait_for_child_sessions(parent)
+            usage = await self.meter.since(before)
+            case.usage.append(usage)
             case.drain_s.append(result["elapsed_s"])
             case.rss_mib.append(result["vm_hwm_kib"] / 1024)
             case.sampled_rss_mib.append(result["sampled_rss_bytes"] / 2**20)
-            extra = ""
+            extra = f" {per_job(usage, self.n)}"
             if "worker_stats" in result:
-                extra = f" worker.stats={result['worker_stats']}"
+                extra += f" worker.stats={result['worker_stats']} pool={result['pool_size']}"
             if "stderr" in result:
                 case.notes.append(f"rep {rep + 1} stderr: {result['stderr'][-500:]}")
             print(
-                f"  {case.label:<28} rep {rep + 1}: enqueue {case.enqueue_s[-1] * 1000:7.1f} ms"
+                f"  {case.label:<31} rep {rep + 1}: enqueue {case.enqueue_s[-1] * 1000:7.1f} ms"
                 f"  drain {result['elapsed_s']:6.2f} s  peak RSS {case.rss_mib[-1]:5.1f} MiB"
                 f"  load {os.getloadavg()[0]:.2f}  [{stats}]{extra}",
                 flush=True,
@@ -731,40 +803,58 @@ def fmt_ratio(value: float | None, base: float | None) -> str:
     return "n/a" if value is None or not base else f"{value / base:.2f}x"
 
 
+def per_job(usage: Usage, n: int) -> str:
+    cpu = "n/a" if usage.cpu_s is None else f"{usage.cpu_s / n * 1e6:.0f} us"
+    return (
+        f"WAL {usage.wal_bytes / n:,.0f} B/job (FPI {usage.wal_fpi}), "
+        f"{usage.statements / n:.4f} statements/job, server CPU {cpu}/job"
+    )
+
+
+def median_of(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def report(bench: Bench, cases: list[Case]) -> str:
     n = bench.n
-    by_key = {(c.lib, c.stale, c.batch): c for c in cases}
+    by_key = {c.key: c for c in cases}
 
-    def rates(lib: str, stale: bool, batch: int | None = None) -> tuple[float | None, float | None]:
-        c = by_key.get((lib, stale, batch))
-        if c is None or c.error:
-            return None, None
-        return rate(n, c.enqueue_s), rate(n, c.drain_s)
+    def good(lib: str, stale: bool, variant: int | None = None) -> Case | None:
+        c = by_key.get((lib, stale, variant))
+        return None if c is None or c.error else c
+
+    def rates(c: Case | None) -> tuple[float | None, float | None]:
+        return (None, None) if c is None else (rate(n, c.enqueue_s), rate(n, c.drain_s))
 
     load = ", ".join(f"{x:.2f}" for x in bench.load_at_start)
     lines = [
         f"N = {n:,} jobs; repetitions = {bench.reps} (median shown); "
         f"os.cpu_count() = {os.cpu_count()}; load average at start {load}",
+        bench.machine,
+        f"server: {bench.server}",
         f"Postgres: {bench.pg_version}",
         f"shoal: {bench.shoal_version}",
         *(f"diagnostic setting for every session: {s}" for s in bench.pg_settings),
         "",
-        "| case | enqueue jobs/s | drain jobs/s | vs raw (enqueue / drain) "
-        "| vs pgqueuer (enqueue / drain) | worker peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| case | enqueue jobs/s | drain jobs/s | enqueue vs raw | drain vs raw x1 "
+        f"| drain vs raw x{RAW_CLAIMERS} | vs pgqueuer (enqueue / drain) | worker peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    pgq_enq, pgq_drain = rates("pgqueuer", False, PGQ_REFERENCE_BATCH)
+    pgq_enq, pgq_drain = rates(good("pgqueuer", False, PGQ_REFERENCE_BATCH))
     for c in cases:
-        enq, drain = rates(c.lib, c.stale, c.batch)
-        # Compare like with like: a stale-statistics row against raw with stale statistics.
-        raw_enq, raw_drain = rates("raw", c.stale)
-        rss = median(c.rss_mib)
         if c.error:
-            lines.append(f"| {c.label} | error | error | | | |")
+            lines.append(f"| {c.label} | error | error | | | | | |")
             continue
+        enq, drain = rates(c)
+        # Compare like with like: a stale-statistics row against raw with stale statistics.
+        raw_enq, raw_drain = rates(good("raw", c.stale, 1))
+        _, raw_n_drain = rates(good("raw", c.stale, RAW_CLAIMERS))
+        rss = median(c.rss_mib)
         lines.append(
             f"| {c.label} | {fmt_rate(enq)} | {fmt_rate(drain)} "
-            f"| {fmt_ratio(enq, raw_enq)} / {fmt_ratio(drain, raw_drain)} "
+            f"| {fmt_ratio(enq, raw_enq)} | {fmt_ratio(drain, raw_drain)} "
+            f"| {fmt_ratio(drain, raw_n_drain)} "
             f"| {fmt_ratio(enq, pgq_enq)} / {fmt_ratio(drain, pgq_drain)} "
             f"| {'n/a' if rss is None else f'{rss:.1f}'} |"
         )
@@ -772,32 +862,100 @@ def report(bench: Bench, cases: list[Case]) -> str:
         "",
         "Rows with stale statistics are compared with raw psycopg (stale stats); "
         f"'vs pgqueuer' is against pgqueuer (batch_size={PGQ_REFERENCE_BATCH}).",
+        "",
+        "Per job drained (median of the repetitions; WAL: pg_current_wal_insert_lsn() "
+        "difference, the whole server's; FPI: full-page images in it, summed; statements: "
+        f"{next((c.usage[0].statements_source for c in cases if c.usage), 'n/a')}, without the "
+        "drain's watcher; server CPU: user+system seconds of the postmaster and all its "
+        "processes, live and exited, via /proc):",
+        "",
+        "| case | WAL bytes/job | vs raw x1 | FPI | statements/job | vs raw x1 "
+        "| server CPU us/job | vs raw x1 | statement time us/job |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def units(c: Case) -> tuple[float | None, float | None, float | None, float | None, int]:
+        return (
+            median_of([u.wal_bytes / n for u in c.usage]),
+            median_of([u.statements / n for u in c.usage]),
+            median_of([None if u.cpu_s is None else u.cpu_s / n * 1e6 for u in c.usage]),
+            median_of([None if u.exec_ms is None else u.exec_ms / n * 1e3 for u in c.usage]),
+            sum(u.wal_fpi for u in c.usage),
+        )
+
+    def num(value: float | None, fmt: str) -> str:
+        return "n/a" if value is None else format(value, fmt)
+
+    for c in cases:
+        if c.error or not c.usage:
+            continue
+        wal, stmts, cpu, exec_us, fpi = units(c)
+        raw = good("raw", c.stale, 1)
+        rwal, rstmts, rcpu, _, _ = units(raw) if raw and raw.usage else (None,) * 5
+        lines.append(
+            f"| {c.label} | {num(wal, ',.0f')} | {fmt_ratio(wal, rwal)} | {fpi} "
+            f"| {num(stmts, '.4f')} | {fmt_ratio(stmts, rstmts)} "
+            f"| {num(cpu, ',.0f')} | {fmt_ratio(cpu, rcpu)} | {num(exec_us, ',.1f')} |"
+        )
+    lines += [
+        "",
         "Drain seconds per repetition:",
         *(f"- {c.label}: {', '.join(f'{x:.2f}' for x in c.drain_s)}" for c in cases if c.drain_s),
     ]
+    tops = [(c, c.usage[-1].top) for c in cases if c.usage and c.usage[-1].top]
+    if tops:
+        lines += ["", "Statements of the last drain, most WAL first (per job: calls, WAL bytes):"]
+        for c, top in tops:
+            lines.append(f"- {c.label}:")
+            for query, calls, _ms, wal in top[:4]:
+                lines.append(f"    {calls / n:.4f} calls, {wal / n:,.0f} B: {query[:110]}")
     return "\n".join(lines)
 
 
+def cases_of(lib: str, stale: bool = False) -> list[Case]:
+    if lib == "pgqueuer":
+        return [Case(lib, batch=b) for b in PGQ_BATCH_SIZES]
+    if lib == "raw":
+        return [Case(lib, stale, claimers=c) for c in (1, RAW_CLAIMERS)]
+    return [Case(lib, stale)]
+
+
+# The throwaway server's settings beyond initdb's: autovacuum off as on the
+# development server (the stale-statistics cases need it; the drain is timed
+# without a vacuum running beside it), and pg_stat_statements to count statements.
+OWN_SERVER_SETTINGS = {"autovacuum": "off", "shared_preload_libraries": "pg_stat_statements"}
+
+
 async def main_async(args: argparse.Namespace) -> int:
+    own = None
     admin_url = os.environ.get("DATABASE_URL") or DEFAULT_URL
+    if args.server == "own":
+        own = OwnServer(OWN_SERVER_SETTINGS, prefix="shoal-queue-bench-")
+        own.start()
+        admin_url = own.url
+    try:
+        return await run_bench(args, admin_url, own.describe() if own else "DATABASE_URL's")
+    finally:
+        if own is not None:
+            own.stop()
+
+
+async def run_bench(args: argparse.Namespace, admin_url: str, server: str) -> int:
     libs = [lib.strip() for lib in args.libs.split(",") if lib.strip()]
     unknown = set(libs) - set(LIBS)
     if unknown:
         raise SystemExit(f"--libs: unknown {sorted(unknown)}; choose from {', '.join(LIBS)}")
     reps = 1 if args.quick else args.reps
     bench = Bench(admin_url, args.n, reps, libs, args.pg_setting)
+    bench.server = server
     host = conninfo_to_dict(admin_url).get("host", "local socket")
     print(f"shoal queue bench: N={args.n}, reps={reps}, server {host}, db {BENCH_DB}", flush=True)
+    print(f"server: {server}", flush=True)
+    bench.machine = describe(admin_url)
+    print(bench.machine, flush=True)
     await bench.setup()
-    cases = [
-        case
-        for lib in LIBS
-        if lib in libs
-        for case in (
-            [Case(lib, batch=b) for b in PGQ_BATCH_SIZES] if lib == "pgqueuer" else [Case(lib)]
-        )
-    ]
-    cases += [Case(lib, stale=True) for lib in STALE_LIBS if lib in libs]
+    cases = [case for lib in LIBS if lib in libs for case in cases_of(lib)]
+    cases += [case for lib in STALE_LIBS if lib in libs for case in cases_of(lib, stale=True)]
     started = time.perf_counter()
     try:
         for case in cases:
@@ -852,11 +1010,19 @@ def main() -> None:
         metavar="NAME=VALUE",
         help="diagnostic: ALTER DATABASE shoal_bench SET NAME = VALUE (repeatable)",
     )
+    parser.add_argument(
+        "--server",
+        choices=("own", "url"),
+        default="own",
+        help="own (default): a throwaway cluster of the machine's PostgreSQL, so WAL and "
+        "server CPU are the bench's alone; url: DATABASE_URL's server as it is",
+    )
     parser.add_argument("--worker", choices=LIBS, help=argparse.SUPPRESS)  # a drain child
-    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)  # the child's pgqueuer batch
+    # The child's pgqueuer batch size, or its raw loop's claimers.
+    parser.add_argument("--variant", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker, args.n, args.batch)
+        worker_main(args.worker, args.n, args.variant)
         return
     sys.exit(asyncio.run(main_async(args)))
 

@@ -95,8 +95,9 @@ FROM {schema}.claim_jobs_v1(%(queue)s, %(limit)s, %(now)s::timestamptz)
 
 -- name: complete_jobs
 -- active -> completed, each fenced by the attempt its worker was handed
--- (complete_jobs_v1 in migrations/0006_queue_functions_v1.sql).
-SELECT id FROM {schema}.complete_jobs_v1(
+-- (complete_jobs_v2 in migrations/0015_drain_cost.sql: one primary-key
+-- probe per job, whatever the statistics say about active jobs).
+SELECT id FROM {schema}.complete_jobs_v2(
     %(ids)s::bigint[], %(attempts)s::int[], %(outputs)s::jsonb[], %(now)s::timestamptz)
 
 -- name: fail_jobs

@@ -16,12 +16,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from importlib import resources
 from typing import Any, NamedTuple, TypeVar
 
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database, Pending
-from shoal.db.queries import fetch_named, int_array, load_queries, positions
+from shoal.db.queries import fetch_named, int_array, parse_queries, positions
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.limits import Limits, LimitState, Rate
 from shoal.queue.options import JobOptions
@@ -349,6 +351,31 @@ def _record(row: Sequence[Any]) -> JobRecord:
     )
 
 
+# What insert_jobs does on a conflict; only a singleton key can cause one.
+ON_CONFLICT = "ON CONFLICT DO NOTHING"
+
+
+def queue_queries(schema: str) -> dict[str, sql.Composed]:
+    """queries.sql bound to ``schema``, and insert_jobs without its conflict check.
+
+    ``insert_jobs_unkeyed`` is for a batch in which no job has a singleton
+    key: ids come from the sequence, so no row can conflict, and a plain
+    insert skips ON CONFLICT's speculative insertion (a pre-check of each
+    unique index and a confirmation record per row): about a third of the
+    statement's server time for 10,000 jobs. One text, so the two never drift.
+    """
+    text = resources.files("shoal.queue").joinpath("queries.sql").read_text(encoding="utf-8")
+    queries = parse_queries(text, schema, regclasses=["job_id_seq"], where="shoal.queue")
+    block = text[text.index("-- name: insert_jobs\n") :]
+    block = block[: block.index("\n-- name: ", 1)]
+    if block.count(ON_CONFLICT) != 1:
+        raise RuntimeError(f"insert_jobs in queries.sql must say {ON_CONFLICT!r} once")
+    unkeyed = block.replace("-- name: insert_jobs\n", "-- name: insert_jobs_unkeyed\n")
+    unkeyed = unkeyed.replace(ON_CONFLICT, "")
+    queries.update(parse_queries(unkeyed, schema, regclasses=["job_id_seq"], where="shoal.queue"))
+    return queries
+
+
 @dataclass(frozen=True, slots=True)
 class InsertPlan:
     """The parameters of one ``insert_jobs`` statement, whichever client runs it."""
@@ -356,6 +383,8 @@ class InsertPlan:
     params: dict[str, Any]
     # Queues whose new jobs may run at once: their idle workers are woken.
     wake: list[str]
+    # insert_jobs when a job has a singleton key, else insert_jobs_unkeyed.
+    query: str
 
     @classmethod
     def of(cls, jobs: Sequence[NewJob], now: datetime | None) -> InsertPlan:
@@ -374,7 +403,8 @@ class InsertPlan:
         params["partition_key"] = [j.partition_key for j in jobs] if keyed else []
         params["cost"] = [j.cost for j in jobs] if any(j.cost is not None for j in jobs) else []
         params["now"] = now
-        return cls(params, sorted({s.queue for s in sets if s.runs_now}))
+        query = "insert_jobs" if params["singleton_key"] else "insert_jobs_unkeyed"
+        return cls(params, sorted({s.queue for s in sets if s.runs_now}), query)
 
     @staticmethod
     def ids(rows: Sequence[Sequence[Any]]) -> list[JobId | None]:
@@ -427,7 +457,7 @@ class JobStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.sql = load_queries("shoal.queue", db.schema, regclasses=["job_id_seq"])
+        self.sql = queue_queries(db.schema)
         # One notification channel per schema, so two shoal installs in one
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
@@ -446,7 +476,7 @@ class JobStore:
         if not jobs:
             return []
         plan = InsertPlan.of(jobs, now)
-        insert_q = self.sql["insert_jobs"]
+        insert_q = self.sql[plan.query]
 
         async def run(c: AsyncConn) -> list[JobId | None]:
             cur = await c.execute(insert_q, plan.params)
@@ -897,7 +927,7 @@ class SyncJobStore:
 
     def __init__(self, db: SyncDatabase) -> None:
         self.db = db
-        self.sql = load_queries("shoal.queue", db.schema, regclasses=["job_id_seq"])
+        self.sql = queue_queries(db.schema)
         self.channel = f"{db.schema}_jobs"
 
     def _rows(
@@ -918,7 +948,7 @@ class SyncJobStore:
         if not jobs:
             return []
         plan = InsertPlan.of(jobs, now)
-        insert_q, notify_q = self.sql["insert_jobs"], self.sql["notify_queues"]
+        insert_q, notify_q = self.sql[plan.query], self.sql["notify_queues"]
 
         def run(cur: SyncCursor) -> list[JobId | None]:
             cur.execute(insert_q, plan.params)
