@@ -1,0 +1,2 @@
+-- STAND-IN: version 0015 is taken by another branch; this file only keeps
+-- the sequence 1..N whole on this one (dropped when the branches merge).
