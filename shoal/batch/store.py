@@ -223,6 +223,11 @@ def _timeout_params(timeout: timedelta | str) -> dict[str, Any]:
     return {"timeout": text}
 
 
+def _ms_params(wait: timedelta) -> dict[str, Any]:
+    """The parameters of ``raise_statement_timeout``."""
+    return {"ms": int(wait.total_seconds() * 1000)}
+
+
 def _kinds_params(kinds: Sequence[KindSettings], now: datetime | None) -> dict[str, Any]:
     """The parameters of ``put_kinds``."""
     return {
@@ -269,6 +274,15 @@ class BatchStore:
         """Set this transaction's lock_timeout; returns the one before (to set it back)."""
         rows = await self._rows("set_lock_timeout", _timeout_params(wait), conn)
         return str(rows[0][0])
+
+    async def raise_statement_timeout(self, conn: AsyncConn, wait: timedelta) -> str:
+        """Raise this transaction's statement_timeout to ``wait`` (never lower it);
+        returns the one before, for :meth:`set_statement_timeout`."""
+        rows = await self._rows("raise_statement_timeout", _ms_params(wait), conn)
+        return str(rows[0][0])
+
+    async def set_statement_timeout(self, conn: AsyncConn, setting: str) -> None:
+        await self._rows("set_statement_timeout", {"timeout": setting}, conn)
 
     async def task_by_key(self, conn: AsyncConn, key: str) -> tuple[TaskId, str] | None:
         rows = await self._rows("task_by_key", {"idempotency_key": key}, conn)
@@ -676,6 +690,12 @@ class SyncBatchStore:
 
     def set_lock_timeout(self, cur: SyncCursor, wait: timedelta | str) -> str:
         return str(self._rows(cur, "set_lock_timeout", _timeout_params(wait))[0][0])
+
+    def raise_statement_timeout(self, cur: SyncCursor, wait: timedelta) -> str:
+        return str(self._rows(cur, "raise_statement_timeout", _ms_params(wait))[0][0])
+
+    def set_statement_timeout(self, cur: SyncCursor, setting: str) -> None:
+        self._rows(cur, "set_statement_timeout", {"timeout": setting})
 
     def insert_task(self, cur: SyncCursor, task: NewTask, *, now: datetime | None) -> TaskId | None:
         rows = self._rows(cur, "insert_task", _task_params(task, now))
