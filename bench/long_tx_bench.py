@@ -233,9 +233,11 @@ class OwnServer:
         if result.returncode != 0:
             raise RuntimeError(f"{program} failed: {result.stderr.strip()[-1000:]}")
 
-    def start(self) -> None:
+    def start(self, *settings: str) -> None:
+        """initdb and start; each of ``settings`` (``name=value``) is passed as ``-c``."""
         self.run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.base}"
+        options += "".join(f" -c {setting}" for setting in settings)
         log = str(self.base / "server.log")
         self.run("pg_ctl", "start", "-w", "-D", str(self.data), "-l", log, "-o", options)
 
