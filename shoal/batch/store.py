@@ -150,6 +150,19 @@ class ItemRow:
     finished_at: datetime | None
 
 
+def by_item(entry: tuple[ItemId, int, Any]) -> ItemId:
+    """The key that orders the rows of a statement that updates many items.
+
+    A worker's result writes, heartbeats and in-handler marks update the same
+    running items from different connections at once; each takes its rows'
+    locks in the order it is given them (one primary-key probe per entry).
+    Given in claim or completion order, two of them could take two items in
+    opposite orders and deadlock (seen: "recording 500 outcomes failed
+    (DeadlockDetected)" in a soak). In item id order, they never do.
+    """
+    return entry[0]
+
+
 def _task(row: Sequence[Any]) -> TaskRow:
     return TaskRow(
         id=TaskId(row[0]),
@@ -360,6 +373,7 @@ class BatchStore:
         before (a write retried after a lost acknowledgement), found by a
         second statement only when some item lost its fence.
         """
+        done = sorted(done, key=by_item)
         rows = await self._rows(
             "complete_items",
             {
@@ -462,6 +476,7 @@ class BatchStore:
     ) -> set[ItemId]:
         if not held:
             return set()
+        held = sorted(held)  # lock order: see by_item
         rows = await self._rows(
             "heartbeat_items",
             {"ids": [h[0] for h in held], "attempts": [h[1] for h in held], "now": now},
@@ -585,6 +600,7 @@ class BatchStore:
         self, marks: Sequence[tuple[ItemId, int, bool]], *, conn: AsyncConn | None = None
     ) -> set[ItemId]:
         """Set (True) or clear (False) running items' in-handler mark, fenced by attempt."""
+        marks = sorted(marks)  # lock order: see by_item
         rows = await self._rows(
             "mark_handlers",
             {
