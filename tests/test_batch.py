@@ -50,6 +50,19 @@ async def test_create_writes_task_items_and_one_job_per_item(boss: Shoal, db_url
     assert all(isinstance(data, dict) and set(data) == {"item", "turn"} for _, data in jobs)
 
 
+async def test_a_task_bigger_than_one_deadline_is_created_whole(
+    boss: Shoal, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shoal.batch import plans
+
+    monkeypatch.setattr(plans, "ITEMS_PER_DEADLINE", 2)  # 5 items: three deadlines
+    batches = make_batches(boss)
+    assert plans.create_deadline(boss.db.deadline, 5) == 3 * boss.db.deadline
+    created = await batches.create("test.kind", ["a", "b", "c", "d", "e"])
+    assert [r.ref for r in await batches.export_rows(created.task_id)] == list("abcde")
+    assert await sql(db_url, "SELECT count(*) FROM shoal.job") == [(5,)]
+
+
 async def test_creation_is_one_transaction(boss: Shoal, db_url: str) -> None:
     batches = make_batches(boss)
     await sql(
@@ -405,6 +418,35 @@ async def test_task_stays_open_while_anything_is_pending_or_running(boss: Shoal)
     await guard_one(batches)
     assert (await batches.aggregator.run_once()).closed == ()
     assert (await batches.get(created.task_id)).status is TaskStatus.PROCESSING
+
+
+async def test_an_item_left_anywhere_in_a_task_keeps_it_open(boss: Shoal, db_url: str) -> None:
+    # The probe for "anything pending or running" reads each range from its
+    # high-id end (where a running task's live items are); an item left at
+    # the low end, behind finished ones (a retry, say), must still count.
+    batches = make_batches(boss)
+    created = await batches.create("test.kind", ["a", "b", "c", "d"])
+    ids = [row.id for row in await batches.export_rows(created.task_id)]
+    await sql(
+        db_url,
+        "UPDATE shoal.item SET status = 'completed', finished_at = now() WHERE id > %s",
+        ids[0],
+    )
+    left = "SELECT shoal.item_left_v1(%s, %s)"
+    assert await sql(db_url, left, created.task_id, []) == [(ids[0],)]
+    assert (await batches.aggregator.run_once()).closed == ()
+    await sql(db_url, "UPDATE shoal.item SET status = 'running' WHERE id = %s", ids[0])
+    assert await sql(db_url, left, created.task_id, []) == [(ids[0],)]
+    assert await sql(db_url, left, created.task_id, [ids[0]]) == [(None,)]
+    assert (await batches.aggregator.run_once()).closed == ()
+    await sql(
+        db_url,
+        "UPDATE shoal.item SET status = 'completed', attempt = 1, finished_at = now() "
+        "WHERE id = %s",
+        ids[0],
+    )
+    (closed,) = (await batches.aggregator.run_once()).closed
+    assert closed.id == created.task_id
 
 
 async def test_progress_is_one_group_by_over_the_task_status_index(

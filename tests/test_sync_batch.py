@@ -172,6 +172,25 @@ async def test_a_create_in_the_callers_transaction_exists_only_if_it_commits(
         sync.create(KIND, ["a", "c"], idempotency_key="u1")
 
 
+async def test_a_create_bigger_than_one_deadline_sets_the_callers_statement_timeout_back(
+    batches: Batches, client: SyncClient, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shoal.batch import plans
+
+    # Tasks of more than 2 items get a longer statement timeout for their insert.
+    monkeypatch.setattr(plans, "ITEMS_PER_DEADLINE", 2)
+    sync = SyncBatches(client)
+    with psycopg.connect(db_url) as conn:
+        for setting in ("0", "1min", "5s"):
+            with conn.transaction():
+                conn.execute("SELECT set_config('statement_timeout', %s, true)", (setting,))
+                created = sync.create(KIND, ["a", "b", "c", "d", "e"], conn=conn)
+                shown = conn.execute("SHOW statement_timeout").fetchone()
+            assert shown is not None and shown[0] == setting
+    assert (await batches.get(created.task_id)).progress.total == 5
+    assert counts(db_url) == (3, 15, 15)
+
+
 def test_a_create_behind_an_identical_one_in_flight_is_told_it_is_still_being_created(
     batches: Batches, client: SyncClient, db_url: str
 ) -> None:

@@ -13,7 +13,9 @@ A create runs, in one transaction::
     none: task_by_key(key)               -> plan.existing(found): the task, or an error
     else: insert_items(plan.items, plan.item_jobs), notify(plan.task.item_queue)
 
-and a lock timeout on the way is :func:`still_creating`.
+and a lock timeout on the way is :func:`still_creating`. A task of more
+than ``ITEMS_PER_DEADLINE`` items has its ``insert_items`` between
+``raise_statement_timeout(create_deadline)`` and setting it back.
 """
 
 from __future__ import annotations
@@ -132,6 +134,18 @@ class CreatePlan:
         return Created(found[0], created=False)
 
 
+# Items (with their jobs) one deadline covers in a create: 100,000, the
+# default cap, take 1-4 s here, and up to 10 s on a machine busy with other
+# work. A bigger task gets one deadline (and statement timeout) per 100,000:
+# its items and jobs are still written by one statement, in one transaction.
+ITEMS_PER_DEADLINE = 100_000
+
+
+def create_deadline(base: timedelta, n_items: int) -> timedelta:
+    """The deadline of a create of ``n_items``: ``base`` for each ``ITEMS_PER_DEADLINE``."""
+    return base * max(1, -(-n_items // ITEMS_PER_DEADLINE))
+
+
 def still_creating(
     exc: TransientError, idempotency_key: str | None
 ) -> StillCreating | TransientError:
@@ -159,6 +173,7 @@ __all__ = [
     "IDEMPOTENCY_WAIT",
     "CreatePlan",
     "check_cancellable",
+    "create_deadline",
     "find_kind",
     "still_creating",
     "task_id_of",

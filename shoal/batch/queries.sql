@@ -26,6 +26,24 @@ SELECT id::text, request_hash FROM {schema}.task WHERE idempotency_key = %(idemp
 SELECT b.before, set_config('lock_timeout', %(timeout)s, true)
 FROM (SELECT current_setting('lock_timeout') AS before OFFSET 0) b
 
+-- name: raise_statement_timeout
+-- Raises statement_timeout to %(ms)s milliseconds for the rest of this
+-- transaction (never lowers it; 0, no limit, stays) and returns the value in
+-- force before, to be set back with set_statement_timeout: a create of more
+-- items than one deadline covers writes them in one statement given as long
+-- as its size needs (create_deadline in plans.py).
+SELECT b.before,
+       set_config('statement_timeout',
+                  CASE WHEN b.ms = 0 OR b.ms >= %(ms)s THEN b.before ELSE %(ms)s::text END, true)
+FROM (SELECT current_setting('statement_timeout') AS before,
+             (SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout') AS ms
+      OFFSET 0) b
+
+-- name: set_statement_timeout
+-- Sets statement_timeout for the rest of this transaction (back to what
+-- raise_statement_timeout returned).
+SELECT set_config('statement_timeout', %(timeout)s, true)
+
 -- name: put_kinds
 -- Creates or replaces the stored settings of these kinds (a worker's start),
 -- for creators without the kinds' code (SyncBatches, create_task() in SQL).
@@ -105,10 +123,10 @@ WHERE j.job_id IS NOT NULL
 
 -- name: complete_items
 -- Records finished runs and completes their jobs in one statement
--- (complete_items_v1 in migrations/0007_batch_functions_v1.sql). Arrays come
--- as text literals.
+-- (complete_items_v2 in migrations/0016_batch_probe_from_the_live_end.sql).
+-- Arrays come as text literals.
 SELECT what, id, task_id::text
-FROM {schema}.complete_items_v1(
+FROM {schema}.complete_items_v2(
     %(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[], %(job_ids)s::bigint[],
     %(job_attempts)s::int[], %(now)s::timestamptz)
 
@@ -310,14 +328,15 @@ WHERE id = %(task_id)s::uuid AND status IN ('processing', 'completed')
 -- Closes every task with no pending or running item, in one statement: the
 -- outcome from its cancel reason and error count. Candidates are locked (and
 -- skipped when locked), so two aggregators never close one task twice; cancel
--- and retry-failed take the same row lock before they touch items.
+-- and retry-failed take the same row lock before they touch items. Whether
+-- anything is left is asked from the live end of the task's index ranges
+-- (item_left_v1 in migrations/0016_batch_probe_from_the_live_end.sql): a
+-- forward probe walked past every item finished so far, on each pass.
 WITH candidates AS (
     SELECT t.id
     FROM {schema}.task t
     WHERE t.status = 'processing'
-      AND NOT EXISTS (
-          SELECT 1 FROM {schema}.item i
-          WHERE i.task_id = t.id AND i.status IN ('pending', 'running'))
+      AND {schema}.item_left_v1(t.id, '{{}}') IS NULL
     ORDER BY t.created_at
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
@@ -451,10 +470,10 @@ LIMIT %(limit)s
 -- name: finished_tasks
 -- Which of these tasks have nothing pending or running (as this transaction
 -- sees it): the worker that finished their last items wakes the aggregator.
+-- Probed from the live end, as close_tasks is.
 SELECT t.id::text
 FROM unnest(%(task_ids)s::uuid[]) AS t(id)
-WHERE NOT EXISTS (
-    SELECT 1 FROM {schema}.item i WHERE i.task_id = t.id AND i.status IN ('pending', 'running'))
+WHERE {schema}.item_left_v1(t.id, '{{}}') IS NULL
 
 -- name: count_skip
 -- A delivery the guard turned away, counted by why: the item of a stopped

@@ -34,6 +34,7 @@ from shoal.batch.plans import (
     IDEMPOTENCY_WAIT,
     CreatePlan,
     check_cancellable,
+    create_deadline,
     find_kind,
     still_creating,
     task_id_of,
@@ -41,7 +42,7 @@ from shoal.batch.plans import (
 from shoal.batch.states import ItemId, ItemStatus, TaskOutcome, TaskStatus
 from shoal.batch.store import BatchStore, ItemRow, TaskRow
 from shoal.batch.views import Created, ItemsPage, Progress, TaskView, task_view
-from shoal.db.pool import AsyncConn
+from shoal.db.pool import AsyncConn, statement_timeout_for
 from shoal.errors import (
     Conflict,
     IdempotencyMismatch,
@@ -148,6 +149,10 @@ class Batches:
             defaults=self.boss.defaults,
         )
         now = self.clock.sql_now()
+        # A big task's one statement of items and jobs is given as long as
+        # its size needs, and so is the transaction around it.
+        within = create_deadline(self.boss.db.deadline, len(plan.items))
+        big = within > self.boss.db.deadline
 
         # The steps of shoal.batch.plans, as SyncBatches.create runs them.
         async def create(conn: AsyncConn) -> Created:
@@ -157,14 +162,19 @@ class Batches:
             if task_id is None:
                 assert idempotency_key is not None
                 return plan.existing(await self.store.task_by_key(conn, idempotency_key))
+            if big:
+                limit = statement_timeout_for(within)
+                before = await self.store.raise_statement_timeout(conn, limit)
             await self.store.insert_items(
                 conn, task_id, plan.items.refs, plan.items.data, jobs=plan.item_jobs, now=now
             )
+            if big:
+                await self.store.set_statement_timeout(conn, before)
             await self.boss.store.notify(conn, [plan.task.item_queue])
             return Created(task_id, created=True)
 
         try:
-            return await self.boss.db.run(create)
+            return await self.boss.db.run(create, deadline=within)
         except TransientError as exc:
             raise still_creating(exc, idempotency_key) from exc
 

@@ -150,6 +150,19 @@ class ItemRow:
     finished_at: datetime | None
 
 
+def by_item(entry: tuple[ItemId, int, Any]) -> ItemId:
+    """The key that orders the rows of a statement that updates many items.
+
+    A worker's result writes, heartbeats and in-handler marks update the same
+    running items from different connections at once; each takes its rows'
+    locks in the order it is given them (one primary-key probe per entry).
+    Given in claim or completion order, two of them could take two items in
+    opposite orders and deadlock (seen: "recording 500 outcomes failed
+    (DeadlockDetected)" in a soak). In item id order, they never do.
+    """
+    return entry[0]
+
+
 def _task(row: Sequence[Any]) -> TaskRow:
     return TaskRow(
         id=TaskId(row[0]),
@@ -223,6 +236,11 @@ def _timeout_params(timeout: timedelta | str) -> dict[str, Any]:
     return {"timeout": text}
 
 
+def _ms_params(wait: timedelta) -> dict[str, Any]:
+    """The parameters of ``raise_statement_timeout``."""
+    return {"ms": int(wait.total_seconds() * 1000)}
+
+
 def _kinds_params(kinds: Sequence[KindSettings], now: datetime | None) -> dict[str, Any]:
     """The parameters of ``put_kinds``."""
     return {
@@ -269,6 +287,15 @@ class BatchStore:
         """Set this transaction's lock_timeout; returns the one before (to set it back)."""
         rows = await self._rows("set_lock_timeout", _timeout_params(wait), conn)
         return str(rows[0][0])
+
+    async def raise_statement_timeout(self, conn: AsyncConn, wait: timedelta) -> str:
+        """Raise this transaction's statement_timeout to ``wait`` (never lower it);
+        returns the one before, for :meth:`set_statement_timeout`."""
+        rows = await self._rows("raise_statement_timeout", _ms_params(wait), conn)
+        return str(rows[0][0])
+
+    async def set_statement_timeout(self, conn: AsyncConn, setting: str) -> None:
+        await self._rows("set_statement_timeout", {"timeout": setting}, conn)
 
     async def task_by_key(self, conn: AsyncConn, key: str) -> tuple[TaskId, str] | None:
         rows = await self._rows("task_by_key", {"idempotency_key": key}, conn)
@@ -346,6 +373,7 @@ class BatchStore:
         before (a write retried after a lost acknowledgement), found by a
         second statement only when some item lost its fence.
         """
+        done = sorted(done, key=by_item)
         rows = await self._rows(
             "complete_items",
             {
@@ -448,6 +476,7 @@ class BatchStore:
     ) -> set[ItemId]:
         if not held:
             return set()
+        held = sorted(held)  # lock order: see by_item
         rows = await self._rows(
             "heartbeat_items",
             {"ids": [h[0] for h in held], "attempts": [h[1] for h in held], "now": now},
@@ -571,6 +600,7 @@ class BatchStore:
         self, marks: Sequence[tuple[ItemId, int, bool]], *, conn: AsyncConn | None = None
     ) -> set[ItemId]:
         """Set (True) or clear (False) running items' in-handler mark, fenced by attempt."""
+        marks = sorted(marks)  # lock order: see by_item
         rows = await self._rows(
             "mark_handlers",
             {
@@ -676,6 +706,12 @@ class SyncBatchStore:
 
     def set_lock_timeout(self, cur: SyncCursor, wait: timedelta | str) -> str:
         return str(self._rows(cur, "set_lock_timeout", _timeout_params(wait))[0][0])
+
+    def raise_statement_timeout(self, cur: SyncCursor, wait: timedelta) -> str:
+        return str(self._rows(cur, "raise_statement_timeout", _ms_params(wait))[0][0])
+
+    def set_statement_timeout(self, cur: SyncCursor, setting: str) -> None:
+        self._rows(cur, "set_statement_timeout", {"timeout": setting})
 
     def insert_task(self, cur: SyncCursor, task: NewTask, *, now: datetime | None) -> TaskId | None:
         rows = self._rows(cur, "insert_task", _task_params(task, now))

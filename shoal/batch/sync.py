@@ -30,6 +30,7 @@ from shoal.batch.plans import (
     IDEMPOTENCY_WAIT,
     CreatePlan,
     check_cancellable,
+    create_deadline,
     find_kind,
     still_creating,
     task_id_of,
@@ -37,6 +38,7 @@ from shoal.batch.plans import (
 from shoal.batch.states import TaskOutcome
 from shoal.batch.store import SyncBatchStore, TaskRow
 from shoal.batch.views import Created, TaskView, task_view
+from shoal.db.pool import statement_timeout_for
 from shoal.db.sync import SyncConn, SyncCursor
 from shoal.errors import NotFound, TransientError
 from shoal.queue.sync import SyncClient
@@ -104,9 +106,16 @@ class SyncBatches:
             if task_id is None:
                 assert idempotency_key is not None
                 return plan.existing(self.store.task_by_key(cur, idempotency_key))
+            # As Batches.create: a big task's statement is given as long as it needs.
+            within = create_deadline(self.client.db.deadline, len(plan.items))
+            big = within > self.client.db.deadline
+            if big:
+                before = self.store.raise_statement_timeout(cur, statement_timeout_for(within))
             self.store.insert_items(
                 cur, task_id, plan.items.refs, plan.items.data, jobs=plan.item_jobs, now=now
             )
+            if big:
+                self.store.set_statement_timeout(cur, before)
             self.client.store.notify(cur.connection, [plan.task.item_queue])
             return Created(task_id, created=True)
 

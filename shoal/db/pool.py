@@ -168,6 +168,15 @@ def check_schema_name(name: object) -> str:
     return name
 
 
+# The server stops a statement at this share of the client's deadline.
+STATEMENT_TIMEOUT_SHARE = 0.9
+
+
+def statement_timeout_for(deadline: timedelta) -> timedelta:
+    """The server-side statement timeout that goes with a client ``deadline``."""
+    return deadline * STATEMENT_TIMEOUT_SHARE
+
+
 def connection_kwargs(
     deadline: timedelta,
     application_name: str,
@@ -189,7 +198,7 @@ def connection_kwargs(
         # connection, and an abandoned one does not keep running.
         "options": (
             "-c plan_cache_mode=force_custom_plan "
-            f"-c statement_timeout={int(deadline.total_seconds() * 1000 * 0.9)}"
+            f"-c statement_timeout={int(statement_timeout_for(deadline).total_seconds() * 1000)}"
         ),
     }
 
