@@ -11,10 +11,11 @@ started and connected before the clock starts. The clock runs from creating
 the task to the task closing: parsing (pdfplumber's layout-aware path),
 extraction, evidence checks and shoal's bookkeeping, all of it.
 
-Beside the rate it prints the machine (cores, load average, a single
-connection's commit rate), and per document: WAL bytes, and the database
-server's CPU time (its processes' utime + stime from /proc, so only when the
-server runs on this machine). OCR is measured apart: ``--ocr-pages`` pages
+It runs on a throwaway PostgreSQL cluster of its own (``--server url`` for
+DATABASE_URL's), so that its WAL and server CPU are the bench's alone. Beside
+the rate it prints the machine (cores, load average, the server's commit
+rate: bench/machine.py), and per document: the workers' CPU, the database
+server's CPU, WAL bytes and statements. OCR is measured apart: ``--ocr-pages`` pages
 of scanned papers (no text layer) parsed in this process, pages per second.
 
 Asserts nothing: docs/benchmarks.md gives the target (20 documents a second
@@ -31,12 +32,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 from psycopg import sql
 
+from bench.machine import OwnServer, ServerMeter, describe
 from shoal import Shoal
 from shoal_extract.corpus import blocks, make_papers, render_pdf
 from shoal_extract.hard_corpus import make_hard_papers, render_scan
@@ -47,47 +48,10 @@ from shoal_extract.worker import ExtractionApp, WorkerSettings
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE = "shoal_bench_extraction"
-SEED = 20261202  # not the sample corpus's: its documents are new to the database
-
-
-@dataclass(frozen=True)
-class Machine:
-    cores: int
-    load: float
-    commits_per_s: float
-
-
-def commit_rate(url: str, seconds: float = 3.0) -> float:
-    """Single-row INSERT commits per second on one connection (a temporary table)."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TEMP TABLE commit_probe (n int)")
-        done, started = 0, time.monotonic()
-        while time.monotonic() - started < seconds:
-            conn.execute("INSERT INTO commit_probe VALUES (1)")
-            done += 1
-        return done / (time.monotonic() - started)
-
-
-def server_cpu_seconds(url: str) -> float | None:
-    """utime + stime of every PostgreSQL process, when the server runs on this machine."""
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT pg_postmaster_start_time(), inet_server_addr()").fetchone()
-    if row is None or (row[1] is not None and str(row[1]) not in ("127.0.0.1", "::1")):
-        return None
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            if comm not in ("postgres", "postmaster"):
-                continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (children not counted)
-    return total / ticks
+SEED = 20261202
+OWN_SERVER_SETTINGS = {
+    "shared_preload_libraries": "pg_stat_statements"
+}  # not the sample corpus's: its documents are new to the database
 
 
 def cpu_seconds(pid: int) -> float:
@@ -96,20 +60,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wal_lsn(url: str) -> int:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def fresh_database(server_url: str) -> str:
+    """A new empty database; pg_stat_statements in it when the server loads the library."""
     with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
-    return psycopg.conninfo.make_conninfo(server_url, dbname=DATABASE)
+        name = sql.Identifier(DATABASE)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(name))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(name))
+        row = conn.execute("SHOW shared_preload_libraries").fetchone()
+    url = psycopg.conninfo.make_conninfo(server_url, dbname=DATABASE)
+    if row is not None and "pg_stat_statements" in str(row[0]):
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    return url
 
 
 def write_pdfs(folder: Path, count: int) -> None:
@@ -166,12 +128,25 @@ def ocr_rate(pages: int) -> tuple[int, float]:
 
 
 async def run(args: argparse.Namespace) -> None:
-    url = fresh_database(args.database_url)
-    machine = Machine(os.cpu_count() or 0, os.getloadavg()[0], commit_rate(url))
+    own = None if args.server == "url" else OwnServer(OWN_SERVER_SETTINGS, prefix="shoal-extract-")
+    if own is not None:
+        own.start()
+    try:
+        await measure(args, own.url if own is not None else args.database_url)
+    finally:
+        if own is not None:
+            own.stop()
+    if args.ocr_pages:
+        pages, rate = await asyncio.to_thread(ocr_rate, args.ocr_pages)
+        print(f"OCR: {pages} scanned pages at {rate:.2f} pages/s (one process, Tesseract)")
+
+
+async def measure(args: argparse.Namespace, server_url: str) -> None:
+    url = fresh_database(server_url)
+    print(describe(url))
     print(
-        f"machine: {machine.cores} cores, load {machine.load:.2f}, "
-        f"{machine.commits_per_s:,.0f} commits/s on one connection; "
-        f"{args.documents} PDFs, {args.workers} worker processes x concurrency {args.concurrency}"
+        f"{args.documents} text-layer PDFs, {args.workers} worker processes x concurrency "
+        f"{args.concurrency}, server: {'own cluster' if args.server == 'own' else server_url}"
     )
     boss = await Shoal.connect(url, max_size=10)
     extraction = ExtractionApp(WorkerSettings())
@@ -189,33 +164,31 @@ async def run(args: argparse.Namespace) -> None:
         print(f"generated in {generated:.1f} s, imported in {import_s:.1f} s")
         workers = start_workers(url, args.workers, args.concurrency)
         await asyncio.sleep(args.warmup)  # the workers import and connect before the clock
-        wal, cpu = wal_lsn(url), server_cpu_seconds(url)
-        worker_cpu = sum(cpu_seconds(w.pid) for w in workers)
-        started = time.monotonic()
-        created = await bench.start([d.id for d in imported.documents], DEFAULT_TEMPLATE)
-        # The task closes in the worker processes: polled, as a user's script would.
-        while (view := await bench.task(created.task_id)).completed_at is None:  # noqa: ASYNC110
-            await asyncio.sleep(0.1)
-        elapsed = time.monotonic() - started
-        wal_per = (wal_lsn(url) - wal) / args.documents
-        cpu_after = server_cpu_seconds(url)
-        rss = [peak_rss_mib(w.pid) for w in workers]
-        worker_cpu = sum(cpu_seconds(w.pid) for w in workers) - worker_cpu
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            meter = ServerMeter(conn, DATABASE)
+            await meter.open()
+            before = await meter.sample()
+            worker_cpu = sum(cpu_seconds(w.pid) for w in workers)
+            started = time.monotonic()
+            created = await bench.start([d.id for d in imported.documents], DEFAULT_TEMPLATE)
+            # The task closes in the worker processes: polled, as a user's script would.
+            while (view := await bench.task(created.task_id)).completed_at is None:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+            elapsed = time.monotonic() - started
+            worker_cpu = sum(cpu_seconds(w.pid) for w in workers) - worker_cpu
+            rss = [peak_rss_mib(w.pid) for w in workers]
+            usage = await meter.since(before)
+        n = args.documents
         print(
             f"task {created.task_id}: {view.status.value}, {view.progress.as_dict()}\n"
-            f"{args.documents} documents in {elapsed:.2f} s: "
-            f"{args.documents / elapsed:.1f} documents/s "
-            f"({args.documents / elapsed / args.workers:.1f} per worker process)"
+            f"{n} documents in {elapsed:.2f} s: {n / elapsed:.1f} documents/s "
+            f"({n / elapsed / args.workers:.1f} per worker process)"
         )
-        per_doc_cpu = (
-            "n/a (server not local)"
-            if cpu is None or cpu_after is None
-            else f"{(cpu_after - cpu) / args.documents * 1000:.2f} ms"
-        )
+        server_cpu = "n/a" if usage.cpu_s is None else f"{usage.cpu_s / n * 1000:.1f} ms"
         print(
-            f"per document: worker CPU {worker_cpu / args.documents * 1000:.1f} ms, "
-            f"database server CPU {per_doc_cpu}, {wal_per:,.0f} WAL bytes "
-            "(the server's CPU and WAL count everything it does meanwhile: run alone)"
+            f"per document: worker CPU {worker_cpu / n * 1000:.1f} ms, database server CPU "
+            f"{server_cpu}, {usage.wal_bytes / n:,.0f} WAL bytes, "
+            f"{usage.statements / n:.1f} statements ({usage.statements_source})"
         )
         print("worker peak RSS MiB: " + ", ".join("n/a" if r is None else f"{r:.0f}" for r in rss))
     finally:
@@ -225,14 +198,17 @@ async def run(args: argparse.Namespace) -> None:
             w.wait(timeout=30)
         await extraction.close()
         await boss.close()
-    if args.ocr_pages:
-        pages, rate = await asyncio.to_thread(ocr_rate, args.ocr_pages)
-        print(f"OCR: {pages} scanned pages at {rate:.2f} pages/s (one process, Tesseract)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL))
+    parser.add_argument(
+        "--server",
+        choices=("own", "url"),
+        default="own",
+        help="own: a throwaway cluster (default); url: the server of --database-url",
+    )
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8, help="per worker process")

@@ -60,6 +60,7 @@ import psutil
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from bench.machine import describe
 from shoal import Shoal
 from shoal.db import Database
 from shoal.db.migrate import migrate
@@ -206,25 +207,6 @@ class Sampler:
 
 
 # -- what the server did, per message ---------------------------------------------------------
-
-COMMIT_PROBE_S = 3.0
-
-
-def commit_rate(url: str, seconds: float = COMMIT_PROBE_S) -> float:
-    """Commits per second of one connection inserting one row per transaction.
-
-    With the server's ``synchronous_commit`` (on), each commit waits for its
-    WAL flush: on most machines this is the disk's flush rate, which bounds
-    anything that commits per message.
-    """
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TEMPORARY TABLE commit_probe (n int)")
-        n = 0
-        started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            conn.execute("INSERT INTO commit_probe VALUES (%s)", (n,))
-            n += 1
-        return n / (time.perf_counter() - started)
 
 
 class Meter:
@@ -581,21 +563,6 @@ def git_commit() -> str:
         return "unknown"
 
 
-def describe_machine(rate: float) -> str:
-    with psycopg.connect(server_url(), autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT name, setting FROM pg_settings"
-            " WHERE name IN ('fsync', 'synchronous_commit') ORDER BY name"
-        ).fetchall()
-    settings = ", ".join(f"{name}={value}" for name, value in rows)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return (
-        f"commit {git_commit()}; {os.cpu_count()} cores; load {load}; commit rate "
-        f"{rate:,.0f}/s (one connection, one-row INSERT per commit, {COMMIT_PROBE_S:.0f} s); "
-        f"{settings}"
-    )
-
-
 def print_table(rows: list[dict[str, Any]], n: int, machine: str) -> None:
     bare = next((r for r in rows if r["system"].startswith("bare")), None)
     print(f"\n{machine}")
@@ -651,7 +618,7 @@ async def main_async(args: argparse.Namespace) -> None:
     await migrate(db)
     await db.close()
     meter = await Meter().open()
-    machine = describe_machine(commit_rate(bench_url()))
+    machine = f"commit {git_commit()}; {describe(bench_url())}"
     rows: list[dict[str, Any]] = []
     transports = args.transports.split(",")
     rows.append(await run_bare(args.n, meter))
