@@ -49,6 +49,7 @@ from shoal_extract.worker import ExtractionApp, WorkerSettings
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DATABASE = "shoal_bench_extraction"
 SEED = 20261202
+PAPERS_PER_SEED = 200
 OWN_SERVER_SETTINGS = {
     "shared_preload_libraries": "pg_stat_statements"
 }  # not the sample corpus's: its documents are new to the database
@@ -75,10 +76,17 @@ def fresh_database(server_url: str) -> str:
 
 
 def write_pdfs(folder: Path, count: int) -> None:
+    """``count`` text-layer PDFs, in runs of 200 papers per seed.
+
+    The generator keeps titles unique within one call, and its title space
+    runs out somewhere past a few hundred papers; papers of different runs
+    differ in their other fields, so each file is a new document.
+    """
     rng = random.Random(SEED + 1)
-    for paper in make_papers(count, SEED):
-        name = Path(paper.file).stem
-        (folder / f"{name}.pdf").write_bytes(render_pdf(paper, blocks(paper, rng)))
+    for run, start in enumerate(range(0, count, PAPERS_PER_SEED)):
+        for paper in make_papers(min(PAPERS_PER_SEED, count - start), SEED + run):
+            name = f"run{run:03d}-{Path(paper.file).stem}.pdf"
+            (folder / name).write_bytes(render_pdf(paper, blocks(paper, rng)))
 
 
 def start_workers(url: str, count: int, concurrency: int) -> list[subprocess.Popen[bytes]]:
