@@ -60,6 +60,8 @@ import psutil
 import psycopg
 from psycopg import sql
 
+from bench.machine import server_cpu_s
+
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SCHEMA = "console_bench"
 QUEUES = 12
@@ -452,20 +454,6 @@ def server_pid(data_directory: str) -> int | None:
     except (OSError, ValueError, psutil.Error):
         return None
     return pid
-
-
-def server_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of the postmaster, its live children and its exited ones."""
-    root = psutil.Process(pid)
-    times = root.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for child in root.children(recursive=True):
-        try:
-            child_times = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue  # exited meanwhile: now in the postmaster's children times
-        total += child_times.user + child_times.system
-    return float(total)
 
 
 def backend_cpu_s(pid: int | None) -> float:

@@ -33,8 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from bench.machine import server_cpu_s
 from shoal import App, Job, Shoal
 from shoal.batch.item import Item
 from shoal.db import EmbeddedPostgres
@@ -62,20 +61,6 @@ class Sample:
     cpu_s: float
     wal_lsn: int
     at: float
-
-
-def server_cpu_s(pid: int) -> float:
-    """CPU seconds of the postmaster, its live children and its exited ones."""
-    root = psutil.Process(pid)
-    times = root.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for child in root.children(recursive=True):
-        try:
-            child_times = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue  # exited meanwhile: now in the postmaster's children times
-        total += child_times.user + child_times.system
-    return total
 
 
 async def sample(boss: Shoal, pid: int) -> Sample:

@@ -166,7 +166,7 @@ def server_cpu_s(pid: int | None) -> float:
     """CPU seconds of the postmaster and its children, live and exited (0 when unreadable)."""
     if pid is None:
         return 0.0
-    from bench.cost_model import server_cpu_s as cpu_of_tree
+    from bench.machine import server_cpu_s as cpu_of_tree
 
     try:
         return cpu_of_tree(pid)
