@@ -36,7 +36,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from shoal import InvalidInput, Shoal, ShoalError, SystemClock, watch_task
+from shoal import Created, InvalidInput, Shoal, ShoalError, SystemClock, watch_task
 from shoal.cli import api_token, database_url
 from shoal.db import default_data_dir
 from shoal_extract.console import accuracy_table, errors_table, task_table
@@ -249,31 +249,25 @@ async def cmd_templates(args: argparse.Namespace, url: str) -> int:
     return 0
 
 
-async def cmd_run(args: argparse.Namespace, url: str) -> int:
-    session = await Session.open(args, url, max_size=20)
-    clock = SystemClock()
-    started = clock.monotonic()
+def _ids(text: str, *, allowed: str) -> list[int]:
+    """``--documents`` as ids (``1,2,3``); ``allowed`` names what else the flag takes."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidInput("--documents", f"must be {allowed}, got {text!r}") from None
+
+
+async def _work_and_report(
+    session: Session, created: Created, started: float, clock: SystemClock
+) -> None:
+    """Run this process's workers until ``created`` closes, with progress bars; print its summary.
+
+    The workers stop when this returns or raises.
+    """
     stop = asyncio.Event()
-    runner: asyncio.Task[object] | None = None
+    runner = asyncio.create_task(session.extraction.app.run(session.boss, stop=stop))
     try:
         bench = session.bench
-        if args.documents == "all":
-            ids = [d.id for d in await bench.all_documents()]
-            if not ids:
-                raise InvalidInput("--documents", "no documents stored: run `shoal-extract import`")
-        else:
-            try:
-                ids = [int(part) for part in args.documents.split(",") if part.strip()]
-            except ValueError:
-                raise InvalidInput(
-                    "--documents", f"must be 'all' or ids like 1,2,3, got {args.documents!r}"
-                ) from None
-        created = await bench.start(ids, args.template, extractor=args.extractor)
-        console.print(f"task {created.task_id}: {len(ids)} documents")
-        if args.no_work:
-            console.print("queued: `shoal-extract worker` processes will run it")
-            return 0
-        runner = asyncio.create_task(session.extraction.app.run(session.boss, stop=stop))
         view = await watch_task(bench.batches, created.task_id, console)
         page = await bench.all_results(created.task_id)
         usage = await bench.usage(created.task_id)
@@ -282,6 +276,29 @@ async def cmd_run(args: argparse.Namespace, url: str) -> int:
         failed = errors_table(page)
         if failed is not None:
             console.print(failed)
+    finally:
+        stop.set()
+        await runner
+
+
+async def cmd_run(args: argparse.Namespace, url: str) -> int:
+    session = await Session.open(args, url, max_size=20)
+    clock = SystemClock()
+    started = clock.monotonic()
+    try:
+        bench = session.bench
+        if args.documents == "all":
+            ids = [d.id for d in await bench.all_documents()]
+            if not ids:
+                raise InvalidInput("--documents", "no documents stored: run `shoal-extract import`")
+        else:
+            ids = _ids(args.documents, allowed="'all' or ids like 1,2,3")
+        created = await bench.start(ids, args.template, extractor=args.extractor)
+        console.print(f"task {created.task_id}: {len(ids)} documents")
+        if args.no_work:
+            console.print("queued: `shoal-extract worker` processes will run it")
+            return 0
+        await _work_and_report(session, created, started, clock)
         key_path = Path(args.key) if args.key else data_dir(os.environ) / "corpus" / KEY_FILE
         if key_path.exists():
             report = await bench.evaluate(created.task_id, load_key(key_path))
@@ -289,9 +306,6 @@ async def cmd_run(args: argparse.Namespace, url: str) -> int:
                 console.print(accuracy_table(report))
         return 0
     finally:
-        stop.set()
-        if runner is not None:
-            await runner
         await session.close()
 
 
@@ -299,20 +313,11 @@ async def cmd_rerun(args: argparse.Namespace, url: str) -> int:
     session = await Session.open(args, url, max_size=20)
     clock = SystemClock()
     started = clock.monotonic()
-    stop = asyncio.Event()
-    runner: asyncio.Task[object] | None = None
     try:
         bench = session.bench
-        documents: list[int] | str
-        if args.failed:
-            documents = "failed"
-        else:
-            try:
-                documents = [int(p) for p in args.documents.split(",") if p.strip()]
-            except ValueError:
-                raise InvalidInput(
-                    "--documents", f"must be ids like 1,2,3, got {args.documents!r}"
-                ) from None
+        documents: list[int] | str = (
+            "failed" if args.failed else _ids(args.documents, allowed="ids like 1,2,3")
+        )
         created, ids = await bench.rerun(
             args.task,
             documents,
@@ -324,19 +329,9 @@ async def cmd_rerun(args: argparse.Namespace, url: str) -> int:
         if args.no_work:
             console.print("queued: `shoal-extract worker` processes will run it")
             return 0
-        runner = asyncio.create_task(session.extraction.app.run(session.boss, stop=stop))
-        view = await watch_task(bench.batches, created.task_id, console)
-        usage = await bench.usage(created.task_id)
-        skips = await bench.batches.phantom_skips()
-        console.print(task_table(view, usage, skips, clock.monotonic() - started))
-        failed = errors_table(await bench.all_results(created.task_id))
-        if failed is not None:
-            console.print(failed)
+        await _work_and_report(session, created, started, clock)
         return 0
     finally:
-        stop.set()
-        if runner is not None:
-            await runner
         await session.close()
 
 
