@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from shoal.db.pool import AsyncConn, Database, Pending
 from shoal.db.queries import fetch_named, int_array, parse_queries, positions
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
+from shoal.queue.cursor import Position
 from shoal.queue.limits import Limits, LimitState, Rate
 from shoal.queue.options import JobOptions
 from shoal.queue.retry import RetryPolicy
@@ -270,7 +271,7 @@ def _policy(limit: int, delay_s: float, backoff: bool, max_s: float) -> RetryPol
 
 
 # The claim row: the columns every claim of jobs returns, by these names
-# (claim_jobs_v1 in migrations/0006_queue_functions_v1.sql). Other layers'
+# (claim_jobs_v1 in migrations/0006_queue_functions_v1.sql, and v2 of 0017). Other layers'
 # claims (item jobs, ingest messages) return them too, and read them with
 # claim_reader.
 CLAIM_COLUMNS = (
@@ -497,8 +498,15 @@ class JobStore:
 
     # -- the worker's edges ----------------------------------------------
 
-    async def claim(self, queue: str, limit: int, *, now: datetime | None) -> list[ClaimedJob]:
+    async def claim(
+        self, queue: str, limit: int, *, now: datetime | None, after: Position | None = None
+    ) -> list[ClaimedJob]:
         """Claim up to ``limit`` waiting jobs of ``queue``, in one round trip.
+
+        From the head of the queue, or with ``after`` (a ``(priority, id)``
+        position, shoal.queue.cursor) only the jobs that come after it in
+        claim order: higher priorities, the same priority with a higher id,
+        lower priorities.
 
         The claim commits without waiting for its WAL flush. That is safe: a
         claim lost to a server crash only puts its job back to waiting, and the
@@ -507,7 +515,14 @@ class JobStore:
         and with it every earlier claim in the WAL.
         """
         query = self.sql["claim_jobs"]
-        params = {"queue": queue, "limit": limit, "now": now}
+        after_priority, after_id = after if after is not None else (None, None)
+        params = {
+            "queue": queue,
+            "limit": limit,
+            "now": now,
+            "after_priority": after_priority,
+            "after_id": after_id,
+        }
         columns, rows = await self.db.run(
             lambda c: fetch_named(c, query, params), transaction=False
         )

@@ -34,6 +34,7 @@ from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
 from shoal.errors import ExpiredError, InvalidInput, TransientError
 from shoal.hooks import Hooks
+from shoal.queue.cursor import ClaimCursor
 from shoal.queue.job import (
     AsyncHandler,
     Completed,
@@ -205,6 +206,9 @@ class Worker:
         self._costs: dict[JobId, int] = {}
         self._claimed = self._completed = self._failed = self._retried = 0
         self._released = self._lost = self._finished = 0
+        # Where the fetcher's next claim starts in the queue (fetcher only; a
+        # custom or limited claim always starts at the head).
+        self._cursor = ClaimCursor()
         # Prefetch sizing (fetcher only): jobs/s finished and seconds per claim.
         self._rate = 0.0
         self._claim_s = 0.0
@@ -392,9 +396,17 @@ class Worker:
             try:
                 if self.limits is None and not self._custom_claim and started >= self._learn_at:
                     await self._learn_limits()
-                claimed = await self.claim(
-                    self.queue, min(room, self.batch_size), now=self.clock.sql_now()
-                )
+                limit = min(room, self.batch_size)
+                if self._custom_claim or self._limited:
+                    claimed = await self.claim(self.queue, limit, now=self.clock.sql_now())
+                else:
+                    after = self._cursor.start(started)
+                    claimed = await self.store.claim(
+                        self.queue, limit, now=self.clock.sql_now(), after=after
+                    )
+                    self._cursor.advance(
+                        after, claimed, limit=limit, began=started, ended=self.clock.monotonic()
+                    )
                 errors = 0
             except TransientError as exc:
                 delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
@@ -449,8 +461,13 @@ class Worker:
         clock that moved while the claim ran (a test's ``advance``, a long
         stall) may already have passed it, and then the next claim is due.
         """
-        elapsed = self.clock.monotonic() - claim_began
+        now = self.clock.monotonic()
+        elapsed = now - claim_began
         interval = self.poll_interval.total_seconds()
+        head_due_in = self._cursor.head_due_in(now)
+        if head_due_in is not None:
+            # A job may wait behind the claim's position (shoal.queue.cursor).
+            interval = min(interval, elapsed + head_due_in)
         events = [self._wake or asyncio.Event()]
         if self._limited:
             interval = min(interval, LIMITED_POLL_INTERVAL.total_seconds())
