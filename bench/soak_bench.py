@@ -178,26 +178,36 @@ async def produce(
         if done >= next_stats:
             next_stats += STATS_EVERY_S
             m.tables = await table_stats(conn)
+            still_open, oldest_s = await open_tasks(conn)
             print(
-                f"  {done - start:6.0f} s: {tick + 1:,} tasks; load {os.getloadavg()[0]:.2f}; "
-                f"{m.tables}",
+                f"  {done - start:6.0f} s: {tick + 1:,} tasks, {still_open:,} open (oldest "
+                f"{oldest_s:,.0f} s); load {os.getloadavg()[0]:.2f}; {m.tables}",
                 flush=True,
             )
         tick += 1
 
 
-async def wait_all_closed(conn: psycopg.AsyncConnection[Any], t0: Any) -> float:
+OPEN_TASKS_SQL = """
+    SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)
+    FROM shoal.task WHERE status = 'processing'
+"""
+
+
+async def open_tasks(conn: psycopg.AsyncConnection[Any]) -> tuple[int, float]:
+    """Tasks not closed yet, and the age in seconds of the oldest (the backlog, cheaply)."""
+    cur = await conn.execute(OPEN_TASKS_SQL)
+    row = await cur.fetchone()
+    return (0, 0.0) if row is None else (int(row[0]), float(row[1]))
+
+
+async def wait_all_closed(conn: psycopg.AsyncConnection[Any]) -> float | None:
+    """Seconds until every task closed, or None if some were still open after DRAIN_TIMEOUT_S."""
     start = time.perf_counter()
     while time.perf_counter() - start < DRAIN_TIMEOUT_S:
-        cur = await conn.execute(
-            "SELECT count(*) FROM shoal.task WHERE created_at >= %s AND status = 'processing'",
-            (t0,),
-        )
-        row = await cur.fetchone()
-        if row is not None and row[0] == 0:
+        if (await open_tasks(conn))[0] == 0:
             return time.perf_counter() - start
         await asyncio.sleep(0.5)
-    raise RuntimeError(f"tasks still open {DRAIN_TIMEOUT_S:.0f} s after the load stopped")
+    return None
 
 
 def pct(values: list[float], q: float) -> float:
@@ -262,7 +272,8 @@ async def run(args: argparse.Namespace) -> int:
             sampler = asyncio.create_task(track.run())
             await produce(soak, batches, conn, args.minutes)
             produced_s = time.perf_counter() - start
-            drain_s = await wait_all_closed(conn, t0)
+            drain_s = await wait_all_closed(conn)
+            still_open, oldest_s = await open_tasks(conn)
             cur = await conn.execute(LATENCY_SQL, {"t0": t0, "minute": soak.minute_s})
             latency = {m: (n, p50, p99) for m, n, p50, p99 in await cur.fetchall()}
             cur = await conn.execute(LOST_SQL, {"t0": t0})
@@ -318,6 +329,11 @@ async def run(args: argparse.Namespace) -> int:
         (items == total, f"items {items:,} of {total:,} sent"),
         (once == items, f"completed after exactly one run {once:,}"),
         (skips == 0, f"phantom or cancelled skips {skips}"),
+        (
+            drain_s is not None,
+            f"tasks open {DRAIN_TIMEOUT_S:.0f} s after the load stopped {still_open:,} "
+            f"(oldest created {oldest_s:,.0f} s before)",
+        ),
     ]
     print("\nnothing lost: " + "; ".join(text for _, text in lost))
     failed = [text for ok, text in lost if not ok]
@@ -340,7 +356,8 @@ async def run(args: argparse.Namespace) -> int:
             f"w{i + 1} RSS: {first:.1f} MiB after the first minute, peak after it {peak:.1f} MiB "
             f"({growth:+.1%}): " + ("flat" if growth <= RSS_FLAT_SHARE else "GREW")
         )
-    print(f"all tasks closed {drain_s:.1f} s after the load stopped")
+    if drain_s is not None:
+        print(f"all tasks closed {drain_s:.1f} s after the load stopped")
     if checkpoints is not None:
         timed, requested, write_ms, sync_ms = checkpoints
         print(
