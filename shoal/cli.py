@@ -61,7 +61,9 @@ if TYPE_CHECKING:
     from shoal.queue.store import QueueStateCount
 
 EMBEDDED_DATABASE = "shoal"
-console = Console(stderr=True)
+# Status lines and errors, never hard-wrapped: a piped or logged line stays one
+# line whatever its length (a terminal still folds it for the eye).
+console = Console(stderr=True, soft_wrap=True)
 
 
 def announce(args: argparse.Namespace, text: str, *, dim: bool = False) -> None:
