@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from shoal.errors import InvalidInput
 
@@ -95,8 +96,14 @@ class FakeClock:
 
             asyncio.get_running_loop().create_task(notify())
 
-    async def sleep(self, seconds: float) -> None:
-        deadline = self._now + timedelta(seconds=max(0.0, seconds))
+    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
+        # The deadline counts from the call, not from when the coroutine first
+        # runs: a sleep wrapped in a task (asyncio.ensure_future, as a worker's
+        # idle wait does) starts later, and an advance() in between must not
+        # push its deadline back (the sleeper would then wait past it).
+        return self._sleep_until(self._now + timedelta(seconds=max(0.0, seconds)))
+
+    async def _sleep_until(self, deadline: datetime) -> None:
         if self._moved is None:
             self._moved = asyncio.Condition()
         async with self._moved:
