@@ -111,3 +111,17 @@ class FakeClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+def work_seconds() -> float:
+    """Seconds on the real monotonic clock, whichever :class:`Clock` is in use.
+
+    For how long a piece of work took, and for pacing by that cost (how much
+    of a worker's time its claims from the head of the queue may take), never
+    for when something is due. A :class:`FakeClock` moved while a claim ran
+    is not time the database spent on it: measured on that clock, one
+    ``advance()`` of six minutes during a claim made the claim look six
+    minutes dear, and the worker then held off claiming from the head for two
+    hours of the test's time.
+    """
+    return time.monotonic()

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import psycopg
 import pytest
 
-from shoal import Job, Shoal
+from shoal import FakeClock, Job, Shoal
 from shoal.queue.cursor import SWEEP_COST_SHARE, SWEEP_EVERY_S, ClaimCursor, last_of
 from shoal.testing import Probe
 
@@ -179,3 +179,49 @@ def test_a_short_claim_after_the_position_owes_a_claim_from_the_head() -> None:
     # Short behind a head claim that took 0.1 s: owed once its share passed.
     assert cursor.head_due_in(0.3) == pytest.approx(0.1 + 0.1 / SWEEP_COST_SHARE - 0.3)
     assert cursor.head_due_in(5.0) == 0.0
+
+
+async def test_a_clock_moved_during_a_claim_does_not_hold_off_the_claims_from_the_head(
+    fake_boss: Shoal, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A due job behind the position runs, though the test's clock jumped while a claim ran.
+
+    The claim's cost is real time: measured on the clock, the jump made the
+    claim look six minutes dear, and the worker held off claiming from the
+    head for twenty times that, so the job waited on a clock nobody moved.
+    """
+    ran: list[str] = []
+    probe = Probe(fake_boss)
+    # Lowest id, due in 5 minutes: once due, it waits behind the position.
+    await fake_boss.insert([{"queue": "q", "data": "later", "start_after": timedelta(minutes=5)}])
+    await fake_boss.insert([{"queue": "q", "data": i} for i in range(3)])
+
+    async def handler(job: Job) -> None:
+        ran.append(str(job.data))
+
+    worker = fake_boss.work("q", handler, poll_interval=timedelta(hours=1))
+    await probe.job_finished("q", outcome="completed", count=3)
+    await probe.idle("q")
+
+    claim = fake_boss.store.claim
+    jumps = [timedelta(minutes=6)]
+
+    async def claim_while_the_clock_jumps(*args: Any, **kwargs: Any) -> Any:
+        if jumps:
+            clock.advance(jumps.pop())
+        return await claim(*args, **kwargs)
+
+    monkeypatch.setattr(fake_boss.store, "claim", claim_while_the_clock_jumps)
+    # Wakes the worker (NOTIFY); its claim from the head, with the clock
+    # jumping past the later job's start, finds the new job only: the claim
+    # was given the time from before the jump.
+    await fake_boss.insert([{"queue": "q", "data": "woke"}])
+    await probe.job_finished("q", outcome="completed")
+    assert sorted(ran) == ["0", "1", "2", "woke"]
+    # The next wake claims after the position, and finds only what is after
+    # it; the due job behind it is found by the claim from the head that the
+    # short claim owes, as soon as the head's real cost allows.
+    await fake_boss.insert([{"queue": "q", "data": "again"}])
+    await probe.job_finished("q", outcome="completed", count=2)
+    await worker.stop()
+    assert sorted(ran) == ["0", "1", "2", "again", "later", "woke"]

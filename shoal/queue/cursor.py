@@ -21,6 +21,10 @@ whose start time came, jobs another claim held locked):
   under a millisecond and this never binds; behind a long transaction it
   keeps the head's cost to a twentieth of the claimer's time, and the jobs
   behind the position wait that much longer.
+
+Its times are real seconds (:func:`shoal.clock.work_seconds`), whatever clock
+the worker runs on: they pace claims by what they cost the database, and a
+test's clock moved while a claim ran is no part of that cost.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from shoal.clock import Clock
+from shoal.clock import Clock, work_seconds
 from shoal.db.pool import AsyncConn
 from shoal.errors import ExpiredError, InvalidInput, TransientError
 from shoal.hooks import Hooks
@@ -331,14 +331,25 @@ class Worker:
         self._held_back = self._held_back and limited
         self._learn_at = self.clock.monotonic() + LIMITS_RECHECK.total_seconds()
 
-    async def _wait_for(self, *events: asyncio.Event, seconds: float | None = None) -> None:
-        """Wait for any of ``events``, ``seconds`` of the clock, or a stop request."""
+    async def _wait_for(
+        self,
+        *events: asyncio.Event,
+        seconds: float | None = None,
+        real_seconds: float | None = None,
+    ) -> None:
+        """Wait for any of ``events``, ``seconds`` of the clock, or a stop request.
+
+        Or ``real_seconds``, real time whatever the clock: a pause that paces
+        the worker by what its work cost (see :func:`shoal.clock.work_seconds`).
+        """
         waits: list[asyncio.Future[Any]] = [
             *(asyncio.ensure_future(event.wait()) for event in events),
             asyncio.ensure_future(self._stop_requested.wait()),
         ]
         if seconds is not None:
             waits.append(asyncio.ensure_future(self.clock.sleep(seconds)))
+        if real_seconds is not None:
+            waits.append(asyncio.ensure_future(asyncio.sleep(real_seconds)))
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -393,6 +404,7 @@ class Worker:
             if self._wake is not None:
                 self._wake.clear()
             started = self.clock.monotonic()
+            work_started = work_seconds()
             try:
                 if self.limits is None and not self._custom_claim and started >= self._learn_at:
                     await self._learn_limits()
@@ -400,12 +412,12 @@ class Worker:
                 if self._custom_claim or self._limited:
                     claimed = await self.claim(self.queue, limit, now=self.clock.sql_now())
                 else:
-                    after = self._cursor.start(started)
+                    after = self._cursor.start(work_started)
                     claimed = await self.store.claim(
                         self.queue, limit, now=self.clock.sql_now(), after=after
                     )
                     self._cursor.advance(
-                        after, claimed, limit=limit, began=started, ended=self.clock.monotonic()
+                        after, claimed, limit=limit, began=work_started, ended=work_seconds()
                     )
                 errors = 0
             except TransientError as exc:
@@ -420,8 +432,8 @@ class Worker:
                 )
                 await self._wait_for(seconds=delay)
                 continue
+            self._claim_s = 0.7 * self._claim_s + 0.3 * (work_seconds() - work_started)
             now = self.clock.monotonic()
-            self._claim_s = 0.7 * self._claim_s + 0.3 * (now - started)
             if now > last_at:
                 rate = (self._finished - last_finished) / (now - last_at)
                 self._rate = 0.7 * self._rate + 0.3 * rate
@@ -464,17 +476,18 @@ class Worker:
         now = self.clock.monotonic()
         elapsed = now - claim_began
         interval = self.poll_interval.total_seconds()
-        head_due_in = self._cursor.head_due_in(now)
-        if head_due_in is not None:
-            # A job may wait behind the claim's position (shoal.queue.cursor).
-            interval = min(interval, elapsed + head_due_in)
+        # A job may wait behind the claim's position (shoal.queue.cursor): a
+        # claim from the head is owed once its cost allows, in real time.
+        head_due_in = self._cursor.head_due_in(work_seconds())
         events = [self._wake or asyncio.Event()]
         if self._limited:
             interval = min(interval, LIMITED_POLL_INTERVAL.total_seconds())
             # One of this worker's own jobs finishing frees a slot.
             self._room.clear()
             events.append(self._room)
-        await self._wait_for(*events, seconds=max(0.0, interval - elapsed))
+        await self._wait_for(
+            *events, seconds=max(0.0, interval - elapsed), real_seconds=head_due_in
+        )
 
     # -- runners ---------------------------------------------------------
 
