@@ -401,6 +401,7 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
     """One real sampling round (10 s and 5 min samples, pruning), rolled back each time."""
     from shoal import Shoal
     from shoal.queue.history import COARSE_S, FINE_S, RETENTION_S, HistorySampler
+    from shoal.queue.registry import GONE_S
 
     boss = await Shoal.connect(url, schema=SCHEMA, listen=False, max_size=2)
     sampler = HistorySampler(boss)
@@ -429,6 +430,7 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
                                 "resolution": resolution,
                                 "finished_cap": sampler.finished_cap,
                                 "depth_cap": sampler.depth_cap,
+                                "gone_s": GONE_S,
                             },
                         )
                         await conn.execute(
@@ -472,6 +474,7 @@ async def sample_loop(url: str, every_s: float, spent: list[tuple[float, float]]
     per round (CPU 0 when the backend's process cannot be read here)."""
     from shoal.db.queries import load_queries
     from shoal.queue.history import DEPTH_CAP, FINISHED_CAP
+    from shoal.queue.registry import GONE_S
 
     queries = load_queries("shoal.queue", SCHEMA, file="history.sql")
     resolution = max(1, round(every_s))
@@ -495,6 +498,7 @@ async def sample_loop(url: str, every_s: float, spent: list[tuple[float, float]]
                             "resolution": resolution,
                             "finished_cap": FINISHED_CAP,
                             "depth_cap": DEPTH_CAP,
+                            "gone_s": GONE_S,
                         },
                     )
                     await conn.execute(

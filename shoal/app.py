@@ -440,8 +440,10 @@ class App:
         for sink in self.sinks:
             served.setdefault(f"{TOPIC_QUEUE_PREFIX}{sink.topic.name}", 1)
 
-        def counters() -> tuple[int, int]:
-            running = sum(w.in_flight for w in workers)
+        def counters() -> tuple[dict[str, int], int]:
+            running: dict[str, int] = {}
+            for w in workers:
+                running[w.queue] = running.get(w.queue, 0) + w.in_flight
             done = sum(w.stats.completed + w.stats.failed for w in workers)
             return running, done
 

@@ -17,6 +17,7 @@ from shoal.batch.service import Batches
 from shoal.queue.history import FINE_S, HistorySampler
 from shoal.queue.inspect import ESTIMATED_STATES, QueueInspector
 from shoal.queue.job import Job
+from shoal.queue.registry import GONE_S, WorkerRegistry
 from shoal.testing import drain
 
 from .test_console_api import client_for
@@ -125,15 +126,23 @@ async def test_search_finds_finished_and_unfinished_jobs_by_key_and_by_id(boss: 
 async def test_sampled_depths_count_waiting_retrying_and_running_per_queue(
     fake_boss: Shoal, clock: FakeClock
 ) -> None:
+    """Waiting and retrying are counted in the job table; running is what the
+    live worker processes reported at their last heartbeat."""
     await fake_boss.send("email", {"flaky": True}, retry_limit=1, retry_delay=timedelta(hours=1))
     await drain(fake_boss, "email", fail)  # now retrying
     for _ in range(2):
         await fake_boss.send("email", {})
     await fake_boss.send("sms", {})
-    (taken,) = await fake_boss.store.claim("sms", 1, now=clock.sql_now())  # running
-    assert taken.queue == "sms"
+    # A process gone quiet past GONE_S: what it last said it ran does not count.
+    gone = WorkerRegistry(fake_boss, app="gone", counters=lambda: ({"sms": 5}, 0))
+    await gone.heartbeat()
+    clock.advance(timedelta(seconds=GONE_S + 1))
+    running = {"sms": 1, "email": 0}
+    alive = [WorkerRegistry(fake_boss, app=app, counters=lambda: (running, 0)) for app in "ab"]
+    for registry in alive:
+        await registry.heartbeat()
     clock.advance(timedelta(seconds=FINE_S))
     await HistorySampler(fake_boss).sample_once()
-    for queue, depths in {"email": (2, 1, 0), "sms": (0, 0, 1), "*": (2, 1, 1)}.items():
+    for queue, depths in {"email": (2, 1, 0), "sms": (1, 0, 2), "*": (3, 1, 2)}.items():
         (sample,) = (await HistorySampler(fake_boss).history(queue=queue, window="15m"))[1]
         assert (sample.waiting, sample.retrying, sample.running) == depths, queue

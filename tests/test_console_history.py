@@ -18,7 +18,7 @@ from shoal.batch.service import Batches
 from shoal.db.pool import Database
 from shoal.queue.history import COARSE_S, FINE_S, HistorySampler
 from shoal.queue.job import Job
-from shoal.queue.registry import WorkerRegistry
+from shoal.queue.registry import HEARTBEAT_S, WorkerRegistry
 from shoal.testing import drain
 
 from .conftest import wait_for
@@ -52,7 +52,9 @@ def client_for(boss: Shoal) -> httpx.AsyncClient:
 async def test_workers_heartbeat_show_as_gone_then_are_dropped(
     timed: Shoal, clock: FakeClock
 ) -> None:
-    a = WorkerRegistry(timed, app="a:app", queues={"email": 10}, counters=lambda: (3, 42))
+    a = WorkerRegistry(
+        timed, app="a:app", queues={"email": 10}, counters=lambda: ({"email": 3}, 42)
+    )
     b = WorkerRegistry(timed, app="b:app", queues={"report": 1})
     for registry in (a, b):
         await registry.register()
@@ -100,6 +102,43 @@ async def test_a_running_app_registers_its_process_and_removes_it_on_stop(boss: 
     stop.set()
     await run
     assert await registry.workers() == []
+
+
+async def test_the_jobs_an_app_runs_are_its_heartbeats_running_and_the_samples_running(
+    fake_boss: Shoal, clock: FakeClock
+) -> None:
+    app = App(name="tests:busy_app")
+    started: list[int] = []
+    release = asyncio.Event()
+
+    @app.handler("email", concurrency=4)
+    async def send(job: Job) -> None:
+        started.append(job.id)
+        await release.wait()
+
+    stop = asyncio.Event()
+    registry = WorkerRegistry(fake_boss)
+    run = asyncio.create_task(app.run(fake_boss, stop=stop, maintenance=False, scheduler=False))
+    try:
+        await wait_for(lambda: registry.workers())
+        await fake_boss.insert([{"queue": "email"}] * 3)
+        await wait_for(lambda: len(started) == 3)
+
+        async def reported() -> bool:
+            if [w.running for w in await registry.workers()] == [3]:
+                return True
+            clock.advance(timedelta(seconds=HEARTBEAT_S))  # the next heartbeat
+            return False
+
+        await wait_for(reported)
+        await HistorySampler(fake_boss).sample_once()
+        for queue in ("email", "*"):
+            (sample,) = (await HistorySampler(fake_boss).history(queue=queue, window="15m"))[1]
+            assert (sample.waiting, sample.running) == (0, 3), queue
+    finally:
+        release.set()
+        stop.set()
+        await run
 
 
 # -- history --------------------------------------------------------------------

@@ -8,8 +8,12 @@ slot. A sample per queue, plus one for all queues (queue ``*``), holds:
 
 - ``completed``, ``failed``: jobs that finished in the interval (past
   ``FINISHED_CAP`` of them, estimated from the latest ``FINISHED_CAP``);
-- ``waiting``, ``running``, ``retrying``: jobs created, active, retry at the sample
-  (a queue's created and retry jobs together estimated past ``DEPTH_CAP``);
+- ``waiting``, ``retrying``: jobs created, retry at the sample (a queue's
+  created and retry jobs together estimated past ``DEPTH_CAP``);
+- ``running``: the jobs the live worker processes run, as each reported at its
+  last heartbeat (:mod:`shoal.queue.registry`; at most ``HEARTBEAT_S`` old).
+  Counting them in the job table checked each finished job's entry of the
+  lease index once more (migration 0022 says what that cost);
 - ``run_p50_s``/``run_p95_s`` (start to finish) and ``wait_p50_s``/``wait_p95_s``
   (created to start of the last attempt) of the jobs that finished in the
   interval (past ``FINISHED_CAP``, of the latest ``FINISHED_CAP``), computed in
@@ -29,6 +33,7 @@ from shoal.db.pool import AsyncConn
 from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, TransientError
 from shoal.queue.client import Shoal
+from shoal.queue.registry import GONE_S
 
 log = logging.getLogger("shoal.history")
 
@@ -124,6 +129,7 @@ class HistorySampler:
                         "resolution": resolution,
                         "finished_cap": self.finished_cap,
                         "depth_cap": self.depth_cap,
+                        "gone_s": GONE_S,
                     },
                 )
                 written[resolution] = cur.rowcount

@@ -6,8 +6,10 @@
 -- of %(resolution)s seconds, unless there is one: jobs finished since the
 -- previous sample (at most one interval back), their run-time and queue-wait
 -- percentiles, and the depths now. Finished jobs are read through the
--- job_finished index, depths through job_claim, job_retry_queue and job_lease
--- (a queue's created and retry jobs estimated past %(depth_cap)s, see claimable).
+-- job_finished index, waiting and retrying through job_claim and job_retry_queue
+-- (a queue's created and retry jobs estimated past %(depth_cap)s, see claimable),
+-- running from the registry: the worker processes whose heartbeat is at most
+-- %(gone_s)s seconds old report it per queue.
 -- At most %(finished_cap)s finished jobs are read, the latest: when more
 -- finished in the interval, the counts are those read scaled by the interval
 -- over the time they span (an estimate, exact at a steady rate), and the
@@ -37,8 +39,10 @@ WITH RECURSIVE slot AS (
         ORDER BY finished_at DESC
         LIMIT %(finished_cap)s + 1
     ) j
-), scale AS (
+), scale AS MATERIALIZED (
     -- 1 when every finished job was read; else the interval over the span read.
+    -- Materialized: inlined, it was computed again for each finished job
+    -- (2,001 times, 5-10 ms of a sample).
     SELECT CASE WHEN count(*) <= %(finished_cap)s THEN 1.0
                 ELSE extract(epoch FROM span.at - span.since)
                      / greatest(extract(epoch FROM span.at - min(f.finished_at)), 0.001)
@@ -100,7 +104,7 @@ WITH RECURSIVE slot AS (
 ), depth AS (
     -- Each count from an index of its own, without reading the table where
     -- the visibility map allows (0013_console_counts.sql): created and retry
-    -- together (job_claim, above), retry (job_retry_queue), active (job_lease).
+    -- together (job_claim, above), retry (job_retry_queue).
     -- One count over all three states read every unfinished job's row: 450 ms
     -- a sample with 200,000 of them. The round runs with sequential scans
     -- off and JIT off (plan_switches): with statistics older than a drain's
@@ -109,7 +113,12 @@ WITH RECURSIVE slot AS (
     UNION ALL
     SELECT queue, 0, count(*), 0 FROM {schema}.job WHERE state = 'retry' GROUP BY queue
     UNION ALL
-    SELECT queue, 0, 0, count(*) FROM {schema}.job WHERE state = 'active' GROUP BY queue
+    -- Running: what the live worker processes reported at their last
+    -- heartbeat (0022_running_reported_by_workers.sql says why not job_lease).
+    SELECT r.key, 0, 0, sum(r.value::bigint)::bigint
+    FROM {schema}.worker w, jsonb_each_text(w.running_by_queue) r
+    WHERE w.heartbeat_at >= coalesce(%(now)s::timestamptz, now()) - %(gone_s)s * interval '1 second'
+    GROUP BY r.key
 ), by_depth AS (
     SELECT coalesce(queue, '*') AS queue,
            greatest(sum(n - retrying), 0)::bigint AS waiting,
@@ -162,7 +171,8 @@ SET queues = excluded.queues, heartbeat_at = excluded.heartbeat_at
 -- Returns nothing when the row was dropped (the process stalled past the drop
 -- timeout): the caller registers again.
 UPDATE {schema}.worker
-SET heartbeat_at = coalesce(%(now)s::timestamptz, now()), running = %(running)s, done = %(done)s
+SET heartbeat_at = coalesce(%(now)s::timestamptz, now()), running = %(running)s,
+    running_by_queue = %(running_by_queue)s::jsonb, done = %(done)s
 WHERE id = %(id)s
 RETURNING id
 

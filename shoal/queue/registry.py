@@ -2,7 +2,8 @@
 
 ``shoal worker`` (:meth:`shoal.App.run`) registers its process (host, pid, app,
 the queues it serves with their concurrency) and heartbeats every
-:data:`HEARTBEAT_S` seconds with the jobs it runs now and has done. A row whose
+:data:`HEARTBEAT_S` seconds with the jobs it runs now (per queue: the history
+sampler's running counts are these) and has done. A row whose
 heartbeat is older than :data:`GONE_S` is shown as gone; past :data:`DROP_S`
 any process's heartbeat deletes it. A process that stops cleanly deletes its
 own row.
@@ -30,8 +31,8 @@ HEARTBEAT_S = 5.0
 GONE_S = 30.0
 DROP_S = 300.0
 
-# (jobs running now, jobs done) of this process, read at each heartbeat.
-Counters = Callable[[], tuple[int, int]]
+# (jobs running now per queue, jobs done) of this process, read at each heartbeat.
+Counters = Callable[[], tuple[Mapping[str, int], int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class WorkerRegistry:
         self.id = uuid.uuid4().hex
         self.app = app
         self.queues = dict(queues or {})
-        self.counters = counters or (lambda: (0, 0))
+        self.counters = counters or (lambda: ({}, 0))
         self.heartbeat_s = heartbeat_s
         self.gone_s = gone_s
         self.drop_s = drop_s
@@ -93,7 +94,13 @@ class WorkerRegistry:
         """Report this process alive with its counters; drop rows long gone."""
         running, done = self.counters()
         now = self.clock.sql_now()
-        params = {"id": self.id, "running": running, "done": done, "now": now}
+        params = {
+            "id": self.id,
+            "running": sum(running.values()),
+            "running_by_queue": json.dumps({q: n for q, n in running.items() if n}),
+            "done": done,
+            "now": now,
+        }
         if not await self._run("heartbeat_worker", params):
             await self.register()  # dropped while this process stalled
             await self._run("heartbeat_worker", params)
