@@ -69,11 +69,11 @@ class JobBuilder:
         partition key from a ``partition_by`` function: its caller keys each
         payload.
         """
-        if not field:
-            return self._job(queue, data, options, trace, template)
         try:
             return self._job(queue, data, options, trace, template)
         except InvalidInput as exc:
+            if not field:
+                raise
             raise InvalidInput(f"{field}{exc.field}", exc.message) from None
 
     def _job(
