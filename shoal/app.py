@@ -72,7 +72,6 @@ from shoal.queue.options import (
     parse_options,
     parse_queue_defaults,
 )
-from shoal.queue.registry import WorkerRegistry
 from shoal.queue.threaded import is_async_callable
 from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Worker
 from shoal.tracing import traced_apply
@@ -357,6 +356,11 @@ class App:
     ) -> list[Worker]:
         for hook in self.start_hooks:
             await hook(boss)
+        # This process's registry row (kept by the client from its first
+        # worker on): named after the App, with the topics it consumes.
+        registry = boss.process_registry()
+        registry.app = self.name or ""
+        registry.also_served = self._consumed()
         loops: list[asyncio.Task[None]] = []
         workers = [
             boss.work(
@@ -410,8 +414,7 @@ class App:
             loops.append(ingest)
         queues = [w.queue for w in workers] + [k.worker.queue for k in kind_workers]
         log.info("running %d worker(s): %s", len(queues), ", ".join(queues))
-        registry = self._registry(boss, [*workers, *(k.worker for k in kind_workers)])
-        loops.append(asyncio.create_task(registry.run(), name="shoal-registry"))
+        boss.register_process()  # also when only consumers run here
         try:
             await stop.wait()
         finally:
@@ -425,29 +428,17 @@ class App:
             for loop in loops:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop
-            try:
-                await registry.deregister()
-            except ShoalError as exc:  # the row goes by its timeout instead
-                log.warning("could not remove this worker from the registry: %s", exc)
         return workers
 
-    def _registry(self, boss: Shoal, workers: list[Worker]) -> WorkerRegistry:
-        """This process's registry row: what it serves, what it runs and has done."""
-        served = {w.queue: w.concurrency for w in workers}
+    def _consumed(self) -> dict[str, int]:
+        """The topic queues this App's consumers and sinks serve, with their concurrency."""
+        served: dict[str, int] = {}
         for consumer in self.consumers:
             queue = f"{TOPIC_QUEUE_PREFIX}{consumer.topic.name}"
             served[queue] = int(consumer.options.get("concurrency", DEFAULT_CONSUMER_CONCURRENCY))
         for sink in self.sinks:
             served.setdefault(f"{TOPIC_QUEUE_PREFIX}{sink.topic.name}", 1)
-
-        def counters() -> tuple[dict[str, int], int]:
-            running: dict[str, int] = {}
-            for w in workers:
-                running[w.queue] = running.get(w.queue, 0) + w.in_flight
-            done = sum(w.stats.completed + w.stats.failed for w in workers)
-            return running, done
-
-        return WorkerRegistry(boss, app=self.name or "", queues=served, counters=counters)
+        return served
 
 
 def _retry_limit_option(options: dict[str, Any]) -> None:

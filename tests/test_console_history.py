@@ -141,6 +141,38 @@ async def test_the_jobs_an_app_runs_are_its_heartbeats_running_and_the_samples_r
         await run
 
 
+async def test_a_process_running_workers_without_an_app_registers_too(
+    fake_boss: Shoal, clock: FakeClock
+) -> None:
+    """A library's own ``work()`` shows on the Workers page, with what it runs."""
+    started: list[int] = []
+    release = asyncio.Event()
+
+    async def send(job: Job) -> None:
+        started.append(job.id)
+        await release.wait()
+
+    registry = WorkerRegistry(fake_boss)
+    fake_boss.work("email", send, concurrency=3)
+    fake_boss.work("sms", send, concurrency=2)
+    await fake_boss.insert([{"queue": "email"}] * 2)
+
+    async def reported() -> bool:
+        rows = await registry.workers()
+        if [(w.app, w.queues, w.running) for w in rows] == [("", {"email": 3, "sms": 2}, 2)]:
+            return True
+        clock.advance(timedelta(seconds=HEARTBEAT_S))  # the next heartbeat
+        return False
+
+    try:
+        await wait_for(lambda: len(started) == 2)
+        await wait_for(reported)
+    finally:
+        release.set()
+    await fake_boss.stop_workers(timedelta(seconds=5))
+    assert await registry.workers() == []
+
+
 # -- history --------------------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ from typing import Any, Unpack
 from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.db.migrate import migrate
 from shoal.db.pool import AsyncConn, Database
-from shoal.errors import InvalidInput, NotFound
+from shoal.errors import InvalidInput, NotFound, ShoalError
 from shoal.hooks import Hooks
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.enqueue import MAX_INSERT, JobBuilder
@@ -35,6 +35,7 @@ from shoal.queue.options import (
     parse_options,
     parse_queue_defaults,
 )
+from shoal.queue.registry import WorkerRegistry
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import (
@@ -71,6 +72,7 @@ class Shoal:
         defaults: JobOptions | None = None,
         listen: bool = True,
         hooks: Hooks | None = None,
+        register: bool = True,
     ) -> None:
         self.db = db
         # Observers of everything this client's workers, aggregator and
@@ -87,6 +89,11 @@ class Shoal:
             Notifier(db, self.store.channel, clock=clock) if listen else None
         )
         self._workers: list[Worker] = []
+        # This process's row in the worker registry, kept while it has
+        # workers (register=False: none).
+        self._register = register
+        self._registry: WorkerRegistry | None = None
+        self._registry_task: asyncio.Task[None] | None = None
 
     @classmethod
     async def connect(
@@ -103,6 +110,7 @@ class Shoal:
     async def close(self) -> None:
         for worker in list(self._workers):
             await worker.stop()
+        await self._leave_registry()
         if self.notifier is not None:
             await self.notifier.stop()
         await self.db.close()
@@ -285,12 +293,62 @@ class Shoal:
         )
         worker.start()
         self._workers.append(worker)
+        if self._register:
+            self.register_process()
         return worker
 
     async def stop_workers(self, grace: timedelta) -> None:
         """Stop every worker of this client gracefully, together."""
         await asyncio.gather(*(w.stop(grace) for w in self._workers))
         self._workers.clear()
+        await self._leave_registry()
+
+    def process_registry(self) -> WorkerRegistry:
+        """This process's row in the worker registry (the Workers page).
+
+        The first :meth:`work` registers it and it heartbeats while the client
+        has workers: the queues they serve, the jobs they run now (per queue:
+        the history's running line) and have done. ``shoal worker`` names it
+        after its App and adds the topics its consumers serve.
+        """
+        if self._registry is None:
+            self._registry = WorkerRegistry(self, queues=self._served, counters=self._counters)
+        return self._registry
+
+    def register_process(self) -> None:
+        """Register this process in the worker registry and heartbeat until its
+        workers stop (:meth:`work` does it; a process with none calls it)."""
+        if self._registry_task is None:
+            self._registry_task = asyncio.create_task(
+                self.process_registry().run(), name="shoal-registry"
+            )
+
+    def _served(self) -> dict[str, int]:
+        served = dict(self.process_registry().also_served)
+        for worker in self._workers:
+            served[worker.queue] = served.get(worker.queue, 0) + worker.concurrency
+        return served
+
+    def _counters(self) -> tuple[dict[str, int], int]:
+        running: dict[str, int] = {}
+        for worker in self._workers:
+            running[worker.queue] = running.get(worker.queue, 0) + worker.in_flight
+        done = sum(w.stats.completed + w.stats.failed for w in self._workers)
+        return running, done
+
+    async def _leave_registry(self) -> None:
+        """Stop heartbeating and remove this process's row (it goes by its
+        timeout instead when the database cannot be reached)."""
+        task, self._registry_task = self._registry_task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if self._registry is not None:
+            try:
+                await self._registry.deregister()
+            except ShoalError as exc:  # the row is dropped after DROP_S instead
+                log.warning("could not remove this process from the worker registry: %s", exc)
 
     async def fetch(self, queue: str, batch_size: int = 1) -> list[Job]:
         """Claim up to ``batch_size`` jobs to process outside ``work`` (pg-boss ``fetch``).

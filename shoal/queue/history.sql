@@ -172,7 +172,8 @@ SET queues = excluded.queues, heartbeat_at = excluded.heartbeat_at
 -- timeout): the caller registers again.
 UPDATE {schema}.worker
 SET heartbeat_at = coalesce(%(now)s::timestamptz, now()), running = %(running)s,
-    running_by_queue = %(running_by_queue)s::jsonb, done = %(done)s
+    running_by_queue = %(running_by_queue)s::jsonb, done = %(done)s,
+    queues = %(queues)s::jsonb
 WHERE id = %(id)s
 RETURNING id
 

@@ -1,7 +1,8 @@
 """The worker registry: one row per live worker process, kept by its heartbeat.
 
-``shoal worker`` (:meth:`shoal.App.run`) registers its process (host, pid, app,
-the queues it serves with their concurrency) and heartbeats every
+Every process whose client runs workers (:meth:`Shoal.work`; ``shoal worker``
+names it after its App) registers (host, pid, app, the queues it serves with
+their concurrency) and heartbeats every
 :data:`HEARTBEAT_S` seconds with the jobs it runs now (per queue: the history
 sampler's running counts are these) and has done. A row whose
 heartbeat is older than :data:`GONE_S` is shown as gone; past :data:`DROP_S`
@@ -19,11 +20,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shoal.db.queries import load_queries
 from shoal.errors import TransientError
-from shoal.queue.client import Shoal
+
+if TYPE_CHECKING:  # the client owns its process's registry (Shoal.work)
+    from shoal.queue.client import Shoal
 
 log = logging.getLogger("shoal.registry")
 
@@ -57,7 +60,7 @@ class WorkerRegistry:
         boss: Shoal,
         *,
         app: str = "",
-        queues: Mapping[str, int] | None = None,
+        queues: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None,
         counters: Counters | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         gone_s: float = GONE_S,
@@ -68,14 +71,23 @@ class WorkerRegistry:
         self.sql = load_queries("shoal.queue", boss.db.schema, file="history.sql")
         self.id = uuid.uuid4().hex
         self.app = app
-        self.queues = dict(queues or {})
+        # The queues served and their concurrency: read at each heartbeat when
+        # a callable (a client whose workers come and go).
+        self._queues = queues if callable(queues) else dict(queues or {})
         self.counters = counters or (lambda: ({}, 0))
+        # Queues served by something other than the client's workers (an
+        # App's ingest consumers), with their concurrency.
+        self.also_served: dict[str, int] = {}
         self.heartbeat_s = heartbeat_s
         self.gone_s = gone_s
         self.drop_s = drop_s
 
     async def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         return await self.boss.db.fetch(self.sql[name], params)
+
+    @property
+    def queues(self) -> dict[str, int]:
+        return dict(self._queues() if callable(self._queues) else self._queues)
 
     async def register(self) -> None:
         await self._run(
@@ -99,6 +111,7 @@ class WorkerRegistry:
             "running": sum(running.values()),
             "running_by_queue": json.dumps({q: n for q, n in running.items() if n}),
             "done": done,
+            "queues": json.dumps(self.queues),
             "now": now,
         }
         if not await self._run("heartbeat_worker", params):
