@@ -174,28 +174,41 @@ class EmbeddedPostgres:
                     conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return self.url(name)
 
-    def stop_if_unused(self) -> bool:
+    def stop_if_unused(self, grace_s: float = 5.0) -> bool:
         """Stop the server if no client is connected to it; True if it stopped.
 
         The process that started the server calls this on exit: another shoal
         process still using it keeps it up (and stops it in turn when done).
+        A client that has just closed its connection is still listed until its
+        backend has exited, which on a busy machine can take a moment after
+        the close: clients are counted again for up to ``grace_s`` seconds
+        before the server is judged in use.
         """
+        import time
+
         import psycopg
 
         if not self.is_running():
             return False
+        deadline = time.monotonic() + grace_s
         try:
             with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
-                row = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
-                ).fetchone()
+                while self._other_clients(conn) > 0:
+                    if time.monotonic() >= deadline:
+                        return False
+                    time.sleep(0.02)  # noqa: TID251 - a blocking stop, at exit; a closing backend leaves within milliseconds
         except psycopg.Error:
-            return False
-        if row is not None and row[0] > 0:
             return False
         self.stop()
         return True
+
+    @staticmethod
+    def _other_clients(conn: Any) -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        ).fetchone()
+        return int(row[0]) if row is not None else 0
 
     def restart(self, mode: str = "fast") -> None:
         """Restart in place, keeping the port (``immediate`` simulates a crash)."""
