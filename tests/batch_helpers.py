@@ -7,6 +7,8 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+
 from shoal import Shoal
 from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
@@ -50,3 +52,10 @@ async def settle(batches: Batches, task_id: str, timeout_s: float = 30.0) -> Non
     except AssertionError:
         view = await batches.get(task_id)
         raise AssertionError(f"task did not close: {view.progress}") from None
+
+
+async def sql(db_url: str, query: str, *args: object) -> list[tuple[object, ...]]:
+    """Run one statement on a connection of its own (autocommit); its rows, if any."""
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        cur = await conn.execute(query, args or None)
+        return await cur.fetchall() if cur.description else []

@@ -18,15 +18,8 @@ from shoal.batch.store import GuardedItem
 from shoal.hooks import Event
 from shoal.testing import Probe
 
-from .batch_helpers import make_batches, running, settle
+from .batch_helpers import make_batches, running, settle, sql
 from .conftest import wait_for
-
-
-async def sql(db_url: str, query: str, *args: object) -> list[tuple[object, ...]]:
-    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-        cur = await conn.execute(query, args or None)
-        return await cur.fetchall() if cur.description else []
-
 
 # -- creation ------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from shoal import FakeClock, Job, Shoal
-from shoal.queue.cursor import SWEEP_COST_SHARE, SWEEP_EVERY_S, ClaimCursor, last_of
+from shoal.queue.cursor import SWEEP_COST_SHARE, SWEEP_EVERY_S, ClaimCursor, job_order, last_of
 from shoal.testing import Probe
 
 from .conftest import wait_for
@@ -127,7 +127,7 @@ def test_the_last_position_is_the_lowest_priority_then_the_highest_id() -> None:
 
 
 def test_the_cursor_claims_from_the_head_when_short_and_each_second_when_full() -> None:
-    cursor = ClaimCursor()
+    cursor = ClaimCursor(job_order)
     assert cursor.start(0.0) is None  # nothing claimed yet
     cursor.advance(None, [claimed(1), claimed(2)], limit=2, began=0.0, ended=0.0001)
     assert cursor.start(0.01) == (0, 2)  # full: go on after the last one
@@ -142,7 +142,7 @@ def test_the_cursor_claims_from_the_head_when_short_and_each_second_when_full() 
 
 
 def test_a_slow_claim_from_the_head_is_not_repeated_until_its_share_of_time_has_passed() -> None:
-    cursor = ClaimCursor()
+    cursor = ClaimCursor(job_order)
     cursor.advance(None, [claimed(1), claimed(2)], limit=2, began=0.0, ended=0.0)
     # Behind a long transaction, the head took 0.5 s to walk.
     cursor.advance(None, [claimed(3)], limit=2, began=1.0, ended=1.5)
@@ -157,7 +157,7 @@ def test_a_slow_claim_from_the_head_is_not_repeated_until_its_share_of_time_has_
 def test_a_claim_from_the_head_moves_the_position_back_only_when_it_came_back_full(
     full: bool,
 ) -> None:
-    cursor = ClaimCursor()
+    cursor = ClaimCursor(job_order)
     cursor.advance(None, [claimed(100)], limit=1, began=0.0, ended=0.0)
     assert cursor.position == (0, 100)
     # Jobs behind the position turned up (late commits, retries).
@@ -169,7 +169,7 @@ def test_a_claim_from_the_head_moves_the_position_back_only_when_it_came_back_fu
 
 
 def test_a_short_claim_after_the_position_owes_a_claim_from_the_head() -> None:
-    cursor = ClaimCursor()
+    cursor = ClaimCursor(job_order)
     assert cursor.head_due_in(0.0) is None
     cursor.advance(None, [claimed(1)], limit=1, began=0.0, ended=0.1)
     assert cursor.head_due_in(0.2) is None  # from the head: nothing owed

@@ -190,7 +190,7 @@ async def test_workers_of_the_previous_release_run_beside_this_ones_on_the_upgra
 
         # Item jobs: the old claim and the new one split the pending items.
         items_old = await old(old_batch["claim_items"], queue=item_queue, limit=2, now=now)
-        items_new = await batches.store.claim_items(item_queue, 10, now=now)
+        items_new = (await batches.store.claim_items(item_queue, 10, now=now)).jobs
         assert len(items_old) == 2 and len(items_new) == 3
         assert all(item is not None for _, item in items_new)
         assert not {r[15] for r in items_old} & {item.id for _, item in items_new if item}
@@ -220,7 +220,7 @@ async def test_workers_of_the_previous_release_run_beside_this_ones_on_the_upgra
             )
         )[0]
         assert count == 2
-        taken = await batches.store.claim_items(item_queue, 10, now=now)
+        taken = (await batches.store.claim_items(item_queue, 10, now=now)).jobs
         assert sorted(item.ref for _, item in taken if item) == ["x", "y"]
 
 

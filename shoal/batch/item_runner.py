@@ -46,11 +46,12 @@ from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
 from shoal.batch.states import ItemId, ItemStatus, TaskId
 from shoal.batch.store import BatchStore, Dispatch, GuardedItem
-from shoal.clock import Clock
+from shoal.clock import Clock, work_seconds
 from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.hooks import Hooks
+from shoal.queue.cursor import ClaimCursor, ItemPosition, item_order
 from shoal.queue.job import Completed, Job, Outcome, error_entry
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
@@ -124,6 +125,9 @@ class ItemRunner:
         # Written by claim(), taken by the job's run.
         self._prepared: dict[JobId, GuardedItem | None] = {}
         self.phantom_skips = 0
+        # Where the next claim of the kind's item jobs starts (claim() only;
+        # the worker's idle wait reads when a claim from the head is owed).
+        self.cursor: ClaimCursor[ItemPosition] = ClaimCursor(item_order)
         # Observers of item outcomes (item_finished; shoal.metrics counts them).
         self.hooks = hooks if hooks is not None else Hooks()
         # The guard and the completion of concurrent items share round trips.
@@ -134,15 +138,27 @@ class ItemRunner:
     async def claim(self, queue: str, limit: int, *, now: datetime | None) -> list[ClaimedJob]:
         """Claim item jobs and guard their items in one statement (the worker's ``claim``).
 
-        Items that pass count as running (and get heartbeats) from here on;
+        The claim starts after the last item job this runner claimed, or at
+        the head of the queue when :attr:`cursor` says one is due. Items that
+        pass count as running (and get heartbeats) from here on;
         ``release_unstarted`` hands back those whose job never ran.
         """
-        claimed = await self.store.claim_items(queue, limit, now=now)
-        for job, guarded in claimed:
+        began = work_seconds()
+        after = self.cursor.start(began)
+        claimed = await self.store.claim_items(queue, limit, now=now, after=after)
+        self.cursor.moved(
+            after,
+            claimed.last,
+            count=len(claimed.jobs),
+            limit=limit,
+            began=began,
+            ended=work_seconds(),
+        )
+        for job, guarded in claimed.jobs:
             self._prepared[job.id] = guarded
             if guarded is not None:
                 self._held[guarded.id] = guarded.fence
-        return [job for job, _ in claimed]
+        return [job for job, _ in claimed.jobs]
 
     async def release_unstarted(self) -> int:
         """Put items guarded for jobs that never ran (shutdown) back to pending.
@@ -180,7 +196,7 @@ class ItemRunner:
         """Record finished items' results, for a whole batch, and complete their jobs.
 
         One fenced statement; a task it leaves with nothing pending or running
-        wakes the aggregator. Jobs ``claim`` took are complete already; any
+        wakes the aggregator. Jobs ``claim`` took are gone already (deleted); any
         other (a job this runner did not claim) is completed in the same
         statement. Returns the jobs complete.
         """
@@ -241,7 +257,7 @@ class ItemRunner:
             if self.hooks:
                 self._report(item.id, "error")
             return {"item": "error"}
-        # A job claim() took is complete already (a one-shot delivery): a run
+        # A job claim() took is gone already (a one-shot delivery): a run
         # that ends without a result sends its item a new job. Any other job
         # is retried, or handed back, by the queue.
         taken = job.claim.lease_expires_at is None

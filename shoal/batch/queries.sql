@@ -104,17 +104,21 @@ FROM {schema}.guard_items_v1(%(ids)s::bigint[], %(now)s::timestamptz)
 
 -- name: claim_items
 -- A worker's claim of item jobs with the guard of their items, in one round
--- trip (claim_items_v1 in migrations/0007_batch_functions_v1.sql): one row per
--- job taken, with the queue's claim row under its own names, then the guard
--- columns for its item (all NULL for a phantom). Read by name. The function
--- returns jobs and guarded items as rows of their own; they are paired here,
--- where the planner may hash them.
+-- trip, from the head of job_item_turn or after the position
+-- (%(after_priority)s, %(after_turn)s, %(after_id)s) in it (claim_items_v2 in
+-- migrations/0024_claim_items_from_a_position.sql): one row per job taken,
+-- with the queue's claim row under its own names and the job's turn, then the
+-- guard columns for its item (all NULL for a phantom). Read by name. The
+-- function returns jobs and guarded items as rows of their own; they are
+-- paired here, where the planner may hash them.
 WITH c AS MATERIALIZED (
-    SELECT * FROM {schema}.claim_items_v1(%(queue)s, %(limit)s, %(now)s::timestamptz)
+    SELECT * FROM {schema}.claim_items_v2(%(queue)s, %(limit)s, %(now)s::timestamptz,
+                                          %(after_priority)s::int, %(after_turn)s::bigint,
+                                          %(after_id)s::bigint)
 )
 SELECT j.job_id AS id, j.queue, j.job_data AS data, j.priority, j.job_attempt AS attempt,
        j.retry_limit, j.retry_delay_s, j.retry_backoff, j.retry_delay_max_s, j.expire_in_s,
-       j.singleton_key, j.dead_letter, j.created_at, j.started_at, j.lease_expires_at,
+       j.singleton_key, j.dead_letter, j.created_at, j.started_at, j.lease_expires_at, j.turn,
        g.item_id, g.fence, g.run, g.ref, g.data AS item_data, g.task_id, g.kind, g.params,
        g.max_attempts
 FROM c j

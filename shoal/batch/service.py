@@ -102,6 +102,7 @@ class Batches:
             poll_interval=poll_interval,
             batch_size=ITEM_CLAIM_BATCH,
             claim=runner.claim,
+            claim_cursor=runner.cursor,
             finalize=runner.finalize,
             # The item row holds the result; the job needs no copy.
             store_output=False,

@@ -17,6 +17,7 @@ from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStat
 from shoal.db.pool import AsyncConn, Database, translated
 from shoal.db.queries import fetch_named, int_array, load_queries, positions
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
+from shoal.queue.cursor import ItemPosition, item_order
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob, JobSettings, claim_reader
 
@@ -85,6 +86,17 @@ def _guard_reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], Guarded
     """Reads a GuardedItem from a row of a statement with these column names."""
     pick = operator.itemgetter(*positions(columns, GUARD_COLUMNS, what="a guard"))
     return lambda row: GuardedItem._make(pick(row))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedItems:
+    """What one ``claim_items`` statement took."""
+
+    # Each job taken, with its item as the guard left it (None: a phantom).
+    jobs: list[tuple[ClaimedJob, GuardedItem | None]]
+    # The position of the last job with a turn taken, in job_item_turn's
+    # order (None: none had a turn).
+    last: ItemPosition | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,23 +352,41 @@ class BatchStore:
         return {item.id: item for item in map(read, rows)}
 
     async def claim_items(
-        self, queue: str, limit: int, *, now: datetime | None
-    ) -> list[tuple[ClaimedJob, GuardedItem | None]]:
+        self, queue: str, limit: int, *, now: datetime | None, after: ItemPosition | None = None
+    ) -> ClaimedItems:
         """Claim up to ``limit`` item jobs of ``queue`` and guard their items, in one statement.
 
-        Each claimed job comes with its item as the guard left it running, or
-        None for a phantom (already running, finished or cancelled).
-        Committed without waiting for its WAL flush, like a plain claim.
+        From the head of the queue's item jobs, or with ``after`` (a
+        ``(priority, turn, id)`` position, shoal.queue.cursor) only those the
+        queue's ``lock_item_jobs_v2`` finds after it. Each claimed job comes
+        with its item as the guard left it running, or None for a phantom
+        (already running, finished or cancelled). Committed without waiting
+        for its WAL flush, like a plain claim.
         """
         query = self.sql["claim_items"]
-        params = {"queue": queue, "limit": limit, "now": now}
+        after_priority, after_turn, after_id = after if after is not None else (None, None, None)
+        params = {
+            "queue": queue,
+            "limit": limit,
+            "now": now,
+            "after_priority": after_priority,
+            "after_turn": after_turn,
+            "after_id": after_id,
+        }
         columns, rows = await self.db.run(
             lambda c: fetch_named(c, query, params), transaction=False
         )
         job, item = claim_reader(columns), _guard_reader(columns)
         # A phantom's guard columns are all NULL.
         passed = columns.index("item_id")
-        return [(job(r), None if r[passed] is None else item(r)) for r in rows]
+        turn = columns.index("turn")
+        claimed = [(job(r), None if r[passed] is None else item(r)) for r in rows]
+        turned = [
+            (j.priority, r[turn], j.id)
+            for (j, _), r in zip(claimed, rows, strict=True)
+            if r[turn] is not None
+        ]
+        return ClaimedItems(claimed, max(turned, key=item_order) if turned else None)
 
     async def record_items(
         self,

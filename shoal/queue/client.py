@@ -19,6 +19,7 @@ from shoal.db.pool import AsyncConn, Database
 from shoal.errors import InvalidInput, NotFound, ShoalError
 from shoal.hooks import Hooks
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
+from shoal.queue.cursor import ClaimCursor
 from shoal.queue.enqueue import MAX_INSERT, JobBuilder
 from shoal.queue.job import Handler, Job, error_entry
 from shoal.queue.limits import Limits, LimitState, Partitioner, Rate
@@ -240,6 +241,7 @@ class Shoal:
         batch_size: int | None = None,
         poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
         claim: Claim | None = None,
+        claim_cursor: ClaimCursor[Any] | None = None,
         finalize: Finalize | None = None,
         store_output: bool = True,
         global_concurrency: int | None = None,
@@ -255,8 +257,10 @@ class Shoal:
         every process. Stop it with
         ``await worker.stop()`` (or :meth:`close`). ``claim``, if given, claims
         jobs in place of the store's claim (a layer above sets its rows up in
-        the same statement); ``finalize`` records each batch of completed jobs
-        in place of the worker's own write (see ``shoal.queue.worker``).
+        the same statement), and ``claim_cursor`` is the position such a claim
+        keeps in its queue, if it keeps one (shoal.queue.cursor); ``finalize``
+        records each batch of completed jobs in place of the worker's own
+        write (see ``shoal.queue.worker``).
         With ``store_output=False`` handlers' return values are not kept on
         the job rows.
         """
@@ -286,6 +290,7 @@ class Shoal:
             jitter=self.jitter,
             notifier=self.notifier,
             claim=claim,
+            claim_cursor=claim_cursor,
             finalize=finalize,
             store_output=store_output,
             hooks=self.hooks,

@@ -29,8 +29,8 @@ test's clock moved while a claim ran is no part of that cost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 # A queue whose claims always come back full still looks behind its position
 # this often.
@@ -39,6 +39,11 @@ SWEEP_EVERY_S = 1.0
 SWEEP_COST_SHARE = 0.05
 
 Position = tuple[int, int]  # (priority, id) of a job, in job_claim's order
+# (priority, turn, id) of an item job with a turn, in job_item_turn's order
+# (lock_item_jobs_v2 in migrations/0023_item_jobs_from_a_position.sql).
+ItemPosition = tuple[int, int, int]
+
+P = TypeVar("P", Position, ItemPosition)
 
 
 class Claimed(Protocol):
@@ -49,24 +54,36 @@ class Claimed(Protocol):
     def priority(self) -> int: ...
 
 
-def _order(position: Position) -> tuple[int, int]:
+def job_order(position: Position) -> tuple[int, int]:
     """job_claim's order: higher priority first, then lower id."""
     priority, job_id = position
     return (-priority, job_id)
+
+
+def item_order(position: ItemPosition) -> tuple[int, int, int]:
+    """job_item_turn's order among jobs with a turn: higher priority, lower turn, lower id."""
+    priority, turn, job_id = position
+    return (-priority, turn, job_id)
 
 
 def last_of(jobs: Sequence[Claimed]) -> Position | None:
     """The position of the job in ``jobs`` that comes last in the claim index."""
     if not jobs:
         return None
-    return max(((job.priority, job.id) for job in jobs), key=_order)
+    return max(((job.priority, job.id) for job in jobs), key=job_order)
 
 
-class ClaimCursor:
-    """One claimer's position in its queue and when it next claims from the head."""
+class ClaimCursor(Generic[P]):
+    """One claimer's position in its queue and when it next claims from the head.
 
-    def __init__(self) -> None:
-        self.position: Position | None = None
+    A worker's plain claim keeps a :data:`Position` in ``job_claim``; the
+    batch layer's claim of item jobs keeps an :data:`ItemPosition` in
+    ``job_item_turn``: ``ClaimCursor(job_order)`` and ``ClaimCursor(item_order)``.
+    """
+
+    def __init__(self, order: Callable[[P], Any]) -> None:
+        self._order: Callable[[P], Any] = order
+        self.position: P | None = None
         self._short = True  # the last claim came back short (or none was made)
         self._from_head = True  # the last claim started at the head (or none was made)
         self._sweep_done_at = float("-inf")
@@ -83,7 +100,7 @@ class ClaimCursor:
             return None
         return max(0.0, self._sweep_done_at + self._sweep_cost_s / SWEEP_COST_SHARE - now)
 
-    def start(self, now: float) -> Position | None:
+    def start(self, now: float) -> P | None:
         """Where a claim beginning at ``now`` starts: after a position, or at the head (None)."""
         if self.position is None:
             return None
@@ -95,7 +112,7 @@ class ClaimCursor:
         return self.position
 
     def advance(
-        self,
+        self: ClaimCursor[Position],
         after: Position | None,
         jobs: Sequence[Claimed],
         *,
@@ -103,10 +120,22 @@ class ClaimCursor:
         began: float,
         ended: float,
     ) -> None:
-        """Record a claim that started at ``after`` (see :meth:`start`) and returned ``jobs``."""
-        self._short = len(jobs) < limit
+        """Record a claim of ``job_claim`` that started at ``after`` (see :meth:`start`)."""
+        self.moved(after, last_of(jobs), count=len(jobs), limit=limit, began=began, ended=ended)
+
+    def moved(
+        self,
+        after: P | None,
+        last: P | None,
+        *,
+        count: int,
+        limit: int,
+        began: float,
+        ended: float,
+    ) -> None:
+        """Record a claim that started at ``after``: ``count`` jobs, the last at ``last``."""
+        self._short = count < limit
         self._from_head = after is None
-        last = last_of(jobs)
         if after is not None:
             if last is not None:
                 self.position = last
@@ -118,6 +147,6 @@ class ClaimCursor:
             # position with more jobs behind it: the next claims go on from
             # where it stopped.
             self.position = last if last is not None else self.position
-        elif last is not None and _order(last) > _order(self.position):
+        elif last is not None and self._order(last) > self._order(self.position):
             # A short one saw every waiting job: nothing behind either.
             self.position = last

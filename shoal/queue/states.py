@@ -9,11 +9,13 @@
        │                 └──snooze / hand back──> created
        └──resume()── cancelled <──cancel()── created | retry | active
 
-    created | retry ──take (one-shot delivery) / redrive──> completed
+    created | retry ──redrive──> completed
+    created | retry ──take (one-shot delivery)──> deleted
 
-A take completes a waiting job in the step that delivers it, without a lease:
-the batch layer's claim of item jobs (take_item_jobs_v1), whose item rows
-record the run and its outcome instead. ``redrive()`` completes the waiting
+A take deletes a waiting job in the step that delivers it, without a lease:
+the batch layer's claim of item jobs (take_item_jobs_v2), whose item rows
+record the run and its outcome instead (take_item_jobs_v1 of the previous
+release completed the job instead of deleting it). ``redrive()`` completes the waiting
 copies in a dead-letter queue it sends back as new jobs. An ingest message's
 job leaves ``active`` by being deleted when its consumer acknowledges it
 (delete_jobs_v1): the topic's done-marker, not a finished row, records it.

@@ -157,7 +157,7 @@ class NewJob:
 class ClaimedJob(NamedTuple):
     """A job a worker holds under a lease. ``attempt`` is its fencing token.
 
-    A job taken by ``take_item_jobs_v1()`` (complete already, a one-shot delivery) has
+    A job taken by ``take_item_jobs_v2()`` (deleted already, a one-shot delivery) has
     no lease: ``lease_expires_at`` is None, and its heartbeats only push back
     the worker's local execution deadline.
 

@@ -34,7 +34,7 @@ from shoal.clock import Clock, work_seconds
 from shoal.db.pool import AsyncConn
 from shoal.errors import ExpiredError, InvalidInput, TransientError
 from shoal.hooks import Hooks
-from shoal.queue.cursor import ClaimCursor
+from shoal.queue.cursor import ClaimCursor, job_order
 from shoal.queue.job import (
     AsyncHandler,
     Completed,
@@ -140,6 +140,7 @@ class Worker:
         jitter: Jitter,
         notifier: Notifier | None,
         claim: Claim | None = None,
+        claim_cursor: ClaimCursor[Any] | None = None,
         finalize: Finalize | None = None,
         store_output: bool = True,
         hooks: Hooks | None = None,
@@ -207,8 +208,11 @@ class Worker:
         self._claimed = self._completed = self._failed = self._retried = 0
         self._released = self._lost = self._finished = 0
         # Where the fetcher's next claim starts in the queue (fetcher only; a
-        # custom or limited claim always starts at the head).
-        self._cursor = ClaimCursor()
+        # limited claim always starts at the head). A custom claim that keeps
+        # a position of its own passes its cursor (claim_cursor): it moves the
+        # cursor itself, and the fetcher's idle wait reads when a claim from
+        # the head is owed.
+        self._cursor: ClaimCursor[Any] = claim_cursor or ClaimCursor(job_order)
         # Prefetch sizing (fetcher only): jobs/s finished and seconds per claim.
         self._rate = 0.0
         self._claim_s = 0.0
