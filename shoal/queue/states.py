@@ -9,14 +9,15 @@
        │                 └──snooze / hand back──> created
        └──resume()── cancelled <──cancel()── created | retry | active
 
-    created | retry ──redrive──> completed
+    created ──redrive──> completed
     created | retry ──take (one-shot delivery)──> deleted
 
 A take deletes a waiting job in the step that delivers it, without a lease:
 the batch layer's claim of item jobs (take_item_jobs_v2), whose item rows
-record the run and its outcome instead (take_item_jobs_v1 of the previous
-release completed the job instead of deleting it). ``redrive()`` completes the waiting
-copies in a dead-letter queue it sends back as new jobs. An ingest message's
+record the run and its outcome instead (the previous release's
+take_item_jobs_v1 completed the job instead, the edge retry -> completed,
+which this release's code no longer makes). ``redrive()`` completes the
+waiting copies in a dead-letter queue it sends back as new jobs. An ingest message's
 job leaves ``active`` by being deleted when its consumer acknowledges it
 (delete_jobs_v1): the topic's done-marker, not a finished row, records it.
 """
@@ -61,7 +62,7 @@ FINISHED_STATES = frozenset({JobState.COMPLETED, JobState.CANCELLED, JobState.FA
 # Every edge a job may take; docs/queue.md draws its diagram from this mapping.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.CREATED: frozenset({JobState.ACTIVE, JobState.COMPLETED, JobState.CANCELLED}),
-    JobState.RETRY: frozenset({JobState.ACTIVE, JobState.COMPLETED, JobState.CANCELLED}),
+    JobState.RETRY: frozenset({JobState.ACTIVE, JobState.CANCELLED}),
     JobState.ACTIVE: frozenset(
         {
             JobState.COMPLETED,
