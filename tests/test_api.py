@@ -574,6 +574,7 @@ async def test_metrics_expose_items_guards_latency_and_queue_depth(
     await batches.store.count_event(PHANTOM_SKIPS, 4)
     await batches.store.count_event(ZOMBIES_REAPED, 2)
     await batches.store.count_event(CANCELLED_SKIPS, 3)
+    await boss.send("reports")
     text = (await client.get("/metrics")).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     phantom = families["shoal_batch_phantom_skips"]
@@ -590,7 +591,9 @@ async def test_metrics_expose_items_guards_latency_and_queue_depth(
         (s.labels["queue"], s.labels["state"]): s.value
         for s in families["shoal_queue_jobs"].samples
     }
-    assert depth[(f"batch.{KIND}", "completed")] == 2
+    assert depth[("reports", "created")] == 1
+    # A taken item job is deleted: the finished task left nothing in its kind's queue.
+    assert not any(depth.get((f"batch.{KIND}", state)) for state in ("created", "completed"))
     items = {
         (s.labels["kind"], s.labels["state"]): s.value
         for s in families["shoal_batch_items"].samples
