@@ -64,3 +64,38 @@ async def test_completion_probes_the_primary_key_while_statistics_say_no_job_is_
     plan = next(n for n in notices if "Update on job" in n)
     assert "Hash Join" in plan and "Index Cond: (id = ANY" in plan, plan
     assert "job_lease" not in plan and "Nested Loop" not in plan, plan
+
+
+async def test_an_item_claim_takes_its_jobs_by_primary_key_while_statistics_say_none_waits(
+    fake_boss: Shoal, db_url: str
+) -> None:
+    # Statistics taken while no job waited (every job of the table taken):
+    # the planner expects no waiting row. take_item_jobs_v1's fence (state
+    # IN ('created', 'retry'), job_claim's predicate) then let it scan every
+    # waiting job's entry of job_claim for each job taken: 37 s for a claim
+    # of 500 with 290,000 jobs waiting.
+    from .batch_helpers import make_batches
+
+    batches = make_batches(fake_boss)
+    await fake_boss.insert([{"queue": "done", "data": i} for i in range(300)])
+    await fake_boss.store.claim("done", 300, now=None)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("ALTER TABLE shoal.job SET (autovacuum_enabled = false)")
+        await conn.execute("ANALYZE shoal.job")
+    await batches.create("test.kind", [f"r{i}" for i in range(200)])
+    notices: list[str] = []
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        await conn.execute("LOAD 'auto_explain'")
+        await conn.execute("SET auto_explain.log_min_duration = 0")
+        await conn.execute("SET auto_explain.log_nested_statements = on")
+        await conn.execute("SET auto_explain.log_level = 'notice'")
+        await conn.execute("SET client_min_messages = notice")
+        cur = await conn.execute(
+            "SELECT count(*) FROM shoal.claim_items_v2('batch.test.kind', 100, NULL,"
+            " NULL, NULL, NULL) WHERE job_id IS NOT NULL"
+        )
+        assert await cur.fetchone() == (100,)
+    plan = next(n for n in notices if "Delete on job" in n)
+    assert "Index Scan using job_pkey" in plan and "Index Cond: (id = ANY" in plan, plan
+    assert "job_claim" not in plan and "Nested Loop" not in plan, plan

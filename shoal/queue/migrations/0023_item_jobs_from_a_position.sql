@@ -115,9 +115,19 @@ $$;
 -- table of a busy kind held every item of the last 12 hours: 26 million rows
 -- and 18 GiB in the hour's soak, whose indexes outgrew the server's cache.
 -- A delete leaves one dead version for vacuum, as the update did, writes less
--- WAL, and leaves nothing for the archive to move later. Returns the claim
--- row (started_at the take's time, lease_expires_at NULL), the item of each
--- job taken and its turn (NULL for a job without one), in p_ids' order.
+-- WAL, and leaves nothing for the archive to move later.
+--
+-- The jobs are found by primary key whatever the statistics say. v1 joined
+-- p_ids with the job table under the fence state IN ('created', 'retry'),
+-- the predicate of job_claim and job_item_turn: with statistics taken while
+-- no job waited (autovacuum's ANALYZE of a table whose jobs are all taken),
+-- the planner scanned every waiting job's entry in job_claim for each claim,
+-- and a claim of 500 item jobs took 37 s with 290,000 jobs waiting (the
+-- soak, docs/benchmarks.md). Here the fence compares the state as text,
+-- which implies no partial index's predicate, so the primary key is the only
+-- index the delete can use. Returns the claim row (started_at the take's
+-- time, lease_expires_at NULL), the item of each job taken and its turn
+-- (NULL for a job without one), in id order.
 CREATE FUNCTION {schema}.take_item_jobs_v2(p_ids bigint[], p_now timestamptz)
 RETURNS TABLE (
     id bigint, queue text, data text, priority integer, attempt integer,
@@ -132,8 +142,7 @@ SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
     DELETE FROM {schema}.job j
-    USING unnest(p_ids) AS u(id)
-    WHERE j.id = u.id AND j.state IN ('created', 'retry')
+    WHERE j.id = ANY(p_ids) AND j.state::text IN ('created', 'retry')
     RETURNING j.id, j.queue, j.data::text, j.priority, j.attempt + 1, j.retry_limit,
               extract(epoch FROM j.retry_delay)::float8, j.retry_backoff,
               extract(epoch FROM j.retry_delay_max)::float8,
