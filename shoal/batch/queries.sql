@@ -108,9 +108,10 @@ FROM {schema}.guard_items_v1(%(ids)s::bigint[], %(now)s::timestamptz)
 -- (%(after_priority)s, %(after_turn)s, %(after_id)s) in it (claim_items_v2 in
 -- migrations/0024_claim_items_from_a_position.sql): one row per job taken,
 -- with the queue's claim row under its own names and the job's turn, then the
--- guard columns for its item (all NULL for a phantom). Read by name. The
--- function returns jobs and guarded items as rows of their own; they are
--- paired here, where the planner may hash them.
+-- guard columns for its item (all NULL for a phantom), in the claim's order
+-- (the take returns them by id), so the worker runs them in turns. Read by
+-- name. The function returns jobs and guarded items as rows of their own;
+-- they are paired here, where the planner may hash them.
 WITH c AS MATERIALIZED (
     SELECT * FROM {schema}.claim_items_v2(%(queue)s, %(limit)s, %(now)s::timestamptz,
                                           %(after_priority)s::int, %(after_turn)s::bigint,
@@ -124,6 +125,7 @@ SELECT j.job_id AS id, j.queue, j.job_data AS data, j.priority, j.job_attempt AS
 FROM c j
 LEFT JOIN c g ON g.job_id IS NULL AND g.item_id = j.item_id
 WHERE j.job_id IS NOT NULL
+ORDER BY j.priority DESC, j.turn NULLS FIRST, j.job_id
 
 -- name: complete_items
 -- Records finished runs and completes their jobs in one statement
