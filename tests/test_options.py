@@ -74,6 +74,36 @@ async def test_one_bad_job_in_an_insert_writes_nothing(boss: Shoal) -> None:
     assert await job_count(boss) == 0
 
 
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({1, 2}, "not JSON"),
+        ("\ud800", "not JSON"),  # a lone surrogate has no UTF-8
+        ("a\x00b", "NUL"),
+        ("é" * 40, "over the 64-byte cap"),  # 40 characters, 82 bytes of UTF-8
+    ],
+)
+async def test_a_bad_payload_after_good_ones_of_its_queue_is_named_by_position(
+    db_url: str, bad: object, message: str
+) -> None:
+    # Jobs of a queue and data alone after the first are checked on a fast
+    # path (shoal.queue.enqueue.JobBuilder.jobs): it must refuse what the
+    # first job's path refuses, by the same name.
+    from shoal.db import Database
+
+    db = await Database(db_url).open()
+    small = Shoal(db, max_payload_bytes=64, listen=False)
+    try:
+        jobs: list[dict[str, object]] = [{"queue": "ok_queue", "data": i} for i in range(3)]
+        jobs.append({"queue": "ok_queue", "data": bad})
+        with pytest.raises(InvalidInput, match=message) as raised:
+            await small.insert(jobs)
+        assert raised.value.field == "jobs[3].data"
+        assert await job_count(small) == 0
+    finally:
+        await small.close()
+
+
 async def test_insert_requires_a_queue_for_each_job(boss: Shoal) -> None:
     with pytest.raises(InvalidInput) as raised:
         await boss.insert([{"data": 1}])

@@ -62,6 +62,31 @@ async def test_insert_skips_duplicate_singletons_within_one_call(boss: Shoal) ->
     assert ids[0] is not None and ids[1] is None
 
 
+async def test_a_mixed_insert_gives_each_job_its_own_id_and_none_to_each_skipped_one(
+    boss: Shoal,
+) -> None:
+    # Keyless jobs, keys per queue, a key an unfinished job already holds and
+    # a key repeated in the call, across two option sets: every id returned
+    # must be the job made from the payload at that position.
+    assert await boss.send("q", {"n": "held"}, singleton_key="held") is not None
+    specs: list[dict[str, object]] = [
+        {"queue": "q", "data": {"n": 0}},
+        {"queue": "q", "data": {"n": 1}, "singleton_key": "held"},
+        {"queue": "q", "data": {"n": 2}, "singleton_key": "a"},
+        {"queue": "r", "data": {"n": 3}, "singleton_key": "a", "priority": 5},
+        {"queue": "q", "data": {"n": 4}},
+        {"queue": "q", "data": {"n": 5}, "singleton_key": "a"},
+        {"queue": "r", "data": {"n": 6}, "priority": 5},
+        {"queue": "q", "data": {"n": 7}, "singleton_key": "b"},
+    ]
+    ids = await boss.insert(specs)
+    assert [i is None for i in ids] == [False, True, False, False, False, True, False, False]
+    for spec, job_id in zip(specs, ids, strict=True):
+        if job_id is not None:
+            job = await boss.get_job(job_id)
+            assert (job.queue, job.data) == (spec["queue"], spec["data"])
+
+
 async def test_fetch_takes_higher_priority_first_then_oldest(boss: Shoal) -> None:
     low = await boss.send("q", "low", priority=0)
     high = await boss.send("q", "high", priority=10)

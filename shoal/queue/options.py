@@ -153,14 +153,15 @@ def encode_payload(data: object, *, max_bytes: int, field: str = "data") -> str:
     """``data`` as JSON text, or InvalidInput naming why it cannot be a payload."""
     try:
         text = _ENCODER.encode(data)
-        encoded = text.encode("utf-8")
+        # ASCII text (the usual payload) is its own UTF-8, and holds no lone
+        # surrogate: only other text is encoded to be measured and checked.
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (lone surrogates) is one
         raise InvalidInput(field, f"payload is not JSON: {exc}") from None
     except RecursionError:
         raise InvalidInput(field, "payload is nested too deeply") from None
     if "\\u0000" in text and _JSON_NUL.search(text):
         raise InvalidInput(field, "payload strings may not contain NUL characters")
-    size = len(encoded)
     if size > max_bytes:
         raise InvalidInput(
             field,
