@@ -17,7 +17,7 @@ async def claim_plan(db_url: str) -> str:
         await conn.execute("SET auto_explain.log_level = 'notice'")
         await conn.execute("SET client_min_messages = notice")
         await conn.execute("BEGIN")
-        await conn.execute("SELECT * FROM shoal.claim_jobs_v1('q', 10, NULL)")
+        await conn.execute("SELECT * FROM shoal.claim_jobs_v3('q', 10, NULL, NULL, NULL)")
         await conn.execute("ROLLBACK")
     return "\n".join(notices)
 

@@ -31,7 +31,7 @@ async def entries_read_by_claim(db_url: str, after: tuple[int, int] | None) -> t
         before = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]
         priority, job_id = after if after is not None else (None, None)
         cur = await conn.execute(
-            "SELECT count(*) FROM shoal.claim_jobs_v2('q', 10, NULL, %s, %s)", (priority, job_id)
+            "SELECT count(*) FROM shoal.claim_jobs_v3('q', 10, NULL, %s, %s)", (priority, job_id)
         )
         claimed = (await cur.fetchone() or [0])[0]
         read = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]

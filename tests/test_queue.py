@@ -87,6 +87,29 @@ async def test_a_mixed_insert_gives_each_job_its_own_id_and_none_to_each_skipped
             assert (job.queue, job.data) == (spec["queue"], spec["data"])
 
 
+async def test_a_worker_claim_reads_each_duration_the_job_was_sent_with(boss: Shoal) -> None:
+    # The worker's claim (claim_jobs_v3) reads the durations as float8
+    # seconds: fractions and day-long values come back exactly as sent.
+    await boss.send(
+        "q",
+        None,
+        retry_limit=4,
+        retry_delay=timedelta(seconds=1.25),
+        retry_backoff=True,
+        retry_delay_max=timedelta(days=2, microseconds=500),
+        expire_in=timedelta(minutes=2, seconds=0.75),
+    )
+    (claim,) = await boss.store.claim("q", 10, now=None)
+    policy = claim.policy
+    assert (policy.retry_limit, policy.retry_delay, policy.retry_backoff) == (
+        4,
+        timedelta(seconds=1.25),
+        True,
+    )
+    assert policy.retry_delay_max == timedelta(days=2, microseconds=500)
+    assert claim.expire_in == timedelta(minutes=2, seconds=0.75)
+
+
 async def test_fetch_takes_higher_priority_first_then_oldest(boss: Shoal) -> None:
     low = await boss.send("q", "low", priority=0)
     high = await boss.send("q", "high", priority=10)

@@ -85,12 +85,12 @@ FROM {schema}.claim_limited_jobs_v1(%(queue)s, %(limit)s, %(now)s::timestamptz)
 -- name: claim_jobs
 -- Claims up to %(limit)s waiting jobs of one queue, from the head of the claim
 -- index or after the position (%(after_priority)s, %(after_id)s) in it
--- (claim_jobs_v2 in migrations/0017_claim_from_a_position.sql): the claim
+-- (claim_jobs_v3 in migrations/0025_claim_durations_as_float.sql): the claim
 -- row, read by name.
 SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
        retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
        lease_expires_at
-FROM {schema}.claim_jobs_v2(%(queue)s, %(limit)s, %(now)s::timestamptz,
+FROM {schema}.claim_jobs_v3(%(queue)s, %(limit)s, %(now)s::timestamptz,
                             %(after_priority)s::int, %(after_id)s::bigint)
 
 -- name: complete_jobs
