@@ -9,7 +9,10 @@
 What it measures, all in one run against one Postgres server:
 
 - enqueue: N jobs in one call of each library's batch API, timed in this
-  process (turning the payloads into the library's input is inside the timing);
+  process (turning the payloads into the library's input is inside the timing),
+  once per drain repetition, and after the drains ``--enqueue-rounds`` times
+  (default 9) with the libraries taking turns: the ratio to the raw insert is
+  taken round by round, so a slow moment of the machine's disk hits both;
 - drain: the same N no-op jobs worked off by one worker at concurrency 10, in a
   child process of its own (so its peak RSS is its own), timed from the moment
   the worker is started until the database shows every job finished;
@@ -725,6 +728,26 @@ class Bench:
         queries = "; ".join(" ".join(q.split()) for _pid, q in rows)
         return f"\n(cancelled {len(rows)} statement(s) running after the child exited: {queries})"
 
+    async def interleaved_enqueues(self, libs: list[str], rounds: int) -> dict[str, list[float]]:
+        """Each library's enqueue ``rounds`` times, the libraries taking turns.
+
+        One enqueue of 10,000 jobs takes a fifth of a second, most of it the
+        commit's WAL flush, and a drain repetition times only one: the
+        machine's moment decides that ratio more than the code. Here the
+        libraries take turns, in alternating order, each into an emptied
+        table after a checkpoint, so each round's pair meets the same moment.
+        """
+        times: dict[str, list[float]] = {lib: [] for lib in libs}
+        for lib in libs:  # untimed: the first call pays for catalog lookups
+            await self.conn.execute(TRUNCATE_SQL[lib])
+            await self.enqueue(lib)
+        for round_ in range(rounds):
+            for lib in libs if round_ % 2 == 0 else libs[::-1]:
+                await self.conn.execute(TRUNCATE_SQL[lib])
+                await self.conn.execute("CHECKPOINT")
+                times[lib].append(await self.enqueue(lib))
+        return times
+
     async def run_case(self, case: Case) -> None:
         lib = case.lib
         # One untimed enqueue first: the first call on a connection pays for
@@ -914,6 +937,25 @@ def report(bench: Bench, cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+def enqueue_report(times: dict[str, list[float]], n: int) -> str:
+    """The interleaved enqueues: each library's median, and its rate against raw's by round."""
+    raw = times["raw"]
+    lines = [
+        "",
+        f"Enqueue of {n:,} jobs, the libraries taking turns ({len(raw)} rounds, "
+        "each after a checkpoint into an emptied table): median ms, and the rate against "
+        "the raw insert's in the same round (median, lowest, highest):",
+    ]
+    for lib, seconds in times.items():
+        ratios = sorted(r / s for r, s in zip(raw, seconds, strict=True))
+        lines.append(
+            f"- {lib}: {statistics.median(seconds) * 1000:.1f} ms; "
+            f"vs raw {statistics.median(ratios):.2f}x "
+            f"({ratios[0]:.2f}x-{ratios[-1]:.2f}x)"
+        )
+    return "\n".join(lines)
+
+
 def cases_of(lib: str, stale: bool = False) -> list[Case]:
     if lib == "pgqueuer":
         return [Case(lib, batch=b) for b in PGQ_BATCH_SIZES]
@@ -959,6 +1001,7 @@ async def run_bench(args: argparse.Namespace, admin_url: str, server: str) -> in
     cases = [case for lib in LIBS if lib in libs for case in cases_of(lib)]
     cases += [case for lib in STALE_LIBS if lib in libs for case in cases_of(lib, stale=True)]
     started = time.perf_counter()
+    enqueues: dict[str, list[float]] = {}
     try:
         for case in cases:
             try:
@@ -966,10 +1009,14 @@ async def run_bench(args: argparse.Namespace, admin_url: str, server: str) -> in
             except Exception as exc:  # one library failing must not hide the others' rows
                 case.error = f"{type(exc).__name__}: {exc}"
                 print(f"  {case.label}: FAILED: {case.error}", flush=True)
+        if args.enqueue_rounds and "raw" in libs and len(libs) > 1:
+            enqueues = await bench.interleaved_enqueues(libs, args.enqueue_rounds)
     finally:
         await bench.close()
     print(f"\n(measured in {time.perf_counter() - started:.0f} s)\n")
     print(report(bench, cases))
+    if enqueues:
+        print(enqueue_report(enqueues, args.n))
     print("\nSettings:")
     for lib in libs:
         print(f"- {lib}: {SETTINGS[lib]}")
@@ -1002,6 +1049,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=10_000, help="jobs per measurement")
     parser.add_argument("--quick", action="store_true", help="one repetition instead of 3")
     parser.add_argument("--reps", type=int, default=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--enqueue-rounds",
+        type=int,
+        default=9,
+        help="interleaved enqueues of every library after the drains (0: none)",
+    )
     parser.add_argument(
         "--libs", default=",".join(LIBS), help=f"comma-separated subset of {','.join(LIBS)}"
     )
