@@ -15,7 +15,9 @@ What it measures, all in one run against one Postgres server:
   taken round by round, so a slow moment of the machine's disk hits both;
 - drain: the same N no-op jobs worked off by one worker at concurrency 10, in a
   child process of its own (so its peak RSS is its own), timed from the moment
-  the worker is started until the database shows every job finished;
+  the worker is started until the database shows every job finished. The
+  cases take turns, one repetition each per round, and shoal's drain rate and
+  server CPU are also compared with the raw loops' round by round;
 - stale planner statistics (shoal and raw only): the job table is filled,
   emptied and analyzed while it holds no rows (keeping its pages), with
   autovacuum off, before the N jobs arrive.
@@ -748,51 +750,75 @@ class Bench:
                 times[lib].append(await self.enqueue(lib))
         return times
 
-    async def run_case(self, case: Case) -> None:
-        lib = case.lib
-        # One untimed enqueue first: the first call on a connection pays for
-        # catalog lookups and statement preparation that later calls do not.
+    async def warm_up(self, lib: str) -> None:
+        """One untimed enqueue: the first call on a connection pays for catalog
+        lookups and statement preparation that later calls do not."""
         await self.conn.execute(TRUNCATE_SQL[lib])
         await self.enqueue(lib)
-        for rep in range(self.reps):
-            # A checkpoint before the jobs arrive: the drain then modifies no
-            # page for the first time since a checkpoint, so its WAL holds no
-            # full-page images unless a timed checkpoint falls inside it
-            # (counted: "FPI" in the per-job table).
-            await self.conn.execute("CHECKPOINT")
-            if case.stale:
-                stats = await self.make_stats_stale(lib)
-            else:
-                await self.conn.execute(TRUNCATE_SQL[lib])
-            case.enqueue_s.append(await self.enqueue(lib))
-            if not case.stale:
-                # Fresh: statistics that know the N waiting jobs are there.
-                await self.conn.execute(sql.SQL("ANALYZE {}").format(JOB_TABLE[lib]))
-                stats = await self.table_stats(lib)
-            if rep == 0 and (case.claimers or 1) == 1:
-                await self.explain_claim(lib, case.label)
-            parent = await self.sessions()
-            before = await self.meter.sample()
-            result = await self.drain(lib, case.variant)
-            await self.wait_for_child_sessions(parent)
-            usage = await self.meter.since(before)
-            case.usage.append(usage)
-            case.drain_s.append(result["elapsed_s"])
-            case.rss_mib.append(result["vm_hwm_kib"] / 1024)
-            case.sampled_rss_mib.append(result["sampled_rss_bytes"] / 2**20)
-            extra = f" {per_job(usage, self.n)}"
-            if "worker_stats" in result:
-                extra += f" worker.stats={result['worker_stats']} pool={result['pool_size']}"
-            if "stderr" in result:
-                case.notes.append(f"rep {rep + 1} stderr: {result['stderr'][-500:]}")
-            print(
-                f"  {case.label:<31} rep {rep + 1}: enqueue {case.enqueue_s[-1] * 1000:7.1f} ms"
-                f"  drain {result['elapsed_s']:6.2f} s  peak RSS {case.rss_mib[-1]:5.1f} MiB"
-                f"  load {os.getloadavg()[0]:.2f}  [{stats}]{extra}",
-                flush=True,
-            )
+
+    async def run_rep(self, case: Case, rep: int) -> None:
+        """One repetition of ``case``: enqueue N jobs, then drain them in a child."""
+        lib = case.lib
+        # A checkpoint before the jobs arrive: the drain then modifies no
+        # page for the first time since a checkpoint, so its WAL holds no
+        # full-page images unless a timed checkpoint falls inside it
+        # (counted: "FPI" in the per-job table).
+        await self.conn.execute("CHECKPOINT")
         if case.stale:
-            await self.restore_autovacuum(lib)
+            stats = await self.make_stats_stale(lib)
+        else:
+            await self.conn.execute(TRUNCATE_SQL[lib])
+        case.enqueue_s.append(await self.enqueue(lib))
+        if not case.stale:
+            # Fresh: statistics that know the N waiting jobs are there.
+            await self.conn.execute(sql.SQL("ANALYZE {}").format(JOB_TABLE[lib]))
+            stats = await self.table_stats(lib)
+        if rep == 0 and (case.claimers or 1) == 1:
+            await self.explain_claim(lib, case.label)
+        parent = await self.sessions()
+        before = await self.meter.sample()
+        result = await self.drain(lib, case.variant)
+        await self.wait_for_child_sessions(parent)
+        usage = await self.meter.since(before)
+        case.usage.append(usage)
+        case.drain_s.append(result["elapsed_s"])
+        case.rss_mib.append(result["vm_hwm_kib"] / 1024)
+        case.sampled_rss_mib.append(result["sampled_rss_bytes"] / 2**20)
+        extra = f" {per_job(usage, self.n)}"
+        if "worker_stats" in result:
+            extra += f" worker.stats={result['worker_stats']} pool={result['pool_size']}"
+        if "stderr" in result:
+            case.notes.append(f"rep {rep + 1} stderr: {result['stderr'][-500:]}")
+        print(
+            f"  {case.label:<31} rep {rep + 1}: enqueue {case.enqueue_s[-1] * 1000:7.1f} ms"
+            f"  drain {result['elapsed_s']:6.2f} s  peak RSS {case.rss_mib[-1]:5.1f} MiB"
+            f"  load {os.getloadavg()[0]:.2f}  [{stats}]{extra}",
+            flush=True,
+        )
+
+    async def run_cases(self, cases: list[Case]) -> None:
+        """Every case's repetitions, the cases taking turns.
+
+        Repetition r of every case runs before repetition r + 1 of any, in
+        alternating order, so the cases compared in a round meet the same
+        moment of the machine (its disk's flush time and its neighbours moved
+        drain rates by a third between runs of the same code): the per-round
+        ratios (round_report) then compare like with like.
+        """
+        for lib in dict.fromkeys(case.lib for case in cases):
+            await self.warm_up(lib)
+        for rep in range(self.reps):
+            for case in cases if rep % 2 == 0 else cases[::-1]:
+                if case.error:
+                    continue
+                try:
+                    await self.run_rep(case, rep)
+                except Exception as exc:  # one library failing must not hide the others' rows
+                    case.error = f"{type(exc).__name__}: {exc}"
+                    print(f"  {case.label}: FAILED: {case.error}", flush=True)
+        for case in cases:
+            if case.stale:
+                await self.restore_autovacuum(case.lib)
 
 
 def shoal_version() -> str:
@@ -937,6 +963,40 @@ def report(bench: Bench, cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+def round_report(cases: list[Case], n: int) -> str:
+    """shoal against the raw loops, round by round: drain rate and server CPU per job."""
+    lines = [
+        "",
+        "shoal against the raw loops in the same round (the cases take turns; "
+        "median, lowest, highest):",
+    ]
+    by_key = {case.key: case for case in cases if not case.error}
+    for stale in (False, True):
+        shoal = by_key.get(("shoal", stale, None))
+        raw1, raw2 = by_key.get(("raw", stale, 1)), by_key.get(("raw", stale, RAW_CLAIMERS))
+        if shoal is None or raw1 is None or raw2 is None:
+            continue
+        drains = sorted(r / s for r, s in zip(raw2.drain_s, shoal.drain_s, strict=False))
+        cpus = sorted(
+            s.cpu_s / r.cpu_s
+            for s, r in zip(shoal.usage, raw1.usage, strict=False)
+            if s.cpu_s is not None and r.cpu_s
+        )
+        label = "stale stats" if stale else "fresh stats"
+        if drains:
+            lines.append(
+                f"- {label}: drain vs raw x{RAW_CLAIMERS} {statistics.median(drains):.2f}x "
+                f"({drains[0]:.2f}x-{drains[-1]:.2f}x)"
+                + (
+                    f"; server CPU per job vs raw x1 {statistics.median(cpus):.2f}x "
+                    f"({cpus[0]:.2f}x-{cpus[-1]:.2f}x)"
+                    if cpus
+                    else ""
+                )
+            )
+    return "\n".join(lines)
+
+
 def enqueue_report(times: dict[str, list[float]], n: int) -> str:
     """The interleaved enqueues: each library's median, and its rate against raw's by round."""
     raw = times["raw"]
@@ -1003,18 +1063,14 @@ async def run_bench(args: argparse.Namespace, admin_url: str, server: str) -> in
     started = time.perf_counter()
     enqueues: dict[str, list[float]] = {}
     try:
-        for case in cases:
-            try:
-                await bench.run_case(case)
-            except Exception as exc:  # one library failing must not hide the others' rows
-                case.error = f"{type(exc).__name__}: {exc}"
-                print(f"  {case.label}: FAILED: {case.error}", flush=True)
+        await bench.run_cases(cases)
         if args.enqueue_rounds and "raw" in libs and len(libs) > 1:
             enqueues = await bench.interleaved_enqueues(libs, args.enqueue_rounds)
     finally:
         await bench.close()
     print(f"\n(measured in {time.perf_counter() - started:.0f} s)\n")
     print(report(bench, cases))
+    print(round_report(cases, args.n))
     if enqueues:
         print(enqueue_report(enqueues, args.n))
     print("\nSettings:")
