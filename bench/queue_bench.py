@@ -740,9 +740,8 @@ class Bench:
         table after a checkpoint, so each round's pair meets the same moment.
         """
         times: dict[str, list[float]] = {lib: [] for lib in libs}
-        for lib in libs:  # untimed: the first call pays for catalog lookups
-            await self.conn.execute(TRUNCATE_SQL[lib])
-            await self.enqueue(lib)
+        for lib in libs:
+            await self.warm_up(lib)
         for round_ in range(rounds):
             for lib in libs if round_ % 2 == 0 else libs[::-1]:
                 await self.conn.execute(TRUNCATE_SQL[lib])
@@ -963,7 +962,7 @@ def report(bench: Bench, cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
-def round_report(cases: list[Case], n: int) -> str:
+def round_report(cases: list[Case]) -> str:
     """shoal against the raw loops, round by round: drain rate and server CPU per job."""
     lines = [
         "",
@@ -1070,7 +1069,7 @@ async def run_bench(args: argparse.Namespace, admin_url: str, server: str) -> in
         await bench.close()
     print(f"\n(measured in {time.perf_counter() - started:.0f} s)\n")
     print(report(bench, cases))
-    print(round_report(cases, args.n))
+    print(round_report(cases))
     if enqueues:
         print(enqueue_report(enqueues, args.n))
     print("\nSettings:")

@@ -123,44 +123,43 @@ class JobBuilder:
         self, specs: Iterable[Mapping[str, Any]], trace: Mapping[str, str] | None = None
     ) -> list[NewJob]:
         """The jobs of ``insert([{"queue", "data", **options}, ...])``, all validated first."""
-        new_jobs = []
-        # A spec of a queue and data alone gets the settings of its queue's
-        # first such spec: only its payload is left to check (10,000 jobs of
-        # one queue are the common insert). Not for a queue whose keys come
-        # from a partition_by function, nor with a trace to add to each payload.
-        plain: dict[object, NewJob] = {}
+        new_jobs: list[NewJob] = []
+        # The first job of each queue sent with its data alone: a later spec of
+        # that queue and data alone shares its settings (10,000 jobs of one
+        # queue are the common insert), and only its payload is left to check.
+        plain: dict[str, NewJob] = {}
         for i, spec in enumerate(specs):
-            if type(spec) is dict and len(spec) == 2 and type(spec.get("queue")) is str:
-                template = plain.get(spec["queue"])
-                if template is not None and "data" in spec:
-                    try:
-                        payload = encode_payload(spec["data"], max_bytes=self.max_payload_bytes)
-                    except InvalidInput as exc:
-                        raise InvalidInput(f"jobs[{i}].{exc.field}", exc.message) from None
-                    settings, _, key, partition_key, cost = template
-                    new_jobs.append(NewJob(settings, payload, key, partition_key, cost))
-                    if len(new_jobs) > MAX_INSERT:
-                        raise InvalidInput("jobs", f"more than {MAX_INSERT} jobs in one insert")
-                    continue
-            if not isinstance(spec, Mapping):
-                raise InvalidInput(f"jobs[{i}]", f"expected a mapping, got {type(spec).__name__}")
-            options = (
-                {k: v for k, v in spec.items() if k not in ("queue", "data")}
-                if len(spec) > 2 or (len(spec) == 2 and "data" not in spec)
-                else {}
-            )
-            if "queue" not in spec:
-                raise InvalidInput(f"jobs[{i}].queue", "missing")
-            try:
-                new_job = self._job(spec["queue"], spec.get("data"), options, trace, False)
-            except InvalidInput as exc:
-                raise InvalidInput(f"jobs[{i}].{exc.field}", exc.message) from None
-            new_jobs.append(new_job)
-            if not options and trace is None and new_job.settings.queue not in self.partitioners:
-                plain.setdefault(spec["queue"], new_job)
-            if len(new_jobs) > MAX_INSERT:
+            if len(new_jobs) == MAX_INSERT:
                 raise InvalidInput("jobs", f"more than {MAX_INSERT} jobs in one insert")
+            try:
+                new_jobs.append(self._spec_job(spec, trace, plain))
+            except InvalidInput as exc:
+                field = f"jobs[{i}].{exc.field}" if exc.field else f"jobs[{i}]"
+                raise InvalidInput(field, exc.message) from None
         return new_jobs
+
+    def _spec_job(
+        self, spec: object, trace: Mapping[str, str] | None, plain: dict[str, NewJob]
+    ) -> NewJob:
+        """One spec of :meth:`jobs`, its errors naming the field within the spec."""
+        if not (type(spec) is dict or isinstance(spec, Mapping)):
+            raise InvalidInput("", f"expected a mapping, got {type(spec).__name__}")
+        if "queue" not in spec:
+            raise InvalidInput("queue", "missing")
+        queue = spec["queue"]
+        alone = len(spec) == 1 or (len(spec) == 2 and "data" in spec)
+        template = plain.get(queue) if alone and type(queue) is str else None
+        if template is not None:
+            payload = encode_payload(spec.get("data"), max_bytes=self.max_payload_bytes)
+            settings, _, key, partition_key, cost = template
+            return NewJob(settings, payload, key, partition_key, cost)
+        options = {} if alone else {k: v for k, v in spec.items() if k not in ("queue", "data")}
+        new_job = self._job(queue, spec.get("data"), options, trace, False)
+        # Not shared for a queue whose keys come from a partition_by function,
+        # nor with a trace to add to each payload.
+        if alone and trace is None and new_job.settings.queue not in self.partitioners:
+            plain.setdefault(new_job.settings.queue, new_job)
+        return new_job
 
     def many(
         self,

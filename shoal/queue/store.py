@@ -407,7 +407,9 @@ class InsertPlan:
             seen: set[tuple[str, str | None]] = set()
             unique = []
             for job, key in zip(jobs, keys, strict=True):
-                if key[1] is None or key not in seen:
+                if key[1] is None:
+                    unique.append(job)
+                elif key not in seen:
                     seen.add(key)
                     unique.append(job)
             jobs = unique
@@ -445,8 +447,8 @@ class InsertPlan:
         row's (queue, key) names its job, and a keyless row is the next
         keyless job's.
         """
-        ids = sorted(JobId(r[0]) for r in rows)
         if self.keys is None:
+            ids = sorted(JobId(r[0]) for r in rows)
             if len(ids) != self.count:
                 raise RuntimeError(f"inserted {len(ids)} jobs of {self.count} without keys")
             return list(ids)
