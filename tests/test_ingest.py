@@ -176,6 +176,68 @@ class MarkerLost:
         await self.markers.close()
 
 
+class SlowMarker:
+    """Done-markers whose write for one message id waits until ``written`` is set.
+
+    Not a PostgresDoneStore, so the transport writes the marker, then acks:
+    the marker of ``slow_id`` stands for an ack that takes its time.
+    """
+
+    def __init__(self, store: IngestStore, slow_id: str) -> None:
+        self.markers = PostgresDoneStore(store)
+        self.slow_id = slow_id
+        self.waiting = asyncio.Event()
+        self.written = asyncio.Event()
+
+    async def seen(self, ids: Sequence[str]) -> set[str]:
+        return await self.markers.seen(ids)
+
+    async def mark(self, message_id: str) -> None:
+        if message_id == self.slow_id:
+            self.waiting.set()
+            await self.written.wait()
+        await self.markers.mark(message_id)
+
+    async def close(self) -> None:
+        await self.markers.close()
+
+
+async def test_a_slot_applies_the_next_message_while_its_last_ones_ack_is_written(
+    pipeline: Pipeline, boss: Shoal
+) -> None:
+    markers = SlowMarker(pipeline.store, "obs-slow")
+    consumer = Consumer(
+        pipeline.transport,
+        READINGS,
+        apply_reading(boss.db),
+        store=pipeline.store,
+        dedupe=markers,
+        concurrency=1,
+        max_in_flight=4,
+        poll=FAST,
+    )
+    handle = await running(consumer)
+    await pipeline.publish(READINGS, Reading(card_id=1, amount=5), id="obs-slow")
+    await markers.waiting.wait()
+    # The one slot is free while obs-slow's marker and ack are on their way.
+    await pipeline.publish(READINGS, Reading(card_id=2, amount=7), id="obs-next")
+    await wait_for(lambda: scalar(boss.db, "SELECT count(*) = 1 FROM applied WHERE card_id = 2"))
+    # A copy of obs-slow fetched meanwhile waits for its marker, then is
+    # acknowledged as a duplicate: never applied twice.
+    await pipeline.publish(READINGS, Reading(card_id=1, amount=5), id="obs-slow")
+    claimed = "SELECT count(*) = 3 FROM shoal.job WHERE queue = %s AND state = 'active'"
+    await wait_for(lambda: scalar(boss.db, claimed, (topic_queue(READINGS.name),)))
+    # Acked only once obs-slow's is: one ack waits at a time (`concurrency`).
+    assert consumer.stats.applied == 0
+    markers.written.set()
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    await stopped(handle)
+    calls = await scalar(boss.db, "SELECT count(*) FROM apply_call WHERE message_id = 'obs-slow'")
+    assert calls == 1
+    assert consumer.stats.applied == 2
+    assert consumer.stats.duplicates == 1
+
+
 async def test_a_replay_after_commit_without_marker_changes_nothing(
     fake_pipeline: Pipeline, fake_boss: Shoal, clock: FakeClock
 ) -> None:
