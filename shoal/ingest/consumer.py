@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Generic, TypeVar
 
 from shoal._deprecation import check_retry_limit, retry_limit_from_max_attempts, warn_renamed
-from shoal.clock import SYSTEM_CLOCK, Clock, work_seconds
+from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.errors import InvalidInput
 from shoal.hooks import Hooks
 from shoal.ingest.dedupe import DoneStore
@@ -239,8 +239,9 @@ class _Base(Generic[T]):
             log.warning("topic %s: could not settle a failed delivery: %s", self.topic.name, exc)
 
     async def _drain_background(self) -> None:
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        # Until none is left: an ack finishing here may start a wait record.
+        while pending := [task for task in self._background if not task.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _describe(error: BaseException) -> str:
@@ -370,9 +371,10 @@ class Consumer(_Base[T]):
         # applies alone. At most `concurrency` acks wait at once; each
         # delivery stays held (in max_in_flight, its copies waiting) until
         # its ack is written. A crash before then is a crash between an apply
-        # and its ack, as before: the message is delivered again.
+        # and its ack, as before: the message is delivered again. The acks
+        # are background tasks, which a stopping consumer awaits before it
+        # closes its subscription.
         acks_room = asyncio.Semaphore(self.concurrency)
-        acking: set[asyncio.Task[None]] = set()
 
         async def settled(delivery: Delivery) -> None:
             release(1)
@@ -404,9 +406,7 @@ class Consumer(_Base[T]):
                     await settled(delivery)
                     continue
                 await acks_room.acquire()
-                task = asyncio.create_task(acked(delivery))
-                acking.add(task)
-                task.add_done_callback(acking.discard)
+                self._spawn(acked(delivery))
 
         slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
         try:
@@ -429,12 +429,7 @@ class Consumer(_Base[T]):
             await put_back()
             for _ in slots:
                 ready.put_nowait(None)
-            until = work_seconds() + grace.total_seconds()
             _, late = await asyncio.wait(slots, timeout=grace.total_seconds())
-            if acking:  # the slots' last acks, within what is left of the grace
-                left = max(0.0, until - work_seconds())
-                _, late_acks = await asyncio.wait(set(acking), timeout=left)
-                late |= late_acks
             for task in late:  # their deliveries come back after the ack wait
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)

@@ -407,11 +407,11 @@ class InsertPlan:
             seen: set[tuple[str, str | None]] = set()
             unique = []
             for job, key in zip(jobs, keys, strict=True):
-                if key[1] is None:
-                    unique.append(job)
-                elif key not in seen:
+                if key[1] is not None:
+                    if key in seen:
+                        continue
                     seen.add(key)
-                    unique.append(job)
+                unique.append(job)
             jobs = unique
         # Jobs sent alike share one JobSettings object (JobBuilder), so the
         # option sets are found by identity first: hashing the settings'
