@@ -62,6 +62,28 @@ def int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def float_array(values: Iterable[float]) -> str:
+    """``values`` as the text of a PostgreSQL array (``%(x)s::float8[]``), as :func:`int_array`.
+
+    ``repr`` of a float is the shortest text that reads back as the same value.
+    """
+    return "{" + ",".join(map(repr, map(float, values))) + "}"
+
+
+def text_array(values: Iterable[str]) -> str:
+    """``values`` as the text of a PostgreSQL array (``%(x)s::text[]``), as :func:`int_array`.
+
+    Every element is quoted, with its backslashes and double quotes escaped,
+    so any string (empty, ``NULL``, with braces, commas or spaces) reads back
+    as itself. NUL cannot be in a PostgreSQL text at all.
+    """
+    return "{" + ",".join('"' + _escape(v) + '"' for v in values) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
 async def fetch_named(
     conn: AsyncConnection[TupleRow], query: sql.Composed, params: Mapping[str, Any]
 ) -> tuple[tuple[str, ...], list[TupleRow]]:

@@ -7,7 +7,11 @@ when one is given. A delivery is a claim: the job's attempt counter is the
 delivery count and its fencing token, ``ack`` completes the job, ``nak``
 fails it into ``retry`` with the given delay, and a consumer that dies
 leaves its lease to expire, after which maintenance makes the message
-deliverable again. The lease is the claiming consumer's ``ack_wait``,
+deliverable again. A subscription claims after the position of the last
+message it claimed, and from the head of the topic only now and then, as a
+worker claims its queue (shoal.queue.cursor): the entries that claimed
+messages leave in the claim index are not stepped over again on every
+claim. The lease is the claiming consumer's ``ack_wait``,
 written by the claim (the same for ``touch``): what a message was published
 with plays no part. There is one consumer group per topic (the queue itself);
 the group name is checked as nats checks it and otherwise unused.
@@ -20,6 +24,7 @@ import contextlib
 from collections.abc import Sequence
 from datetime import timedelta
 
+from shoal.clock import work_seconds
 from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
 from shoal.errors import InvalidInput, ShoalError
@@ -34,6 +39,7 @@ from shoal.ingest.transport import (
     PublishError,
 )
 from shoal.queue.client import Shoal
+from shoal.queue.cursor import ClaimCursor, Position, job_order
 from shoal.queue.job import event_entry
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import Failure
@@ -118,6 +124,7 @@ class PgSubscription:
         # Acks of many deliveries go out as one statement, with their markers.
         self.acks: Coalescer[Ack, None] = Coalescer(self._ack_many, name=f"shoal-acks-{queue}")
         self._wake = boss.notifier.subscribe(queue) if boss.notifier is not None else None
+        self._cursor: ClaimCursor[Position] = ClaimCursor(job_order)
         # The done store last acked with, and its markers' TTL on ack (a
         # subscription's consumer has one store: worked out once).
         self._done: tuple[DoneStore, timedelta | None] | None = None
@@ -150,21 +157,54 @@ class PgSubscription:
         # Cleared before the claim: a NOTIFY during the claim must still end the wait.
         if self._wake is not None:
             self._wake.clear()
-        claims = await self._claim(limit)
-        if not claims and wait > timedelta(0):
-            if self._wake is not None:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait.total_seconds()):
-                        await self._wake.wait()
-            else:
-                await self.boss.clock.sleep(wait.total_seconds())
-            claims = await self._claim(limit)
+        patient = wait > timedelta(0)
+        claims = await self._claim(limit, patient=patient)
+        if not claims and patient:
+            await self._idle(wait)
+            claims = await self._claim(limit, patient=False)
         return [PgDelivery(self, claim) for claim in claims]
 
-    async def _claim(self, limit: int) -> list[ClaimedMessage]:
-        return await self.store.claim(
-            self.queue, limit, ack_wait=self.ack_wait, now=self.boss.clock.sql_now()
+    async def _idle(self, wait: timedelta) -> None:
+        """Until a NOTIFY about the topic, ``wait``, or a claim from the head falls due.
+
+        A claim from the head is owed when one from the position came back
+        empty while the head was too dear to claim from (shoal.queue.cursor):
+        a message behind the position (nakked, expired, committed late) may
+        be all that waits. Its time is real seconds, whatever the clock: it
+        paces claims by what they cost the database.
+        """
+        seconds = wait.total_seconds()
+        due = self._cursor.head_due_in(work_seconds())
+        if self._wake is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds if due is None else min(due, seconds)):
+                    await self._wake.wait()
+        elif due is not None and due < seconds:
+            await asyncio.sleep(due)
+        else:
+            await self.boss.clock.sleep(seconds)
+
+    async def _claim(self, limit: int, *, patient: bool) -> list[ClaimedMessage]:
+        """Claim where the cursor says; if that was after the position and found
+        nothing, from the head as well, at once unless ``patient`` and the head
+        is too dear yet (the fetch then waits for it): a fetch comes back
+        empty only after a claim from the head found nothing."""
+        claims, after = await self._claim_at(limit, self._cursor.start(work_seconds()))
+        if claims or after is None:
+            return claims
+        if not patient or self._cursor.head_due_in(work_seconds()) == 0:
+            claims, _ = await self._claim_at(limit, None)
+        return claims
+
+    async def _claim_at(
+        self, limit: int, after: Position | None
+    ) -> tuple[list[ClaimedMessage], Position | None]:
+        began = work_seconds()
+        claims = await self.store.claim(
+            self.queue, limit, ack_wait=self.ack_wait, now=self.boss.clock.sql_now(), after=after
         )
+        self._cursor.advance(after, claims, limit=limit, began=began, ended=work_seconds())
+        return claims, after
 
     async def close(self) -> None:
         await self.acks.close()

@@ -101,25 +101,27 @@ SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
 
 -- name: claim_messages
 -- The postgres transport's delivery: claims up to %(limit)s waiting messages of
--- one topic's queue under a lease of the consumer's ack wait (the queue
--- layer's claim_jobs_leased_v1, shoal/queue/migrations/0014_queue_ingest_contract.sql):
--- only what a delivery needs of the claim row (a ClaimedMessage), so the
--- consumer reads three columns per message instead of fifteen.
-SELECT id, attempt, data
-FROM {schema}.claim_jobs_leased_v1(
-    %(queue)s, %(limit)s, %(now)s::timestamptz, %(ack_wait)s::interval)
+-- one topic's queue under a lease of the consumer's ack wait, from the head of
+-- the claim index or after the position (%(after_priority)s, %(after_id)s) in
+-- it (the queue layer's claim_jobs_leased_v2,
+-- shoal/queue/migrations/0026_leased_claim_from_a_position.sql): what a
+-- delivery needs (a ClaimedMessage) and the message's priority, its position.
+SELECT id, priority, attempt, data
+FROM {schema}.claim_jobs_leased_v2(
+    %(queue)s, %(limit)s, %(now)s::timestamptz, %(ack_wait)s::interval,
+    %(after_priority)s::int, %(after_id)s::bigint)
 
 -- name: ack_messages
 -- The postgres transport's ack: an acknowledged message's job is deleted,
 -- fenced by the attempt it was delivered under (a redelivered copy is not the
 -- caller's to ack), by the queue layer's delete_jobs_v1. No finished row is
 -- kept: the done-marker records what was applied. The consumer's done-markers
--- (id, TTL) are written by the same statement, so a message is acknowledged
--- and marked, or neither (an empty list of marks writes none).
+-- (id, TTL in seconds) are written by the same statement, so a message is
+-- acknowledged and marked, or neither (an empty list of marks writes none).
 WITH marked AS (
     INSERT INTO {schema}.ingest_done (message_id, expires_at)
-    SELECT m.id, coalesce(%(now)s::timestamptz, now()) + m.ttl
-    FROM unnest(%(marks)s::text[], %(ttls)s::interval[]) AS m(id, ttl)
+    SELECT m.id, coalesce(%(now)s::timestamptz, now()) + m.ttl_s * interval '1 second'
+    FROM unnest(%(marks)s::text[], %(ttls_s)s::float8[]) AS m(id, ttl_s)
     ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
 )
 SELECT count(*) FROM {schema}.delete_jobs_v1(%(ids)s::bigint[], %(attempts)s::int[])

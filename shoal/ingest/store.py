@@ -11,21 +11,24 @@ from typing import Any, NamedTuple
 from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database
-from shoal.db.queries import load_queries
+from shoal.db.queries import float_array, int_array, load_queries, text_array
 from shoal.ingest.transport import Depth
+from shoal.queue.cursor import Position
 from shoal.queue.states import JobId
 
 
 class ClaimedMessage(NamedTuple):
-    """A message the postgres transport delivered: its job, the attempt it was
-    delivered under (the fencing token of its ack, nak and touch), and the
-    envelope's JSON text.
+    """A message the postgres transport delivered: its job, the job's priority
+    (with the id, its position in the claim index, shoal.queue.cursor), the
+    attempt it was delivered under (the fencing token of its ack, nak and
+    touch), and the envelope's JSON text.
 
-    A NamedTuple of the three columns a delivery needs, not the queue's whole
+    A NamedTuple of the columns a delivery needs, not the queue's whole
     claim row: one is read for every delivery, on the consumer's hot path.
     """
 
     id: JobId
+    priority: int
     attempt: int
     envelope_json: str
 
@@ -76,18 +79,36 @@ class IngestStore:
     # -- the postgres transport ------------------------------------------------
 
     async def claim(
-        self, queue: str, limit: int, *, ack_wait: timedelta, now: datetime | None
+        self,
+        queue: str,
+        limit: int,
+        *,
+        ack_wait: timedelta,
+        now: datetime | None,
+        after: Position | None = None,
     ) -> list[ClaimedMessage]:
         """Claim up to ``limit`` messages of ``queue``, each leased for ``ack_wait`` from now.
 
-        The lease is the claiming consumer's, whatever the message was
-        published with: a message it never acknowledges is redelivered once
-        ``ack_wait`` has passed (by the queue's maintenance), and a touch
-        extends it by ``ack_wait`` again. Not flushed before returning, like
-        the queue's claim: a claim lost to a crash only redelivers.
+        From the head of the queue, or with ``after`` (a ``(priority, id)``
+        position, shoal.queue.cursor) only the messages after it in claim
+        order, as the queue's claim. The lease is the claiming consumer's,
+        whatever the message was published with: a message it never
+        acknowledges is redelivered once ``ack_wait`` has passed (by the
+        queue's maintenance), and a touch extends it by ``ack_wait`` again.
+        Not flushed before returning, like the queue's claim: a claim lost to
+        a crash only redelivers.
         """
+        after_priority, after_id = after if after is not None else (None, None)
         rows = await self._rows(
-            "claim_messages", {"queue": queue, "limit": limit, "ack_wait": ack_wait, "now": now}
+            "claim_messages",
+            {
+                "queue": queue,
+                "limit": limit,
+                "ack_wait": ack_wait,
+                "now": now,
+                "after_priority": after_priority,
+                "after_id": after_id,
+            },
         )
         return [ClaimedMessage._make(r) for r in rows]
 
@@ -104,13 +125,15 @@ class IngestStore:
         """
         # Sorted: concurrent markers of overlapping ids lock rows in one order.
         ids = sorted(marks or {})
+        # Bound as array texts: psycopg's dump of a list costs about ten times
+        # as much, and a consumer acks every message it takes (shoal.db.queries).
         await self._rows(
             "ack_messages",
             {
-                "ids": [d[0] for d in done],
-                "attempts": [d[1] for d in done],
-                "marks": ids,
-                "ttls": [marks[i] for i in ids] if marks else [],
+                "ids": int_array(d[0] for d in done),
+                "attempts": int_array(d[1] for d in done),
+                "marks": text_array(ids),
+                "ttls_s": float_array(marks[i].total_seconds() for i in ids) if marks else "{}",
                 "now": now,
             },
         )
@@ -118,12 +141,12 @@ class IngestStore:
     # -- de-duplication markers ---------------------------------------------
 
     async def seen(self, ids: Sequence[str], *, now: datetime | None) -> set[str]:
-        rows = await self._rows("done_seen", {"ids": list(ids), "now": now})
+        rows = await self._rows("done_seen", {"ids": text_array(ids), "now": now})
         return {r[0] for r in rows}
 
     async def mark_done(self, ids: Sequence[str], ttl: timedelta, *, now: datetime | None) -> None:
         # Sorted: concurrent markers of overlapping ids lock rows in one order.
-        await self._rows("mark_done", {"ids": sorted(set(ids)), "ttl": ttl, "now": now})
+        await self._rows("mark_done", {"ids": text_array(sorted(set(ids))), "ttl": ttl, "now": now})
 
     async def prune_done(self, *, limit: int, now: datetime | None) -> int:
         async def run(c: AsyncConn) -> int:
