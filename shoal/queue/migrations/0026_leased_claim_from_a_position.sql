@@ -2,14 +2,13 @@
 -- 0014_queue_ingest_contract.sql) from a position, in PL/pgSQL, returning
 -- only what a delivery needs.
 --
--- Three costs of v1, measured on the 2-core development machine with
--- bench/ingest_bench.py and a claim loop of 50 messages at a time over a
--- topic of 40,000:
+-- Three costs of v1, all paid on every claim:
 --
--- - It walks job_claim from the head on every claim, so it steps over the
---   entry of every message claimed since the last vacuum (and, behind a long
---   transaction, reads each one's row): a claim of 50 took 1.15 ms over the
---   first quarter of the topic and 1.93 ms over the last. The position is
+-- - It walks job_claim from the head, so it steps over the entry of every
+--   message claimed since the last vacuum, and reads the row of each one
+--   whose old version an open snapshot may still see (the consumer's own
+--   applies and the producers' publishes hold such snapshots all the time;
+--   a long transaction keeps every message claimed since it began so). The position is
 --   claim_jobs_v2's (0017_claim_from_a_position.sql, where the rules are):
 --   the subscription passes the (priority, id) of the last message it
 --   claimed and claims from the head only after a claim came back short and
@@ -20,6 +19,10 @@
 --   computed in numeric arithmetic, of which a delivery reads three columns.
 --   This returns the id, the priority (the position), the attempt (the
 --   delivery's fence) and the payload.
+--
+-- Measured with bench/ingest_bench.py at 100,000 observations on the 2-core
+-- development machine (pg_stat_statements): the claims' execution time fell
+-- from 92 to 62 us an observation (two messages), their WAL unchanged.
 --
 -- The lease is the caller's, written into expire_in as well, as in v1. v1
 -- stays for the workers of the previous release.
