@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
 
 from shoal import Shoal
@@ -99,3 +101,47 @@ async def test_an_item_claim_takes_its_jobs_by_primary_key_while_statistics_say_
     plan = next(n for n in notices if "Delete on job" in n)
     assert "Index Scan using job_pkey" in plan and "Index Cond: (id = ANY" in plan, plan
     assert "job_claim" not in plan and "Nested Loop" not in plan, plan
+
+
+async def ack_plan(
+    db_url: str, function: str, claimed: Sequence[tuple[int, int]]
+) -> tuple[int, str]:
+    """(jobs deleted, the plan of the delete) of one ack through ``function``, rolled back."""
+    notices: list[str] = []
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        await conn.execute("LOAD 'auto_explain'")
+        await conn.execute("SET auto_explain.log_min_duration = 0")
+        await conn.execute("SET auto_explain.log_nested_statements = on")
+        await conn.execute("SET auto_explain.log_level = 'notice'")
+        await conn.execute("SET client_min_messages = notice")
+        cur = await conn.execute(
+            f"SELECT count(*) FROM shoal.{function}(%s::bigint[], %s::int[])",
+            ([c[0] for c in claimed], [c[1] for c in claimed]),
+        )
+        row = await cur.fetchone()
+        await conn.rollback()
+    return (row or (0,))[0], next(n for n in notices if "Delete on job" in n)
+
+
+async def test_an_ack_deletes_by_primary_key_while_statistics_say_no_job_is_active(
+    boss: Shoal, db_url: str
+) -> None:
+    # Statistics taken while every job waited: the planner expects one active
+    # row. delete_jobs_v1's fence (state = 'active') then let it scan
+    # job_lease, every active job of every queue, once per id acked.
+    await boss.insert([{"queue": "q"}] * 200 + [{"queue": "other"}] * 300)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("ALTER TABLE shoal.job SET (autovacuum_enabled = false)")
+        await conn.execute("ANALYZE shoal.job")
+    await boss.store.claim("other", 300, now=None)  # active, and none of the ack's
+    claimed = [(c.id, c.attempt) for c in await boss.store.claim("q", 200, now=None)]
+    # Twice: the plan kept after the first call is the one every later call runs.
+    for _ in range(2):
+        deleted, plan = await ack_plan(db_url, "delete_jobs_v2", claimed)
+        assert deleted == 200
+        assert "Hash Join" in plan and "Index Cond: (id = ANY" in plan, plan
+        assert "job_lease" not in plan and "Nested Loop" not in plan, plan
+    # A stale attempt is not the caller's to delete.
+    deleted, _ = await ack_plan(db_url, "delete_jobs_v2", [(i, a + 1) for i, a in claimed])
+    assert deleted == 0

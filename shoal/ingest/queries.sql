@@ -114,7 +114,7 @@ FROM {schema}.claim_jobs_leased_v2(
 -- name: ack_messages
 -- The postgres transport's ack: an acknowledged message's job is deleted,
 -- fenced by the attempt it was delivered under (a redelivered copy is not the
--- caller's to ack), by the queue layer's delete_jobs_v1. No finished row is
+-- caller's to ack), by the queue layer's delete_jobs_v2. No finished row is
 -- kept: the done-marker records what was applied. The consumer's done-markers
 -- (id, TTL in seconds) are written by the same statement, so a message is
 -- acknowledged and marked, or neither (an empty list of marks writes none).
@@ -124,4 +124,4 @@ WITH marked AS (
     FROM unnest(%(marks)s::text[], %(ttls_s)s::float8[]) AS m(id, ttl_s)
     ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
 )
-SELECT count(*) FROM {schema}.delete_jobs_v1(%(ids)s::bigint[], %(attempts)s::int[])
+SELECT count(*) FROM {schema}.delete_jobs_v2(%(ids)s::bigint[], %(attempts)s::int[])

@@ -19,7 +19,7 @@ take_item_jobs_v1 completed the job instead, the edge retry -> completed,
 which this release's code no longer makes). ``redrive()`` completes the
 waiting copies in a dead-letter queue it sends back as new jobs. An ingest message's
 job leaves ``active`` by being deleted when its consumer acknowledges it
-(delete_jobs_v1): the topic's done-marker, not a finished row, records it.
+(delete_jobs_v2): the topic's done-marker, not a finished row, records it.
 """
 
 from __future__ import annotations
