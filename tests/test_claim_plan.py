@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
 from shoal import Shoal
 
 
+async def explain_into(conn: psycopg.AsyncConnection[Any], notices: list[str]) -> None:
+    """Every statement ``conn`` runs from now on, nested ones too, has its plan in ``notices``."""
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    await conn.execute("LOAD 'auto_explain'")
+    await conn.execute("SET auto_explain.log_min_duration = 0")
+    await conn.execute("SET auto_explain.log_nested_statements = on")
+    await conn.execute("SET auto_explain.log_level = 'notice'")
+    await conn.execute("SET client_min_messages = notice")
+
+
 async def claim_plan(db_url: str) -> str:
     notices: list[str] = []
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-        await conn.execute("LOAD 'auto_explain'")
-        await conn.execute("SET auto_explain.log_min_duration = 0")
-        await conn.execute("SET auto_explain.log_nested_statements = on")
-        await conn.execute("SET auto_explain.log_level = 'notice'")
-        await conn.execute("SET client_min_messages = notice")
+        await explain_into(conn, notices)
         await conn.execute("BEGIN")
         await conn.execute("SELECT * FROM shoal.claim_jobs_v3('q', 10, NULL, NULL, NULL)")
         await conn.execute("ROLLBACK")
@@ -53,12 +59,7 @@ async def test_completion_probes_the_primary_key_while_statistics_say_no_job_is_
     claimed = await boss.store.claim("q", 200, now=None)
     notices: list[str] = []
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-        await conn.execute("LOAD 'auto_explain'")
-        await conn.execute("SET auto_explain.log_min_duration = 0")
-        await conn.execute("SET auto_explain.log_nested_statements = on")
-        await conn.execute("SET auto_explain.log_level = 'notice'")
-        await conn.execute("SET client_min_messages = notice")
+        await explain_into(conn, notices)
         done = await boss.store.complete(
             [(c.id, c.attempt, None) for c in claimed], now=None, conn=conn
         )
@@ -87,12 +88,7 @@ async def test_an_item_claim_takes_its_jobs_by_primary_key_while_statistics_say_
     await batches.create("test.kind", [f"r{i}" for i in range(200)])
     notices: list[str] = []
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
-        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-        await conn.execute("LOAD 'auto_explain'")
-        await conn.execute("SET auto_explain.log_min_duration = 0")
-        await conn.execute("SET auto_explain.log_nested_statements = on")
-        await conn.execute("SET auto_explain.log_level = 'notice'")
-        await conn.execute("SET client_min_messages = notice")
+        await explain_into(conn, notices)
         cur = await conn.execute(
             "SELECT count(*) FROM shoal.claim_items_v2('batch.test.kind', 100, NULL,"
             " NULL, NULL, NULL) WHERE job_id IS NOT NULL"
@@ -109,12 +105,7 @@ async def ack_plan(
     """(jobs deleted, the plan of the delete) of one ack through ``function``, rolled back."""
     notices: list[str] = []
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-        await conn.execute("LOAD 'auto_explain'")
-        await conn.execute("SET auto_explain.log_min_duration = 0")
-        await conn.execute("SET auto_explain.log_nested_statements = on")
-        await conn.execute("SET auto_explain.log_level = 'notice'")
-        await conn.execute("SET client_min_messages = notice")
+        await explain_into(conn, notices)
         cur = await conn.execute(
             f"SELECT count(*) FROM shoal.{function}(%s::bigint[], %s::int[])",
             ([c[0] for c in claimed], [c[1] for c in claimed]),

@@ -9,6 +9,7 @@ a claim reads, and check that no waiting job is left behind the position.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -25,18 +26,25 @@ from .conftest import wait_for
 ENTRIES_READ = "SELECT pg_stat_get_xact_tuples_returned('shoal.job_claim'::regclass)"
 
 
-async def entries_read_by_claim(db_url: str, after: tuple[int, int] | None) -> tuple[int, int]:
-    """(jobs claimed, job_claim entries read) by one claim, rolled back."""
+async def entries_read(
+    db_url: str, statement: str, params: Sequence[Any] | Mapping[str, Any]
+) -> tuple[int, int]:
+    """(rows returned, job_claim entries read) by one run of ``statement``, rolled back."""
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
         before = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]
-        priority, job_id = after if after is not None else (None, None)
-        cur = await conn.execute(
-            "SELECT count(*) FROM shoal.claim_jobs_v3('q', 10, NULL, %s, %s)", (priority, job_id)
-        )
-        claimed = (await cur.fetchone() or [0])[0]
+        cur = await conn.execute(statement, params)
+        returned = len(await cur.fetchall())
         read = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]
         await conn.rollback()
-    return claimed, read - before
+    return returned, read - before
+
+
+async def entries_read_by_claim(db_url: str, after: tuple[int, int] | None) -> tuple[int, int]:
+    """(jobs claimed, job_claim entries read) by one claim, rolled back."""
+    priority, job_id = after if after is not None else (None, None)
+    return await entries_read(
+        db_url, "SELECT * FROM shoal.claim_jobs_v3('q', 10, NULL, %s, %s)", (priority, job_id)
+    )
 
 
 async def test_behind_a_long_transaction_a_claim_after_its_position_reads_no_claimed_entries(

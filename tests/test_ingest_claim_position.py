@@ -21,10 +21,10 @@ from shoal.ingest.message import Envelope, new_envelope
 from shoal.ingest.postgres import PgSubscription, PostgresTransport, topic_queue
 from shoal.queue.cursor import Position
 
+from .test_claim_position import entries_read
+
 TOPIC = "readings"
 PUBLISHED_AT = datetime(2026, 12, 4, tzinfo=UTC)
-# Index entries read from job_claim in this transaction (idx_tup_read).
-ENTRIES_READ = "SELECT pg_stat_get_xact_tuples_returned('shoal.job_claim'::regclass)"
 
 
 def envelopes(n: int, *, start: int = 0) -> list[Envelope]:
@@ -51,24 +51,17 @@ async def entries_read_by_claim(
     transport: PostgresTransport, db_url: str, after: Position | None
 ) -> tuple[int, int]:
     """(messages claimed, job_claim entries read) by one claim of the topic, rolled back."""
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        before = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]
-        priority, job_id = after if after is not None else (None, None)
-        cur = await conn.execute(
-            transport.store.sql["claim_messages"],
-            {
-                "queue": topic_queue(TOPIC),
-                "limit": 10,
-                "now": None,
-                "ack_wait": timedelta(seconds=30),
-                "after_priority": priority,
-                "after_id": job_id,
-            },
-        )
-        claimed = len(await cur.fetchall())
-        read = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]
-        await conn.rollback()
-    return claimed, read - before
+    priority, job_id = after if after is not None else (None, None)
+    params = {
+        "queue": topic_queue(TOPIC),
+        "limit": 10,
+        "now": None,
+        "ack_wait": timedelta(seconds=30),
+        "after_priority": priority,
+        "after_id": job_id,
+    }
+    statement = transport.store.sql["claim_messages"].as_string()
+    return await entries_read(db_url, statement, params)
 
 
 async def test_behind_a_long_transaction_a_topic_claim_after_its_position_reads_no_claimed_entries(
