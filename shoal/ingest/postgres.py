@@ -189,22 +189,22 @@ class PgSubscription:
         nothing, from the head as well, at once unless ``patient`` and the head
         is too dear yet (the fetch then waits for it): a fetch comes back
         empty only after a claim from the head found nothing."""
-        claims, after = await self._claim_at(limit, self._cursor.start(work_seconds()))
+        after = self._cursor.start(work_seconds())
+        claims = await self._claim_at(limit, after)
         if claims or after is None:
             return claims
         if not patient or self._cursor.head_due_in(work_seconds()) == 0:
-            claims, _ = await self._claim_at(limit, None)
+            claims = await self._claim_at(limit, None)
         return claims
 
-    async def _claim_at(
-        self, limit: int, after: Position | None
-    ) -> tuple[list[ClaimedMessage], Position | None]:
+    async def _claim_at(self, limit: int, after: Position | None) -> list[ClaimedMessage]:
+        """One claim, from the head or after ``after``, recorded in the cursor."""
         began = work_seconds()
         claims = await self.store.claim(
             self.queue, limit, ack_wait=self.ack_wait, now=self.boss.clock.sql_now(), after=after
         )
         self._cursor.advance(after, claims, limit=limit, began=began, ended=work_seconds())
-        return claims, after
+        return claims
 
     async def close(self) -> None:
         await self.acks.close()
