@@ -123,8 +123,9 @@ class IngestStore:
 
         ``marks``: message id -> TTL of the done-markers the same statement writes.
         """
+        marks = marks or {}
         # Sorted: concurrent markers of overlapping ids lock rows in one order.
-        ids = sorted(marks or {})
+        ids = sorted(marks)
         # Bound as array texts: psycopg's dump of a list costs about ten times
         # as much, and a consumer acks every message it takes (shoal.db.queries).
         await self._rows(
@@ -133,7 +134,7 @@ class IngestStore:
                 "ids": int_array(d[0] for d in done),
                 "attempts": int_array(d[1] for d in done),
                 "marks": text_array(ids),
-                "ttls_s": float_array(marks[i].total_seconds() for i in ids) if marks else "{}",
+                "ttls_s": float_array(marks[i].total_seconds() for i in ids),
                 "now": now,
             },
         )
