@@ -604,6 +604,64 @@ async def test_ack_done_marks_each_message_done_and_acks_it(
         await db.close()
 
 
+@pytest.mark.parametrize("where", ["database", "elsewhere"])
+async def test_ack_many_acks_every_delivery_with_its_marker_and_reports_each(
+    bench: Bench, db_url: str, where: str
+) -> None:
+    """What a consumer's acker does with the applied deliveries that gathered."""
+    db = await Database(db_url, max_size=2).open()
+    done: DoneStore = (
+        PostgresDoneStore(IngestStore(db), clock=bench.clock or FakeClock())
+        if where == "database"
+        else MemoryDone()
+    )
+    try:
+        sent = envelopes(5)
+        await bench.publisher.publish(TOPIC, sent)
+        sub = await bench.subscribe(await bench.consumer_transport())
+        taken = await fetch_until(sub, 5, within=REAL_MARGIN)
+        assert await sub.ack_many(taken, done=done) == [None] * 5
+        assert await done.seen([e.id for e in sent]) == {e.id for e in sent}
+        await depth_reaches(bench, lambda d: d.total == 0)
+        await bench.nothing_within(sub, ACK_WAIT + timedelta(milliseconds=500))
+    finally:
+        await done.close()
+        await db.close()
+
+
+class RefusingDone(MemoryDone):
+    """A marker store that cannot write the marker of one id."""
+
+    def __init__(self, refused: str) -> None:
+        super().__init__()
+        self.refused = refused
+
+    async def mark(self, message_id: str) -> None:
+        if message_id == self.refused:
+            raise ConnectionError(f"marker store away for {message_id}")
+        await super().mark(message_id)
+
+
+async def test_ack_many_leaves_unacked_a_delivery_whose_marker_was_not_written(
+    bench: Bench,
+) -> None:
+    """Marker first, ack second: without its marker a message is not acked, so
+    it comes back after its ack wait instead of being lost to de-duplication."""
+    sent = envelopes(3)
+    await bench.publisher.publish(TOPIC, sent)
+    sub = await bench.subscribe(await bench.consumer_transport())
+    taken = sorted(await fetch_until(sub, 3, within=REAL_MARGIN), key=lambda d: d.envelope.id)
+    done = RefusingDone(refused=taken[1].envelope.id)
+    outcomes = await sub.ack_many(taken, done=done)
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], ConnectionError)
+    assert done.marked == {taken[0].envelope.id, taken[2].envelope.id}
+    (again,) = await bench.delivered_within(sub, ACK_WAIT + timedelta(milliseconds=500))
+    assert (again.envelope.id, again.attempt) == (taken[1].envelope.id, 2)
+    assert await sub.ack_many([again]) == [None]
+    await depth_reaches(bench, lambda d: d.total == 0)
+
+
 async def test_a_publish_joins_the_callers_transaction_only_on_a_transport_in_the_database(
     bench: Bench,
 ) -> None:
@@ -690,6 +748,25 @@ async def test_on_postgres_a_superseded_delivery_settles_nothing(bench: Bench) -
     (third,) = await bench.delivered_within(sub, timedelta(0))
     assert (third.envelope.id, third.attempt) == (first.envelope.id, 3)
     await third.ack()
+
+
+@pytest.mark.parametrize("bench", ["postgres"], indirect=True)
+async def test_on_postgres_ack_many_refuses_another_subscriptions_delivery(bench: Bench) -> None:
+    """Another subscription's delivery is refused and nothing is acked.
+
+    Acking it would delete its job under a fence this subscription never held.
+    """
+    await bench.publisher.publish(TOPIC, envelopes(2))
+    one = await bench.subscribe(await bench.consumer_transport())
+    other = await bench.subscribe(await bench.consumer_transport())
+    (mine,) = await fetch_until(one, 1, within=REAL_MARGIN)
+    (theirs,) = await fetch_until(other, 1, within=REAL_MARGIN)
+    with pytest.raises(InvalidInput, match=r"deliveries.*not fetched by this subscription"):
+        await one.ack_many([mine, theirs])
+    assert (await bench.publisher.depth(TOPIC, GROUP)).in_flight == 2
+    assert await one.ack_many([mine]) == [None]
+    assert await other.ack_many([theirs]) == [None]
+    await depth_reaches(bench, lambda d: d.total == 0)
 
 
 @pytest.mark.parametrize("bench", ["nats"], indirect=True)

@@ -283,7 +283,7 @@ class Consumer(_Base[T]):
             store=store,
             group=group,
             poll=poll,
-            max_in_flight=max_in_flight or 2 * _positive("concurrency", concurrency),
+            max_in_flight=max_in_flight or 4 * _positive("concurrency", concurrency),
             retryable=retryable,
             retry_limit=retry_limit,
             max_attempts=max_attempts,
@@ -301,8 +301,8 @@ class Consumer(_Base[T]):
 
         ``concurrency`` slots take deliveries from a local buffer, which the
         fetch loop refills in batches once it is down to half of
-        ``max_in_flight`` (2 x concurrency by default): one claim per batch,
-        never one per finished apply.
+        ``max_in_flight`` (4 x concurrency by default, as Celery's prefetch
+        multiplier): one claim per batch, never one per finished apply.
         """
         sub = await self._subscribe(stop)
         if sub is None:
@@ -336,7 +336,7 @@ class Consumer(_Base[T]):
                     firsts.append(delivery)
                 else:
                     copies.append(delivery)
-            fresh = {d.envelope.id for d in await self._unseen(firsts)}
+            fresh = {d.envelope.id for d in await self._unseen(sub, firsts)}
             for delivery in firsts:
                 if delivery.envelope.id in fresh:
                     ready.put_nowait(delivery)
@@ -368,24 +368,35 @@ class Consumer(_Base[T]):
         # An applied delivery's ack (with its done-marker) goes on while its
         # slot applies the next one: the slot would otherwise wait a second
         # commit per message, the ack's, and run at half the rate of the
-        # applies alone. At most `concurrency` acks wait at once; each
+        # applies alone. The slot leaves the delivery in `to_ack`; the acker
+        # acks all that have gathered there in one `ack_many` (one statement
+        # on postgres), no task or future per message, and while it writes,
+        # the next ones gather. At most `concurrency` acks wait at once; each
         # delivery stays held (in max_in_flight, its copies waiting) until
         # its ack is written. A crash before then is a crash between an apply
-        # and its ack, as before: the message is delivered again. The acks
-        # are background tasks, which a stopping consumer awaits before it
-        # closes its subscription.
+        # and its ack, as before: the message is delivered again. A stopping
+        # consumer lets the acker finish before it closes its subscription.
         acks_room = asyncio.Semaphore(self.concurrency)
+        to_ack: list[Delivery] = []
+        acks_wanted = asyncio.Event()  # set by a slot that left an ack, and to stop
+        closing = False
 
         async def settled(delivery: Delivery) -> None:
             release(1)
             await finished(delivery)  # never raises: _unseen does not
 
-        async def acked(delivery: Delivery) -> None:
-            try:
-                await self._ack_applied(delivery)
-            finally:
-                acks_room.release()
-            await settled(delivery)
+        async def acker() -> None:
+            while to_ack or not closing:
+                if not to_ack:
+                    acks_wanted.clear()
+                    await acks_wanted.wait()
+                    continue
+                batch = to_ack[:]
+                to_ack.clear()
+                await self._ack_applied(sub, batch)  # never raises
+                for delivery in batch:
+                    acks_room.release()
+                    await settled(delivery)
 
         async def slot() -> None:
             while (delivery := await ready.get()) is not None:
@@ -406,8 +417,10 @@ class Consumer(_Base[T]):
                     await settled(delivery)
                     continue
                 await acks_room.acquire()
-                self._spawn(acked(delivery))
+                to_ack.append(delivery)
+                acks_wanted.set()
 
+        acking = asyncio.create_task(acker())
         slots = [asyncio.create_task(slot()) for _ in range(self.concurrency)]
         try:
             while not stop.is_set():
@@ -433,11 +446,14 @@ class Consumer(_Base[T]):
             for task in late:  # their deliveries come back after the ack wait
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+            closing = True
+            acks_wanted.set()
+            await acking
             await put_back()  # copies that waited behind a delivery a slot finished
             await self._drain_background()
             await sub.close()
 
-    async def _unseen(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+    async def _unseen(self, sub: Subscription, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """Acknowledge the deliveries already applied; return the rest.
 
         Never raises: it runs in the fetch loop, and an error escaping it
@@ -450,7 +466,8 @@ class Consumer(_Base[T]):
         except Exception as exc:  # the marker store is down: apply; sinks are idempotent
             log.warning("topic %s: de-duplication check failed: %s", self.topic.name, exc)
             return list(deliveries)
-        fresh = []
+        fresh: list[Delivery] = []
+        duplicates: list[Delivery] = []
         for delivery in deliveries:
             if delivery.envelope.id in seen:
                 self.stats.duplicates += 1
@@ -458,25 +475,26 @@ class Consumer(_Base[T]):
                     self.hooks.emit(
                         "message_duplicate", self.topic.name, message_id=delivery.envelope.id
                     )
-                await self._ack_duplicate(delivery)
+                duplicates.append(delivery)
             else:
                 fresh.append(delivery)
+        if duplicates:
+            await self._ack_duplicates(sub, duplicates)
         return fresh
 
-    async def _ack_duplicate(self, delivery: Delivery) -> None:
-        try:
-            await delivery.ack()
-        except Exception as exc:
-            # The broker is away (nats-py refuses to send while it
-            # reconnects): the duplicate comes back after its ack wait and
-            # meets its marker again.
-            log.warning(
-                "topic %s message %s: duplicate not acknowledged (%s); it comes back after "
-                "its ack wait and is dropped then",
-                self.topic.name,
-                delivery.envelope.id,
-                exc,
-            )
+    async def _ack_duplicates(self, sub: Subscription, duplicates: Sequence[Delivery]) -> None:
+        for delivery, error in zip(duplicates, await _ack_many(sub, duplicates), strict=True):
+            if error is not None:
+                # The broker is away (nats-py refuses to send while it
+                # reconnects): the duplicate comes back after its ack wait and
+                # meets its marker again.
+                log.warning(
+                    "topic %s message %s: duplicate not acknowledged (%s); it comes back after "
+                    "its ack wait and is dropped then",
+                    self.topic.name,
+                    delivery.envelope.id,
+                    error,
+                )
 
     async def _apply(self, delivery: Delivery) -> bool:
         """Apply ``delivery``: True when it was applied and is to be acked, False
@@ -490,23 +508,20 @@ class Consumer(_Base[T]):
             return False
         return True
 
-    async def _ack_applied(self, delivery: Delivery) -> None:
-        """Mark an applied delivery done and ack it; a failure is logged, not raised."""
-        try:
-            if self.dedupe is not None:
-                await delivery.ack_done(self.dedupe)
-            else:
-                await delivery.ack()
-        except Exception as exc:
+    async def _ack_applied(self, sub: Subscription, applied: Sequence[Delivery]) -> None:
+        """Mark applied deliveries done and ack them; a failure is logged, not raised."""
+        outcomes = await _ack_many(sub, applied, self.dedupe)
+        for delivery, error in zip(applied, outcomes, strict=True):
+            if error is None:
+                self._note_applied(delivery)
+                continue
             log.warning(
                 "topic %s message %s applied but not acknowledged (%s); a redelivery will be %s",
                 self.topic.name,
                 delivery.envelope.id,
-                exc,
+                error,
                 "skipped by its marker" if self.dedupe is not None else "applied again",
             )
-            return
-        self._note_applied(delivery)
 
 
 class BatchConsumer(_Base[T]):
@@ -578,7 +593,7 @@ class BatchConsumer(_Base[T]):
             nonlocal held
             try:
                 async with slots:
-                    await self._write(batch)
+                    await self._write(sub, batch)
             except Exception:
                 # Loop boundary (nobody awaits this task's result): logged, not lost.
                 log.exception(
@@ -629,7 +644,7 @@ class BatchConsumer(_Base[T]):
             await self._drain_background()
             await sub.close()
 
-    async def _write(self, batch: list[Delivery]) -> None:
+    async def _write(self, sub: Subscription, batch: list[Delivery]) -> None:
         self.stats.batches += 1
         messages: list[Message[T]] = []
         good: list[Delivery] = []
@@ -640,9 +655,11 @@ class BatchConsumer(_Base[T]):
             except Exception as exc:  # an undecodable body is poison on its own
                 await self._poison(delivery, exc)
         if good:
-            await self._write_split(good, messages)
+            await self._write_split(sub, good, messages)
 
-    async def _write_split(self, batch: list[Delivery], messages: list[Message[T]]) -> None:
+    async def _write_split(
+        self, sub: Subscription, batch: list[Delivery], messages: list[Message[T]]
+    ) -> None:
         try:
             await self.write(messages)
         except Exception as exc:
@@ -655,13 +672,12 @@ class BatchConsumer(_Base[T]):
                 return
             self.stats.splits += 1
             half = len(batch) // 2
-            await self._write_split(batch[:half], messages[:half])
-            await self._write_split(batch[half:], messages[half:])
+            await self._write_split(sub, batch[:half], messages[:half])
+            await self._write_split(sub, batch[half:], messages[half:])
             return
-        acks = await asyncio.gather(*(d.ack() for d in batch), return_exceptions=True)
-        for delivery, ack in zip(batch, acks, strict=True):
-            if isinstance(ack, BaseException):
-                log.warning("topic %s: written but not acknowledged: %s", self.topic.name, ack)
+        for delivery, error in zip(batch, await _ack_many(sub, batch), strict=True):
+            if error is not None:
+                log.warning("topic %s: written but not acknowledged: %s", self.topic.name, error)
             else:
                 self._note_applied(delivery)
 
@@ -678,6 +694,16 @@ class BatchConsumer(_Base[T]):
             self._report_failed(delivery, "dead")
         except Exception as exc:
             log.warning("topic %s: could not dead-letter: %s", self.topic.name, exc)
+
+
+async def _ack_many(
+    sub: Subscription, deliveries: Sequence[Delivery], done: DoneStore | None = None
+) -> list[BaseException | None]:
+    """``sub.ack_many``, with an error escaping it (a bug) counted against every delivery."""
+    try:
+        return await sub.ack_many(deliveries, done=done)
+    except Exception as exc:
+        return [exc] * len(deliveries)
 
 
 async def _wait_either(first: asyncio.Event, second: asyncio.Event) -> None:

@@ -37,6 +37,7 @@ from shoal.ingest.transport import (
     Delivery,
     Depth,
     PublishError,
+    mark_first,
 )
 from shoal.queue.client import Shoal
 from shoal.queue.cursor import ClaimCursor, Position, job_order
@@ -141,6 +142,33 @@ class PgSubscription:
             now=self.boss.clock.sql_now(),
         )
         return [None] * len(acks)
+
+    async def ack_many(
+        self, deliveries: Sequence[Delivery], *, done: DoneStore | None = None
+    ) -> list[BaseException | None]:
+        """One statement for all of them, with their done-markers when ``done``
+        keeps its markers in this database (else those are written first)."""
+        claims = [self._own(d) for d in deliveries]
+        ttl = None if done is None else self.marker_ttl(done)
+        outcomes: list[BaseException | None] = (
+            [None] * len(claims) if ttl is not None else await mark_first(deliveries, done)
+        )
+        acked = [c for c, outcome in zip(claims, outcomes, strict=True) if outcome is None]
+        if not acked:
+            return outcomes
+        marks = {} if ttl is None else {d.envelope.id: ttl for d in deliveries}
+        try:
+            await self.store.ack(
+                [(c.id, c.attempt) for c in acked], marks=marks, now=self.boss.clock.sql_now()
+            )
+        except Exception as exc:
+            return [exc if outcome is None else outcome for outcome in outcomes]
+        return outcomes
+
+    def _own(self, delivery: Delivery) -> ClaimedMessage:
+        if not isinstance(delivery, PgDelivery) or delivery._sub is not self:
+            raise InvalidInput("deliveries", f"{delivery!r} was not fetched by this subscription")
+        return delivery._claim
 
     async def end(
         self, claim: ClaimedMessage, state: JobState, delay: timedelta | None, kind: str, why: str

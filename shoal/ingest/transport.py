@@ -8,6 +8,7 @@ neither acked nor nakked before its ack deadline is delivered again.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -79,7 +80,37 @@ class Subscription(Protocol):
         """Up to ``limit`` deliveries; waits up to ``wait`` when none is ready."""
         ...
 
+    async def ack_many(
+        self, deliveries: Sequence[Delivery], *, done: DoneStore | None = None
+    ) -> list[BaseException | None]:
+        """Ack deliveries of this subscription together; with ``done``, as applied ones.
+
+        The same as ``ack`` (``ack_done(done)``) on each, in as few writes as
+        the transport allows, and without a task or a future per delivery.
+        One entry per delivery, in order: None when it was acked, else the
+        error that kept it from being acked (it is then delivered again
+        after its ack wait). Never raises for a failed ack.
+        """
+        ...
+
     async def close(self) -> None: ...
+
+
+async def mark_first(
+    deliveries: Sequence[Delivery], done: DoneStore | None
+) -> list[BaseException | None]:
+    """Write the done-markers of ``deliveries`` (all at once) before their acks.
+
+    For a marker store the ack cannot write to: one entry per delivery, None
+    when its marker is written (or ``done`` is None), else the error, and
+    such a delivery must not be acked.
+    """
+    if done is None:
+        return [None] * len(deliveries)
+    marks = await asyncio.gather(
+        *(done.mark(d.envelope.id) for d in deliveries), return_exceptions=True
+    )
+    return [m if isinstance(m, BaseException) else None for m in marks]
 
 
 class Transport(Protocol):

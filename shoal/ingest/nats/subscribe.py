@@ -33,7 +33,7 @@ from shoal.ingest.dedupe import DoneStore
 from shoal.ingest.message import Envelope, check_group_name
 from shoal.ingest.nats.connection import CONNECTION_ERRORS
 from shoal.ingest.nats.streams import subject_for
-from shoal.ingest.transport import Delivery, Depth
+from shoal.ingest.transport import Delivery, Depth, mark_first
 
 log = logging.getLogger("shoal.ingest.nats")
 
@@ -299,6 +299,19 @@ class NatsSubscription:
                 break
             # 100 (a heartbeat or flow control) and anything else: skip.
         return await self._deliveries(msgs)
+
+    async def ack_many(
+        self, deliveries: Sequence[Delivery], *, done: DoneStore | None = None
+    ) -> list[BaseException | None]:
+        """The markers first (together), then an ack per message: JetStream has no batch ack."""
+        outcomes = await mark_first(deliveries, done)
+        for i, delivery in enumerate(deliveries):
+            if outcomes[i] is None:
+                try:
+                    await delivery.ack()
+                except Exception as exc:
+                    outcomes[i] = exc
+        return outcomes
 
     def _take(self, limit: int) -> list[Msg]:
         """Messages already here (status answers of earlier pulls are dropped)."""
