@@ -17,6 +17,8 @@ import psycopg
 import pytest
 
 from shoal import FakeClock, Job, Shoal
+from shoal.clock import work_seconds
+from shoal.db import Database
 from shoal.queue.cursor import SWEEP_COST_SHARE, SWEEP_EVERY_S, ClaimCursor, job_order, last_of
 from shoal.testing import Probe
 
@@ -137,23 +139,23 @@ def test_the_last_position_is_the_lowest_priority_then_the_highest_id() -> None:
 def test_the_cursor_claims_from_the_head_when_short_and_each_second_when_full() -> None:
     cursor = ClaimCursor(job_order)
     assert cursor.start(0.0) is None  # nothing claimed yet
-    cursor.advance(None, [claimed(1), claimed(2)], limit=2, began=0.0, ended=0.0001)
+    cursor.advance(None, [claimed(1), claimed(2)], limit=2, ended=0.0001, cost_s=0.0001)
     assert cursor.start(0.01) == (0, 2)  # full: go on after the last one
-    cursor.advance((0, 2), [claimed(3), claimed(4)], limit=2, began=0.01, ended=0.02)
+    cursor.advance((0, 2), [claimed(3), claimed(4)], limit=2, ended=0.02, cost_s=0.01)
     assert cursor.start(0.5) == (0, 4)
     # A queue whose claims never come back short still looks behind its
     # position every SWEEP_EVERY_S.
     assert cursor.start(0.0001 + SWEEP_EVERY_S) is None
     # A short claim after the position: the next one starts at the head.
-    cursor.advance((0, 4), [claimed(5)], limit=2, began=0.6, ended=0.61)
+    cursor.advance((0, 4), [claimed(5)], limit=2, ended=0.61, cost_s=0.01)
     assert cursor.start(0.62) is None
 
 
 def test_a_slow_claim_from_the_head_is_not_repeated_until_its_share_of_time_has_passed() -> None:
     cursor = ClaimCursor(job_order)
-    cursor.advance(None, [claimed(1), claimed(2)], limit=2, began=0.0, ended=0.0)
+    cursor.advance(None, [claimed(1), claimed(2)], limit=2, ended=0.0, cost_s=0.0)
     # Behind a long transaction, the head took 0.5 s to walk.
-    cursor.advance(None, [claimed(3)], limit=2, began=1.0, ended=1.5)
+    cursor.advance(None, [claimed(3)], limit=2, ended=1.5, cost_s=0.5)
     assert cursor.position == (0, 3)
     quiet_until = 1.5 + 0.5 / SWEEP_COST_SHARE
     assert cursor.start(2.0) == (0, 3)  # short, but the head is too dear yet
@@ -166,11 +168,11 @@ def test_a_claim_from_the_head_moves_the_position_back_only_when_it_came_back_fu
     full: bool,
 ) -> None:
     cursor = ClaimCursor(job_order)
-    cursor.advance(None, [claimed(100)], limit=1, began=0.0, ended=0.0)
+    cursor.advance(None, [claimed(100)], limit=1, ended=0.0, cost_s=0.0)
     assert cursor.position == (0, 100)
     # Jobs behind the position turned up (late commits, retries).
     found = [claimed(10), claimed(11)] if full else [claimed(10)]
-    cursor.advance(None, found, limit=2, began=2.0, ended=2.0)
+    cursor.advance(None, found, limit=2, ended=2.0, cost_s=0.0)
     # Full: more may wait between 11 and 100, and the next claims go through
     # them. Short: the head claim saw everything waiting, 100 stays.
     assert cursor.position == ((0, 11) if full else (0, 100))
@@ -179,11 +181,11 @@ def test_a_claim_from_the_head_moves_the_position_back_only_when_it_came_back_fu
 def test_a_short_claim_after_the_position_owes_a_claim_from_the_head() -> None:
     cursor = ClaimCursor(job_order)
     assert cursor.head_due_in(0.0) is None
-    cursor.advance(None, [claimed(1)], limit=1, began=0.0, ended=0.1)
+    cursor.advance(None, [claimed(1)], limit=1, ended=0.1, cost_s=0.1)
     assert cursor.head_due_in(0.2) is None  # from the head: nothing owed
-    cursor.advance((0, 1), [claimed(2)], limit=1, began=0.2, ended=0.2)
+    cursor.advance((0, 1), [claimed(2)], limit=1, ended=0.2, cost_s=0.0)
     assert cursor.head_due_in(0.3) is None  # full: the next claim comes anyway
-    cursor.advance((0, 2), [], limit=1, began=0.3, ended=0.3)
+    cursor.advance((0, 2), [], limit=1, ended=0.3, cost_s=0.0)
     # Short behind a head claim that took 0.1 s: owed once its share passed.
     assert cursor.head_due_in(0.3) == pytest.approx(0.1 + 0.1 / SWEEP_COST_SHARE - 0.3)
     assert cursor.head_due_in(5.0) == 0.0
@@ -211,7 +213,7 @@ async def test_a_clock_moved_during_a_claim_does_not_hold_off_the_claims_from_th
     await probe.job_finished("q", outcome="completed", count=3)
     await probe.idle("q")
 
-    claim = fake_boss.store.claim
+    claim = fake_boss.store.claim_with_cost
     jumps = [timedelta(minutes=6)]
 
     async def claim_while_the_clock_jumps(*args: Any, **kwargs: Any) -> Any:
@@ -219,7 +221,7 @@ async def test_a_clock_moved_during_a_claim_does_not_hold_off_the_claims_from_th
             clock.advance(jumps.pop())
         return await claim(*args, **kwargs)
 
-    monkeypatch.setattr(fake_boss.store, "claim", claim_while_the_clock_jumps)
+    monkeypatch.setattr(fake_boss.store, "claim_with_cost", claim_while_the_clock_jumps)
     # Wakes the worker (NOTIFY); its claim from the head, with the clock
     # jumping past the later job's start, finds the new job only: the claim
     # was given the time from before the jump.
@@ -233,3 +235,30 @@ async def test_a_clock_moved_during_a_claim_does_not_hold_off_the_claims_from_th
     await probe.job_finished("q", outcome="completed", count=2)
     await worker.stop()
     assert sorted(ran) == ["0", "1", "2", "again", "later", "woke"]
+
+
+async def test_a_claims_cost_leaves_out_its_wait_for_a_pooled_connection(db_url: str) -> None:
+    """What paces the claims from the head is the statement's time, not the pool's.
+
+    While the database fails over, a claim can wait seconds for a pooled
+    connection. Counted as the claim's cost, that wait held off the claims
+    from the head for twenty times as long, and the jobs a lost claim had put
+    back behind the position waited past a minute (tests/test_pg_failover.py).
+    """
+    db = await Database(db_url, min_size=1, max_size=1).open()
+    boss = Shoal(db)
+    try:
+        await boss.insert([{"queue": "q"}] * 3)
+        async with db.connection():  # the pool's only connection, held
+            began = work_seconds()
+            claiming = asyncio.create_task(boss.store.claim_with_cost("q", 10, now=None))
+            await wait_for(lambda: db.pool.get_stats().get("requests_waiting", 0) == 1)
+            released = work_seconds()
+        claim = await claiming
+        ended = work_seconds()
+        assert len(claim.jobs) == 3
+        # The statement ran after the connection came back, so within that
+        # stretch; the whole call, with its wait, took longer.
+        assert 0.0 < claim.cost_s <= ended - released < ended - began
+    finally:
+        await boss.close()

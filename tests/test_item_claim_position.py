@@ -97,7 +97,7 @@ async def test_an_item_claim_from_a_position_takes_retries_first_then_the_turns_
     await set_job(db_url, "a5", "data = data - 'turn'")
     # A claim from the head just now, full: the next one starts at the position.
     now = work_seconds()
-    runner.cursor.moved(None, at, count=2, limit=2, began=now, ended=now)
+    runner.cursor.moved(None, at, count=2, limit=2, ended=now, cost_s=0.0)
     nxt = await runner.claim(QUEUE, 10, now=clock.now())
     assert await refs_of(db_url, [int(j.data["item"]) for j in nxt]) == ["a4", "a5"]
     # The claim from the head that this short claim owes finds a3 (a new
@@ -135,7 +135,7 @@ async def test_a_task_whose_jobs_commit_behind_the_position_still_completes(
     # after the position finds nothing, and its claims from the head must.
     runner.cursor = ClaimCursor(item_order)
     now = work_seconds()
-    runner.cursor.moved(None, (0, 1_000, 10**12), count=1, limit=1, began=now, ended=now)
+    runner.cursor.moved(None, (0, 1_000, 10**12), count=1, limit=1, ended=now, cost_s=0.0)
     small = await batches.create("test.kind", ["s1", "s2"])
     async with running(batches):
         await settle(batches, small.task_id)

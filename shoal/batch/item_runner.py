@@ -143,16 +143,15 @@ class ItemRunner:
         pass count as running (and get heartbeats) from here on;
         ``release_unstarted`` hands back those whose job never ran.
         """
-        began = work_seconds()
-        after = self.cursor.start(began)
+        after = self.cursor.start(work_seconds())
         claimed = await self.store.claim_items(queue, limit, now=now, after=after)
         self.cursor.moved(
             after,
             claimed.last,
             count=len(claimed.jobs),
             limit=limit,
-            began=began,
             ended=work_seconds(),
+            cost_s=claimed.cost_s,
         )
         for job, guarded in claimed.jobs:
             self._prepared[job.id] = guarded

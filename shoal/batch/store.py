@@ -15,7 +15,7 @@ from psycopg.pq import TransactionStatus
 from shoal.batch.kinds import KindSettings
 from shoal.batch.states import ItemId, ItemStatus, TaskId, TaskOutcome, TaskStatus
 from shoal.db.pool import AsyncConn, Database, translated
-from shoal.db.queries import fetch_named, int_array, load_queries, positions
+from shoal.db.queries import fetch_named, fetch_named_timed, int_array, load_queries, positions
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.cursor import ItemPosition, item_order
 from shoal.queue.states import JobId
@@ -97,6 +97,9 @@ class ClaimedItems:
     # The position of the last job with a turn taken, in job_item_turn's
     # order (None: none had a turn).
     last: ItemPosition | None
+    # Seconds the statement took on its connection, without the wait for one
+    # from the pool (shoal.db.queries.fetch_named_timed).
+    cost_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,8 +376,8 @@ class BatchStore:
             "after_turn": after_turn,
             "after_id": after_id,
         }
-        columns, rows = await self.db.run(
-            lambda c: fetch_named(c, query, params), transaction=False
+        columns, rows, cost_s = await self.db.run(
+            lambda c: fetch_named_timed(c, query, params), transaction=False
         )
         job, item = claim_reader(columns), _guard_reader(columns)
         # A phantom's guard columns are all NULL.
@@ -386,7 +389,7 @@ class BatchStore:
             for (j, _), r in zip(claimed, rows, strict=True)
             if r[turn] is not None
         ]
-        return ClaimedItems(claimed, max(turned, key=item_order) if turned else None)
+        return ClaimedItems(claimed, max(turned, key=item_order) if turned else None, cost_s)
 
     async def record_items(
         self,

@@ -19,6 +19,8 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.rows import TupleRow
 
+from shoal.clock import work_seconds
+
 _BLOCK = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 
 
@@ -102,6 +104,22 @@ async def fetch_named(
     if cur.description is None:
         return (), []
     return tuple(c.name for c in cur.description), await cur.fetchall()
+
+
+async def fetch_named_timed(
+    conn: AsyncConnection[TupleRow], query: sql.Composed, params: Mapping[str, Any]
+) -> tuple[tuple[str, ...], list[TupleRow], float]:
+    """:func:`fetch_named`, and the seconds the statement took on its connection.
+
+    Counted from when the statement is sent to when its last row is in
+    (:func:`shoal.clock.work_seconds`), so without the wait for a pooled
+    connection: a claim that waited seconds for one while the database failed
+    over did not cost the database those seconds (shoal.queue.cursor paces
+    its claims from the head of a queue by this cost).
+    """
+    began = work_seconds()
+    columns, rows = await fetch_named(conn, query, params)
+    return columns, rows, work_seconds() - began
 
 
 def positions(names: Sequence[str], wanted: Sequence[str], *, what: str) -> list[int]:

@@ -227,11 +227,10 @@ class PgSubscription:
 
     async def _claim_at(self, limit: int, after: Position | None) -> list[ClaimedMessage]:
         """One claim, from the head or after ``after``, recorded in the cursor."""
-        began = work_seconds()
-        claims = await self.store.claim(
+        claims, cost_s = await self.store.claim(
             self.queue, limit, ack_wait=self.ack_wait, now=self.boss.clock.sql_now(), after=after
         )
-        self._cursor.advance(after, claims, limit=limit, began=began, ended=work_seconds())
+        self._cursor.advance(after, claims, limit=limit, ended=work_seconds(), cost_s=cost_s)
         return claims
 
     async def close(self) -> None:

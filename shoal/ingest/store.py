@@ -11,7 +11,13 @@ from typing import Any, NamedTuple
 from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database
-from shoal.db.queries import float_array, int_array, load_queries, text_array
+from shoal.db.queries import (
+    fetch_named_timed,
+    float_array,
+    int_array,
+    load_queries,
+    text_array,
+)
 from shoal.ingest.transport import Depth
 from shoal.queue.cursor import Position
 from shoal.queue.states import JobId
@@ -86,7 +92,7 @@ class IngestStore:
         ack_wait: timedelta,
         now: datetime | None,
         after: Position | None = None,
-    ) -> list[ClaimedMessage]:
+    ) -> tuple[list[ClaimedMessage], float]:
         """Claim up to ``limit`` messages of ``queue``, each leased for ``ack_wait`` from now.
 
         From the head of the queue, or with ``after`` (a ``(priority, id)``
@@ -97,20 +103,24 @@ class IngestStore:
         queue's maintenance), and a touch extends it by ``ack_wait`` again.
         Not flushed before returning, like the queue's claim: a claim lost to
         a crash only redelivers.
+
+        With the claims comes what the statement cost on its connection, in
+        seconds (shoal.db.queries.fetch_named_timed).
         """
         after_priority, after_id = after if after is not None else (None, None)
-        rows = await self._rows(
-            "claim_messages",
-            {
-                "queue": queue,
-                "limit": limit,
-                "ack_wait": ack_wait,
-                "now": now,
-                "after_priority": after_priority,
-                "after_id": after_id,
-            },
+        params = {
+            "queue": queue,
+            "limit": limit,
+            "ack_wait": ack_wait,
+            "now": now,
+            "after_priority": after_priority,
+            "after_id": after_id,
+        }
+        query = self.sql["claim_messages"]
+        _, rows, cost_s = await self.db.run(
+            lambda c: fetch_named_timed(c, query, params), transaction=False
         )
-        return [ClaimedMessage._make(r) for r in rows]
+        return [ClaimedMessage._make(r) for r in rows], cost_s
 
     async def ack(
         self,

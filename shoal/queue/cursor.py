@@ -117,11 +117,11 @@ class ClaimCursor(Generic[P]):
         jobs: Sequence[Claimed],
         *,
         limit: int,
-        began: float,
         ended: float,
+        cost_s: float,
     ) -> None:
         """Record a claim of ``job_claim`` that started at ``after`` (see :meth:`start`)."""
-        self.moved(after, last_of(jobs), count=len(jobs), limit=limit, began=began, ended=ended)
+        self.moved(after, last_of(jobs), count=len(jobs), limit=limit, ended=ended, cost_s=cost_s)
 
     def moved(
         self,
@@ -130,10 +130,16 @@ class ClaimCursor(Generic[P]):
         *,
         count: int,
         limit: int,
-        began: float,
         ended: float,
+        cost_s: float,
     ) -> None:
-        """Record a claim that started at ``after``: ``count`` jobs, the last at ``last``."""
+        """Record a claim that started at ``after``: ``count`` jobs, the last at ``last``.
+
+        ``ended`` is when it ended and ``cost_s`` what its statement took on
+        its connection, without the wait for one from the pool (seconds while
+        the database fails over, which no claim from the head should be
+        held off for twenty times over).
+        """
         self._short = count < limit
         self._from_head = after is None
         if after is not None:
@@ -141,7 +147,7 @@ class ClaimCursor(Generic[P]):
                 self.position = last
             return
         self._sweep_done_at = ended
-        self._sweep_cost_s = max(0.0, ended - began)
+        self._sweep_cost_s = max(0.0, cost_s)
         if self.position is None or not self._short:
             # A full claim from the head may have stopped short of the old
             # position with more jobs behind it: the next claims go on from

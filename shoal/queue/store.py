@@ -23,7 +23,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database, Pending
-from shoal.db.queries import fetch_named, int_array, parse_queries, positions
+from shoal.db.queries import fetch_named, fetch_named_timed, int_array, parse_queries, positions
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.cursor import Position
 from shoal.queue.limits import Limits, LimitState, Rate
@@ -187,6 +187,16 @@ class ClaimedJob(NamedTuple):
     @property
     def expire_in(self) -> timedelta:
         return timedelta(seconds=self.expire_in_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJobs:
+    """What one claim statement took, and what the statement cost."""
+
+    jobs: list[ClaimedJob]
+    # Seconds on its connection, without the wait for one from the pool
+    # (shoal.db.queries.fetch_named_timed).
+    cost_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,6 +568,12 @@ class JobStore:
         (at-least-once, as with any crash). A completion's commit is flushed,
         and with it every earlier claim in the WAL.
         """
+        return (await self.claim_with_cost(queue, limit, now=now, after=after)).jobs
+
+    async def claim_with_cost(
+        self, queue: str, limit: int, *, now: datetime | None, after: Position | None = None
+    ) -> ClaimedJobs:
+        """:meth:`claim`, and what its statement cost the database (see ClaimedJobs)."""
         query = self.sql["claim_jobs"]
         after_priority, after_id = after if after is not None else (None, None)
         params = {
@@ -567,11 +583,11 @@ class JobStore:
             "after_priority": after_priority,
             "after_id": after_id,
         }
-        columns, rows = await self.db.run(
-            lambda c: fetch_named(c, query, params), transaction=False
+        columns, rows, cost_s = await self.db.run(
+            lambda c: fetch_named_timed(c, query, params), transaction=False
         )
         read = claim_reader(columns)
-        return [read(r) for r in rows]
+        return ClaimedJobs([read(r) for r in rows], cost_s)
 
     async def claim_limited(
         self, queue: str, limit: int, *, now: datetime | None

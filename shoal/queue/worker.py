@@ -417,11 +417,12 @@ class Worker:
                     claimed = await self.claim(self.queue, limit, now=self.clock.sql_now())
                 else:
                     after = self._cursor.start(work_started)
-                    claimed = await self.store.claim(
+                    claim = await self.store.claim_with_cost(
                         self.queue, limit, now=self.clock.sql_now(), after=after
                     )
+                    claimed = claim.jobs
                     self._cursor.advance(
-                        after, claimed, limit=limit, began=work_started, ended=work_seconds()
+                        after, claimed, limit=limit, ended=work_seconds(), cost_s=claim.cost_s
                     )
                 errors = 0
             except TransientError as exc:
