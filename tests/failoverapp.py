@@ -25,6 +25,11 @@ PID = os.getpid()
 WORK_S = 0.01
 RETRIES = 50
 RETRY_DELAY = timedelta(milliseconds=200)
+# A claim can commit on the standby while its answer is lost with the
+# primary; its jobs are nobody's until their lease runs out, which for a
+# queue is expire_in (15 minutes by default), for the batch kind its
+# zombie_timeout. Both are short here, as they would be for work this short.
+LEASE = timedelta(seconds=20)
 
 app = App()
 # Set by the start hook; read by the completion hook to write its row.
@@ -60,7 +65,13 @@ async def run_item(item: Item) -> dict[str, Any]:
     return {"pid": PID}
 
 
-@app.handler("failover.job", concurrency=10, retry_limit=RETRIES, retry_delay=RETRY_DELAY)
+@app.handler(
+    "failover.job",
+    concurrency=10,
+    retry_limit=RETRIES,
+    retry_delay=RETRY_DELAY,
+    expire_in=LEASE,
+)
 async def run_job(job: Job) -> dict[str, Any]:
     await asyncio.sleep(WORK_S)  # noqa: TID251 - simulated work in a worker process
     return {"pid": PID}

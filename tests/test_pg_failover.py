@@ -242,7 +242,10 @@ async def test_workers_and_the_api_go_on_after_the_standby_is_promoted(
                     == JOBS
                 )
 
-            await wait_for(drained, 90, interval_s=0.1)
+            try:
+                await wait_for(drained, 90, interval_s=0.1)
+            except AssertionError:
+                raise AssertionError(f"jobs left after 90 s: {await _jobs_left(url)}") from None
             await wait_for(lambda: scalar(url, "SELECT count(*) FROM failover_task_done"), 30)
     finally:
         processes.stop()
@@ -279,6 +282,16 @@ async def test_workers_and_the_api_go_on_after_the_standby_is_promoted(
     print(
         f"\nfailover at {at_stop} of {ITEMS + JOBS} items and jobs done: work resumed "
         f"{resumed_s:.2f}s after the promotion; {retried} items and jobs took a second attempt"
+    )
+
+
+async def _jobs_left(url: str) -> Any:
+    """The queue's jobs not completed, by state and attempt: what a failed drain left."""
+    return await scalar(
+        url,
+        "SELECT json_agg(s) FROM (SELECT state, attempt, count(*) AS jobs, min(id) AS first,"
+        " max(id) AS last, min(lease_expires_at)::text AS lease_until FROM shoal.job"
+        " WHERE queue = 'failover.job' AND state <> 'completed' GROUP BY state, attempt) s",
     )
 
 
