@@ -1,13 +1,16 @@
-"""The claim's plan does not depend on planner statistics."""
+"""The plans of the claims, completions, acks and marker checks do not depend on statistics."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 
 from shoal import Shoal
+from shoal.ingest.store import IngestStore
 
 
 async def explain_into(conn: psycopg.AsyncConnection[Any], notices: list[str]) -> None:
@@ -136,3 +139,39 @@ async def test_an_ack_deletes_by_primary_key_while_statistics_say_no_job_is_acti
     # A stale attempt is not the caller's to delete.
     deleted, _ = await ack_plan(db_url, "delete_jobs_v2", [(i, a + 1) for i, a in claimed])
     assert deleted == 0
+
+
+async def test_the_done_marker_check_probes_the_primary_key_with_statistics_from_no_markers(
+    boss: Shoal, db_url: str
+) -> None:
+    # Statistics taken while ingest_done was empty (a new database). With
+    # the TTL test beside the ids, PostgreSQL 15 scanned ingest_done_expires
+    # for every live marker, all 20,000 of them, and filtered them by id;
+    # with the TTL test apart, it read the whole table.
+    store = IngestStore(boss.db)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("ANALYZE shoal.ingest_done")
+    # Ids as publishers make them by default (uuid4).
+    applied = [str(uuid.uuid4()) for _ in range(20_000)]
+    await store.mark_done(applied, timedelta(hours=48), now=None)
+    await store.mark_done(["expired"], -timedelta(hours=1), now=None)  # its TTL ran out
+    # Fetches of a consumer (120) and of a batch sink (500): two applied, one
+    # expired, the rest new.
+    for size in (120, 500):
+        wanted = [applied[7], applied[-1], "expired", *(str(uuid.uuid4()) for _ in range(size - 3))]
+        notices: list[str] = []
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            await explain_into(conn, notices)
+            # Twice: the plan kept after the first call is the one every later call runs.
+            for _ in range(2):
+                cur = await conn.execute(
+                    store.sql["done_seen"], {"ids": "{" + ",".join(wanted) + "}", "now": None}
+                )
+                found = {row[0] for row in await cur.fetchall()}
+                assert found == {applied[7], applied[-1]}  # an expired marker no longer counts
+        plans = [n for n in notices if "on ingest_done" in n or "using ingest_done" in n]
+        assert plans, notices
+        for plan in plans:
+            assert "ingest_done_pkey" in plan, plan
+            assert "ingest_done_expires" not in plan and "Seq Scan" not in plan, plan
+    assert await store.seen(wanted, now=None) == {applied[7], applied[-1]}

@@ -1,8 +1,9 @@
 -- Ingest pipelines: every statement of the layer. {schema} is bound once.
 
 -- name: done_seen
-SELECT message_id FROM {schema}.ingest_done
-WHERE message_id = ANY(%(ids)s::text[]) AND expires_at > coalesce(%(now)s::timestamptz, now())
+-- The live markers among %(ids)s, by primary key whatever the statistics
+-- (migrations/0028_done_seen_by_primary_key.sql).
+SELECT seen_id FROM {schema}.done_seen_v1(%(ids)s::text[], %(now)s::timestamptz)
 
 -- name: mark_done
 INSERT INTO {schema}.ingest_done (message_id, expires_at)
