@@ -96,7 +96,7 @@ async def test_every_state_change_the_sql_makes_is_a_declared_edge_and_each_edge
     assert item.status is ItemStatus.RUNNING
     # the ingest transport's claim
     await boss.send("topic.edges", {"n": 8})
-    claimed = await IngestStore(boss.db).claim(
+    claimed, _ = await IngestStore(boss.db).claim(
         "topic.edges", 10, ack_wait=timedelta(seconds=30), now=clock.now()
     )
     assert len(claimed) == 1
