@@ -147,7 +147,7 @@ class ClaimCursor(Generic[P]):
                 self.position = last
             return
         self._sweep_done_at = ended
-        self._sweep_cost_s = max(0.0, cost_s)
+        self._sweep_cost_s = cost_s
         if self.position is None or not self._short:
             # A full claim from the head may have stopped short of the old
             # position with more jobs behind it: the next claims go on from
