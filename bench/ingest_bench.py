@@ -74,7 +74,7 @@ import psutil
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from bench.machine import OwnServer, describe
+from bench.machine import OwnServer, describe, own_server_settings
 from shoal import Shoal
 from shoal.db import Database
 from shoal.db.migrate import migrate
@@ -653,15 +653,13 @@ def print_statements(rows: list[dict[str, Any]], n: int) -> None:
             print(f"  {calls / n:7.3f} {wal / n:7.0f} {ms * 1000 / n:7.1f}  {query[:100]}")
 
 
-# The throwaway server's settings beyond initdb's: as the queue bench's.
-OWN_SERVER_SETTINGS = {"autovacuum": "off", "shared_preload_libraries": "pg_stat_statements"}
-
-
 async def main_async(args: argparse.Namespace) -> None:
     if args.server == "url":
+        if args.slow_commits:
+            raise SystemExit("--slow-commits needs --server own (the bench's own cluster)")
         await bench_async(args, "DATABASE_URL's")
         return
-    own = OwnServer(OWN_SERVER_SETTINGS, prefix="shoal-ingest-bench-")
+    own = OwnServer(own_server_settings(args.slow_commits), prefix="shoal-ingest-bench-")
     own.start()
     # server_url() reads it, here and in the producer process this one starts.
     os.environ["DATABASE_URL"] = own.url
@@ -782,6 +780,15 @@ def main() -> None:
         default="own",
         help="own (default): a throwaway cluster of the machine's PostgreSQL with "
         "pg_stat_statements; url: DATABASE_URL's server as it is",
+    )
+    parser.add_argument(
+        "--slow-commits",
+        type=int,
+        default=0,
+        metavar="MICROSECONDS",
+        help="the own cluster waits this long before each WAL flush (commit_delay, "
+        "commit_siblings=0): a machine whose commits are dearer; the header's commit "
+        "rate is measured with it",
     )
     parser.add_argument("--produce", type=int, help=argparse.SUPPRESS)  # the producer process
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)

@@ -10,6 +10,9 @@
   alone (a shared server's WAL and CPU include everyone's).
 - :class:`ServerMeter`: WAL bytes, full-page images, server CPU seconds and
   top-level statements between two samples.
+- :func:`own_server_settings`: the throwaway cluster's settings, optionally
+  with commits made slower (``--slow-commits``), to see a figure on a machine
+  whose disk flushes slowly without owning one.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def describe(url: str, *, probe_s: float = COMMIT_PROBE_S) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT name, setting FROM pg_settings WHERE name IN "
-            "('fsync', 'synchronous_commit', 'full_page_writes', 'autovacuum')"
+            "('fsync', 'synchronous_commit', 'full_page_writes', 'autovacuum', 'commit_delay')"
             " ORDER BY name"
         ).fetchall()
     settings = " ".join(f"{name}={value}" for name, value in rows)
@@ -73,6 +76,27 @@ def describe(url: str, *, probe_s: float = COMMIT_PROBE_S) -> str:
         f"commit rate {rate:,.0f}/s (one connection, one-row INSERT per commit, "
         f"{probe_s:.0f} s); server {settings}"
     )
+
+
+def own_server_settings(slow_commit_us: int = 0) -> dict[str, str]:
+    """The bench scripts' throwaway cluster settings beyond initdb's.
+
+    autovacuum off (the stale-statistics cases need it, and a drain is timed
+    without a vacuum beside it) and pg_stat_statements to count statements.
+
+    ``slow_commit_us`` > 0 makes every WAL flush wait that many microseconds
+    first (``commit_delay`` with ``commit_siblings = 0``): commits become as
+    dear as on a slower disk, while fsync and synchronous_commit stay on and
+    commits that arrive meanwhile share the flush, as they do when a real
+    flush is slow. The delay is a sleep, not CPU. The header's commit rate
+    is measured with it, so it says which machine the run stands for.
+    """
+    settings = {"autovacuum": "off", "shared_preload_libraries": "pg_stat_statements"}
+    if slow_commit_us < 0:
+        raise SystemExit(f"--slow-commits: {slow_commit_us}: must be >= 0 microseconds")
+    if slow_commit_us:
+        settings |= {"commit_delay": str(slow_commit_us), "commit_siblings": "0"}
+    return settings
 
 
 class OwnServer:

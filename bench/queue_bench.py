@@ -55,7 +55,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 if not __package__:  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.machine import OwnServer, ServerMeter, Usage, describe
+from bench.machine import OwnServer, ServerMeter, Usage, describe, own_server_settings
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "shoal_bench"
@@ -294,13 +294,13 @@ async def drain_raw(url: str, n: int, variant: int | None = None) -> dict[str, A
         await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(variant or 1)
     ]
     try:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(loop(c) for c in conns))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     finally:
         for conn in conns:
             await conn.close()
-    return {"elapsed_s": elapsed, "handled": handled}
+    return {"elapsed_s": elapsed, "cpu_s": cpu_s, "handled": handled}
 
 
 async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
@@ -314,7 +314,7 @@ async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str,
     boss = await Shoal.connect(url, schema=SCHEMA_SHOAL)
     watch = await open_watch(url)
     try:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         worker = boss.work(QUEUE, handler, concurrency=CONCURRENCY)
 
         async def describe() -> str:
@@ -328,7 +328,7 @@ async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str,
             return f"; job states {states}; {worker.stats}; tasks {tasks}"
 
         await wait_until_recorded(watch, "shoal", counter, describe)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
         stats = worker.stats
         pool_size = boss.db.pool.get_stats().get("pool_size", 0)
         await worker.stop()
@@ -337,6 +337,7 @@ async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str,
         await boss.close()
     return {
         "elapsed_s": elapsed,
+        "cpu_s": cpu_s,
         "handled": counter.seen,
         "pool_size": pool_size,
         "worker_stats": {
@@ -365,15 +366,15 @@ async def drain_pgqueuer(url: str, n: int, variant: int | None = None) -> dict[s
         async def noop(job: PgqJob) -> None:
             counter.hit()
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         run = asyncio.create_task(pgq.run(batch_size=variant or PGQ_REFERENCE_BATCH))
         try:
             await wait_until_recorded(watch, "pgqueuer", counter)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
         finally:
             pgq.shutdown.set()
             await asyncio.wait_for(run, 30)
-    return {"elapsed_s": elapsed, "handled": counter.seen}
+    return {"elapsed_s": elapsed, "cpu_s": cpu_s, "handled": counter.seen}
 
 
 async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
@@ -384,7 +385,7 @@ async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> d
 
     app, _task = procrastinate_app(url, bench_noop)
     async with app.open_async(), await open_watch(url) as watch:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         run = asyncio.create_task(
             app.run_worker_async(
                 queues=[QUEUE],
@@ -395,10 +396,10 @@ async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> d
         )
         try:
             await wait_until_recorded(watch, "procrastinate", counter)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
         finally:
             await asyncio.wait_for(run, 30)
-    return {"elapsed_s": elapsed, "handled": counter.seen}
+    return {"elapsed_s": elapsed, "cpu_s": cpu_s, "handled": counter.seen}
 
 
 # Each takes (url, n, variant): pgqueuer's batch size, or the raw loop's claimers.
@@ -446,6 +447,7 @@ class Case:
     rss_mib: list[float] = field(default_factory=list)
     sampled_rss_mib: list[float] = field(default_factory=list)
     usage: list[Usage] = field(default_factory=list)  # what the server did per drain
+    worker_cpu_s: list[float] = field(default_factory=list)  # the drain child's own CPU
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -781,9 +783,10 @@ class Bench:
         usage = await self.meter.since(before)
         case.usage.append(usage)
         case.drain_s.append(result["elapsed_s"])
+        case.worker_cpu_s.append(result["cpu_s"])
         case.rss_mib.append(result["vm_hwm_kib"] / 1024)
         case.sampled_rss_mib.append(result["sampled_rss_bytes"] / 2**20)
-        extra = f" {per_job(usage, self.n)}"
+        extra = f" {per_job(usage, self.n)}, worker CPU {result['cpu_s'] / self.n * 1e6:.0f} us/job"
         if "worker_stats" in result:
             extra += f" worker.stats={result['worker_stats']} pool={result['pool_size']}"
         if "stderr" in result:
@@ -920,8 +923,9 @@ def report(bench: Bench, cases: list[Case]) -> str:
         "processes, live and exited, via /proc):",
         "",
         "| case | WAL bytes/job | vs raw x1 | FPI | statements/job | vs raw x1 "
-        "| server CPU us/job | vs raw x1 | statement time us/job |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| server CPU us/job | vs raw x1 | vs raw x{RAW_CLAIMERS} | statement time us/job "
+        f"| worker CPU us/job | all CPU us/job | vs raw x{RAW_CLAIMERS} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def units(c: Case) -> tuple[float | None, float | None, float | None, float | None, int]:
@@ -933,6 +937,15 @@ def report(bench: Bench, cases: list[Case]) -> str:
             sum(u.wal_fpi for u in c.usage),
         )
 
+    def cpus(c: Case | None) -> tuple[float | None, float | None]:
+        """The drain child's CPU and all CPU (server's and child's), us per job: medians."""
+        if c is None:
+            return None, None
+        return (
+            median_of([s / n * 1e6 for s in c.worker_cpu_s]),
+            median_of(all_cpu_per_job(c, n)),
+        )
+
     def num(value: float | None, fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
@@ -941,12 +954,24 @@ def report(bench: Bench, cases: list[Case]) -> str:
             continue
         wal, stmts, cpu, exec_us, fpi = units(c)
         raw = good("raw", c.stale, 1)
+        raw_n = good("raw", c.stale, RAW_CLAIMERS)
         rwal, rstmts, rcpu, _, _ = units(raw) if raw and raw.usage else (None,) * 5
+        rcpu_n = units(raw_n)[2] if raw_n and raw_n.usage else None
+        worker, everything = cpus(c)
         lines.append(
             f"| {c.label} | {num(wal, ',.0f')} | {fmt_ratio(wal, rwal)} | {fpi} "
             f"| {num(stmts, '.4f')} | {fmt_ratio(stmts, rstmts)} "
-            f"| {num(cpu, ',.0f')} | {fmt_ratio(cpu, rcpu)} | {num(exec_us, ',.1f')} |"
+            f"| {num(cpu, ',.0f')} | {fmt_ratio(cpu, rcpu)} | {fmt_ratio(cpu, rcpu_n)} "
+            f"| {num(exec_us, ',.1f')} | {num(worker, ',.0f')} | {num(everything, ',.0f')} "
+            f"| {fmt_ratio(everything, cpus(raw_n)[1])} |"
         )
+    lines += [
+        "",
+        "Worker CPU: the drain child's own user+system seconds over the timed drain "
+        "(time.process_time). All CPU: the server's and the worker's together. On a "
+        "machine whose cores the drain keeps busy, the rates compare about as the "
+        "inverse of all CPU per job; where it waits on commits, they do not.",
+    ]
     lines += [
         "",
         "Drain seconds per repetition:",
@@ -963,7 +988,7 @@ def report(bench: Bench, cases: list[Case]) -> str:
 
 
 def round_report(cases: list[Case]) -> str:
-    """shoal against the raw loops, round by round: drain rate and server CPU per job."""
+    """shoal against the raw loops, round by round: drain rate, server and all CPU per job."""
     lines = [
         "",
         "shoal against the raw loops in the same round (the cases take turns; "
@@ -976,24 +1001,40 @@ def round_report(cases: list[Case]) -> str:
         if shoal is None or raw1 is None or raw2 is None:
             continue
         drains = sorted(r / s for r, s in zip(raw2.drain_s, shoal.drain_s, strict=False))
-        cpus = sorted(
-            s.cpu_s / r.cpu_s
-            for s, r in zip(shoal.usage, raw1.usage, strict=False)
-            if s.cpu_s is not None and r.cpu_s
-        )
         label = "stale stats" if stale else "fresh stats"
         if drains:
             lines.append(
-                f"- {label}: drain vs raw x{RAW_CLAIMERS} {statistics.median(drains):.2f}x "
-                f"({drains[0]:.2f}x-{drains[-1]:.2f}x)"
-                + (
-                    f"; server CPU per job vs raw x1 {statistics.median(cpus):.2f}x "
-                    f"({cpus[0]:.2f}x-{cpus[-1]:.2f}x)"
-                    if cpus
-                    else ""
-                )
+                f"- {label}: drain vs raw x{RAW_CLAIMERS} {spread(drains)}"
+                f"; server CPU per job vs raw x1 {spread(server_ratios(shoal, raw1))}"
+                f", vs raw x{RAW_CLAIMERS} {spread(server_ratios(shoal, raw2))}"
+                f"; all CPU per job vs raw x{RAW_CLAIMERS} "
+                f"{spread(ratios(all_cpu_per_job(shoal, 1), all_cpu_per_job(raw2, 1)))}"
             )
     return "\n".join(lines)
+
+
+def all_cpu_per_job(case: Case, n: int) -> list[float | None]:
+    """Each repetition's server and drain-child CPU together, us per job (None: unknown)."""
+    return [
+        None if u.cpu_s is None else (u.cpu_s + w) / n * 1e6
+        for u, w in zip(case.usage, case.worker_cpu_s, strict=False)
+    ]
+
+
+def ratios(ours: list[float | None], theirs: list[float | None]) -> list[float]:
+    """Round by round, ours / theirs, where both are known."""
+    return sorted(o / t for o, t in zip(ours, theirs, strict=False) if o is not None and t)
+
+
+def server_ratios(ours: Case, theirs: Case) -> list[float]:
+    return ratios([u.cpu_s for u in ours.usage], [u.cpu_s for u in theirs.usage])
+
+
+def spread(values: list[float]) -> str:
+    """Median (lowest-highest) of sorted ratios."""
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):.2f}x ({values[0]:.2f}x-{values[-1]:.2f}x)"
 
 
 def enqueue_report(times: dict[str, list[float]], n: int) -> str:
@@ -1023,17 +1064,13 @@ def cases_of(lib: str, stale: bool = False) -> list[Case]:
     return [Case(lib, stale)]
 
 
-# The throwaway server's settings beyond initdb's: autovacuum off as on the
-# development server (the stale-statistics cases need it; the drain is timed
-# without a vacuum running beside it), and pg_stat_statements to count statements.
-OWN_SERVER_SETTINGS = {"autovacuum": "off", "shared_preload_libraries": "pg_stat_statements"}
-
-
 async def main_async(args: argparse.Namespace) -> int:
     own = None
     admin_url = os.environ.get("DATABASE_URL") or DEFAULT_URL
+    if args.slow_commits and args.server != "own":
+        raise SystemExit("--slow-commits needs --server own (the bench's own cluster)")
     if args.server == "own":
-        own = OwnServer(OWN_SERVER_SETTINGS, prefix="shoal-queue-bench-")
+        own = OwnServer(own_server_settings(args.slow_commits), prefix="shoal-queue-bench-")
         own.start()
         admin_url = own.url
     try:
@@ -1126,6 +1163,15 @@ def main() -> None:
         default="own",
         help="own (default): a throwaway cluster of the machine's PostgreSQL, so WAL and "
         "server CPU are the bench's alone; url: DATABASE_URL's server as it is",
+    )
+    parser.add_argument(
+        "--slow-commits",
+        type=int,
+        default=0,
+        metavar="MICROSECONDS",
+        help="the own cluster waits this long before each WAL flush (commit_delay, "
+        "commit_siblings=0): a machine whose commits are dearer; the header's commit "
+        "rate is measured with it",
     )
     parser.add_argument("--worker", choices=LIBS, help=argparse.SUPPRESS)  # a drain child
     # The child's pgqueuer batch size, or its raw loop's claimers.
