@@ -34,6 +34,30 @@ async def test_worker_runs_every_job_once_and_records_its_output(boss: Shoal) ->
     assert await states(boss, "q") == {JobState.COMPLETED: 500}
 
 
+async def test_a_worker_started_on_a_backlog_of_quick_jobs_claims_a_full_batch_at_once(
+    boss: Shoal,
+) -> None:
+    """Its first claim takes a job for each runner; once those have run, the next is a full
+    batch, not one grown a little each round trip from the few jobs finished so far."""
+    claims: list[int] = []
+    boss.hooks.add(
+        lambda event: claims.append(event.fields["count"]) if event.name == "fetched" else None
+    )
+
+    async def handler(job: Job) -> None:
+        return None
+
+    await boss.insert([{"queue": "q"}] * 1000)
+    worker = boss.work("q", handler, concurrency=10, batch_size=100)
+    await wait_for(lambda: worker.stats.completed == 1000)
+    await worker.stop()
+    assert claims[0] == 10
+    # Three claims of slack: a run preempted on a loaded machine can make the
+    # runners look slow for a round trip or two (the claims grew from 10 to 100
+    # over seven claims when only the finished jobs' rate set them).
+    assert 100 in claims[1:4], claims
+
+
 async def test_concurrency_bounds_running_handlers(boss: Shoal) -> None:
     running = peak = 0
     full = asyncio.Event()  # the first handlers hold their slots until all four are taken
