@@ -74,7 +74,7 @@ import psutil
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from bench.machine import OwnServer, describe, own_server_settings
+from bench.machine import OwnServer, add_slow_commits_option, describe, own_server_settings
 from shoal import Shoal
 from shoal.db import Database
 from shoal.db.migrate import migrate
@@ -781,15 +781,7 @@ def main() -> None:
         help="own (default): a throwaway cluster of the machine's PostgreSQL with "
         "pg_stat_statements; url: DATABASE_URL's server as it is",
     )
-    parser.add_argument(
-        "--slow-commits",
-        type=int,
-        default=0,
-        metavar="MICROSECONDS",
-        help="the own cluster waits this long before each WAL flush (commit_delay, "
-        "commit_siblings=0): a machine whose commits are dearer; the header's commit "
-        "rate is measured with it",
-    )
+    add_slow_commits_option(parser)
     parser.add_argument("--produce", type=int, help=argparse.SUPPRESS)  # the producer process
     parser.add_argument("--nats-url", help=argparse.SUPPRESS)
     parser.add_argument("--nats-monitor-url", help=argparse.SUPPRESS)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import pwd
@@ -97,6 +98,19 @@ def own_server_settings(slow_commit_us: int = 0) -> dict[str, str]:
     if slow_commit_us:
         settings |= {"commit_delay": str(slow_commit_us), "commit_siblings": "0"}
     return settings
+
+
+def add_slow_commits_option(parser: argparse.ArgumentParser) -> None:
+    """``--slow-commits MICROSECONDS``, for :func:`own_server_settings`."""
+    parser.add_argument(
+        "--slow-commits",
+        type=int,
+        default=0,
+        metavar="MICROSECONDS",
+        help="the own cluster waits this long before each WAL flush (commit_delay, "
+        "commit_siblings=0): a machine whose commits are dearer; the header's commit "
+        "rate is measured with it",
+    )
 
 
 class OwnServer:

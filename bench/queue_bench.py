@@ -55,7 +55,14 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 if not __package__:  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.machine import OwnServer, ServerMeter, Usage, describe, own_server_settings
+from bench.machine import (
+    OwnServer,
+    ServerMeter,
+    Usage,
+    add_slow_commits_option,
+    describe,
+    own_server_settings,
+)
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "shoal_bench"
@@ -1164,15 +1171,7 @@ def main() -> None:
         help="own (default): a throwaway cluster of the machine's PostgreSQL, so WAL and "
         "server CPU are the bench's alone; url: DATABASE_URL's server as it is",
     )
-    parser.add_argument(
-        "--slow-commits",
-        type=int,
-        default=0,
-        metavar="MICROSECONDS",
-        help="the own cluster waits this long before each WAL flush (commit_delay, "
-        "commit_siblings=0): a machine whose commits are dearer; the header's commit "
-        "rate is measured with it",
-    )
+    add_slow_commits_option(parser)
     parser.add_argument("--worker", choices=LIBS, help=argparse.SUPPRESS)  # a drain child
     # The child's pgqueuer batch size, or its raw loop's claimers.
     parser.add_argument("--variant", type=int, help=argparse.SUPPRESS)
