@@ -220,13 +220,13 @@ class Worker:
         self._cursor: ClaimCursor[Any] = claim_cursor or ClaimCursor(job_order)
         # Prefetch sizing (fetcher only): jobs/s finished, seconds per claim,
         # and seconds per handler run (0.0: not measured yet). The runners add
-        # up their runs in _ran and _ran_s; the fetcher folds in the new ones.
+        # up the runs they finish in _ran and _ran_s; the fetcher folds them
+        # into _run_s and starts the sums again.
         self._rate = 0.0
         self._claim_s = 0.0
         self._run_s = 0.0
         self._ran = 0
         self._ran_s = 0.0
-        self._ran_seen = (0, 0.0)
         # Set when the completer has written everything handed to it.
         self.idle = asyncio.Event()
 
@@ -336,10 +336,9 @@ class Worker:
             # A claimed job holds a slot of a limit that binds: none are
             # hoarded away from runners in other processes.
             return 0
-        ran, ran_s = self._ran - self._ran_seen[0], self._ran_s - self._ran_seen[1]
-        if ran and ran_s > 0:
-            self._run_s = smooth(self._run_s, ran_s / ran)
-            self._ran_seen = (self._ran, self._ran_s)
+        if self._ran_s > 0:  # never on a clock that does not move (FakeClock)
+            self._run_s = smooth(self._run_s, self._ran_s / self._ran)
+            self._ran, self._ran_s = 0, 0.0
         rate = self._rate
         if self._run_s > 0:
             rate = max(rate, self.concurrency / self._run_s)
