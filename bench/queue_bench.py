@@ -279,6 +279,19 @@ async def open_watch(url: str) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(url, autocommit=True)
 
 
+class Timed:
+    """Wall and process CPU seconds since it was made: one window for both."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> dict[str, float]:
+        return {
+            "elapsed_s": time.perf_counter() - self.wall,
+            "cpu_s": time.process_time() - self.cpu,
+        }
+
+
 async def drain_raw(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
     """``variant`` claim loops at once (default 1), each on its own connection.
 
@@ -301,13 +314,13 @@ async def drain_raw(url: str, n: int, variant: int | None = None) -> dict[str, A
         await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(variant or 1)
     ]
     try:
-        start, cpu = time.perf_counter(), time.process_time()
+        timed = Timed()
         await asyncio.gather(*(loop(c) for c in conns))
-        elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        spent = timed.read()
     finally:
         for conn in conns:
             await conn.close()
-    return {"elapsed_s": elapsed, "cpu_s": cpu_s, "handled": handled}
+    return {**spent, "handled": handled}
 
 
 async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
@@ -321,7 +334,7 @@ async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str,
     boss = await Shoal.connect(url, schema=SCHEMA_SHOAL)
     watch = await open_watch(url)
     try:
-        start, cpu = time.perf_counter(), time.process_time()
+        timed = Timed()
         worker = boss.work(QUEUE, handler, concurrency=CONCURRENCY)
 
         async def describe() -> str:
@@ -335,7 +348,7 @@ async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str,
             return f"; job states {states}; {worker.stats}; tasks {tasks}"
 
         await wait_until_recorded(watch, "shoal", counter, describe)
-        elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+        spent = timed.read()
         stats = worker.stats
         pool_size = boss.db.pool.get_stats().get("pool_size", 0)
         await worker.stop()
@@ -343,8 +356,7 @@ async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str,
         await watch.close()
         await boss.close()
     return {
-        "elapsed_s": elapsed,
-        "cpu_s": cpu_s,
+        **spent,
         "handled": counter.seen,
         "pool_size": pool_size,
         "worker_stats": {
@@ -373,15 +385,15 @@ async def drain_pgqueuer(url: str, n: int, variant: int | None = None) -> dict[s
         async def noop(job: PgqJob) -> None:
             counter.hit()
 
-        start, cpu = time.perf_counter(), time.process_time()
+        timed = Timed()
         run = asyncio.create_task(pgq.run(batch_size=variant or PGQ_REFERENCE_BATCH))
         try:
             await wait_until_recorded(watch, "pgqueuer", counter)
-            elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+            spent = timed.read()
         finally:
             pgq.shutdown.set()
             await asyncio.wait_for(run, 30)
-    return {"elapsed_s": elapsed, "cpu_s": cpu_s, "handled": counter.seen}
+    return {**spent, "handled": counter.seen}
 
 
 async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
@@ -392,7 +404,7 @@ async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> d
 
     app, _task = procrastinate_app(url, bench_noop)
     async with app.open_async(), await open_watch(url) as watch:
-        start, cpu = time.perf_counter(), time.process_time()
+        timed = Timed()
         run = asyncio.create_task(
             app.run_worker_async(
                 queues=[QUEUE],
@@ -403,10 +415,10 @@ async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> d
         )
         try:
             await wait_until_recorded(watch, "procrastinate", counter)
-            elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+            spent = timed.read()
         finally:
             await asyncio.wait_for(run, 30)
-    return {"elapsed_s": elapsed, "cpu_s": cpu_s, "handled": counter.seen}
+    return {**spent, "handled": counter.seen}
 
 
 # Each takes (url, n, variant): pgqueuer's batch size, or the raw loop's claimers.
@@ -994,7 +1006,7 @@ def report(bench: Bench, cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
-def round_report(cases: list[Case]) -> str:
+def round_report(cases: list[Case], n: int) -> str:
     """shoal against the raw loops, round by round: drain rate, server and all CPU per job."""
     lines = [
         "",
@@ -1015,7 +1027,7 @@ def round_report(cases: list[Case]) -> str:
                 f"; server CPU per job vs raw x1 {spread(server_ratios(shoal, raw1))}"
                 f", vs raw x{RAW_CLAIMERS} {spread(server_ratios(shoal, raw2))}"
                 f"; all CPU per job vs raw x{RAW_CLAIMERS} "
-                f"{spread(ratios(all_cpu_per_job(shoal, 1), all_cpu_per_job(raw2, 1)))}"
+                f"{spread(ratios(all_cpu_per_job(shoal, n), all_cpu_per_job(raw2, n)))}"
             )
     return "\n".join(lines)
 
@@ -1113,7 +1125,7 @@ async def run_bench(args: argparse.Namespace, admin_url: str, server: str) -> in
         await bench.close()
     print(f"\n(measured in {time.perf_counter() - started:.0f} s)\n")
     print(report(bench, cases))
-    print(round_report(cases))
+    print(round_report(cases, args.n))
     if enqueues:
         print(enqueue_report(enqueues, args.n))
     print("\nSettings:")
