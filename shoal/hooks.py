@@ -54,7 +54,8 @@ EventName = Literal[
 - ``item_finished``: a batch item's run ended (``queue``: the kind's queue,
   ``kind``, ``item_id``, ``outcome``: completed, error, retried, released,
   phantom (a delivery for an item already running or finished), skipped_cancelled
-  (a delivery for an item of a stopped task), or lost);
+  (a delivery for an item of a stopped task), superseded (a buffered item
+  taken from this worker before it started), or lost);
 - ``worker_idle``: a worker found its queue empty with nothing running and
   every outcome written (``queue``);
 - ``aggregator_pass``: the batch aggregator finished a pass (``report``);

@@ -84,6 +84,7 @@ ITEM_OUTCOMES = (
     "released",
     "phantom",
     "skipped_cancelled",
+    "superseded",
     "lost",
 )
 # message_failed's ``settled`` and what it counts as.

@@ -9,6 +9,7 @@ name                                           type     labels
 =============================================  =======  ===================================
 ``shoal_batch_items``                          gauge    ``kind``, ``state`` (unfinished tasks)
 ``shoal_batch_phantom_skips_total``            counter  (item jobs the phantom guard skipped)
+``shoal_batch_superseded_skips_total``         counter  (buffered items taken from their worker)
 ``shoal_batch_cancelled_skips_total``          counter  (item jobs skipped: their task was stopped)
 ``shoal_batch_zombies_reaped_total``           counter  (running items reaped by heartbeat)
 ``shoal_batch_completion_detection_seconds``   summary  ``kind``, ``quantile``
@@ -43,7 +44,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from shoal.batch.aggregator import ZOMBIES_REAPED
-from shoal.batch.item_runner import CANCELLED_SKIPS, PHANTOM_SKIPS
+from shoal.batch.item_runner import CANCELLED_SKIPS, PHANTOM_SKIPS, SUPERSEDED_SKIPS
 from shoal.batch.service import Batches
 from shoal.batch.states import ItemStatus
 from shoal.db.usage import quantile
@@ -136,6 +137,13 @@ async def render(boss: Shoal, batches: Batches) -> str:
         "counter",
         "Item jobs that found their item cancelled (its task was stopped) and did nothing.",
         [("", {}, counters.get(CANCELLED_SKIPS, 0))],
+    )
+    out.family(
+        "shoal_batch_superseded_skips_total",
+        "counter",
+        "Claimed items a worker did not run because they were taken from it (reaped "
+        "or cancelled) while they waited in its buffer.",
+        [("", {}, counters.get(SUPERSEDED_SKIPS, 0))],
     )
     out.family(
         "shoal_batch_zombies_reaped_total",

@@ -26,6 +26,17 @@ While the handler runs, a heartbeat loop refreshes the item's ``updated_at``
 every quarter of the zombie timeout, so only a dead or frozen process lets an
 item go stale.
 
+A claimed item waits in the worker's buffer until a runner is free. If the
+process stops giving signs of life meanwhile (paused, or its heartbeats failed
+through a database restart), the aggregator reaps the item and another worker
+may run it. So a buffered item is never started on trust: the heartbeat loop
+drops every item its answer no longer names, and a run starts only on an item
+whose fence was confirmed (by its claim or a heartbeat) less than half the
+zombie timeout ago; an older one is confirmed by one more fenced heartbeat
+first. An item taken elsewhere is skipped as ``superseded``: its handler
+never runs here. The window that remains is a run already started when the
+process stops (docs/batch.md).
+
 A claimed item is ``running`` (fenced, heartbeated) from its claim on, but
 progress counts it as running only while a handler runs it: a mark loop sets
 the item's ``in_handler`` once its handler has run for ``MARK_AFTER`` (one
@@ -38,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -67,10 +78,25 @@ FINAL_WRITE_TRIES = 5
 NO_DELAY = timedelta(0)
 HANDED_BACK = "handed back at shutdown before it ran"
 INTERRUPTED = "stopped by the worker's shutdown; handed back without spending an attempt"
+# Backoff between tries to confirm a stale buffered item's fence.
+CONFIRM_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+SUPERSEDED_SKIPS = "superseded_skips"
 # A handler is marked as running once it has run this long. Shorter runs are
 # never marked (the many marks of fast items would cost a write each); the
 # running count users see lags a handler's start by about this much.
 MARK_AFTER = timedelta(milliseconds=50)
+
+
+class Held(NamedTuple):
+    """An item this runner holds: its fence, and when that fence was last confirmed.
+
+    ``at`` is the clock's monotonic time at which the statement that last
+    refreshed the item's sign of life (its claim, or a heartbeat that named
+    it) was sent: the item's ``updated_at`` is no older than that.
+    """
+
+    fence: int
+    at: float
 
 
 class ItemDone(NamedTuple):
@@ -112,9 +138,11 @@ class ItemRunner:
         self.send = send
         self.jitter = jitter
         self.wake = wake
-        # Items running in this process, by id, with their fence. Written by
-        # runs as they start and end, read by the heartbeat loop.
-        self._held: dict[ItemId, int] = {}
+        # Items held by this process (claimed, buffered or running), by id,
+        # with their fence and when it was last confirmed. Written by claims,
+        # runs and the heartbeat loop (which drops what its answer no longer
+        # names); read by runs before they start a handler.
+        self._held: dict[ItemId, Held] = {}
         # Items whose handler runs now, with their fence and the clock's
         # monotonic start. Written by runs, read by the mark loop.
         self._in_handler: dict[ItemId, tuple[int, float]] = {}
@@ -134,6 +162,7 @@ class ItemRunner:
         self._guard: Coalescer[ItemId, GuardedItem | None] = Coalescer(
             self._guard_many, name=f"shoal-guard:{kind.name}"
         )
+        self.superseded_skips = 0
 
     async def claim(self, queue: str, limit: int, *, now: datetime | None) -> list[ClaimedJob]:
         """Claim item jobs and guard their items in one statement (the worker's ``claim``).
@@ -144,6 +173,7 @@ class ItemRunner:
         ``release_unstarted`` hands back those whose job never ran.
         """
         after = self.cursor.start(work_seconds())
+        sent = self.clock.monotonic()
         claimed = await self.store.claim_items(queue, limit, now=now, after=after)
         self.cursor.moved(
             after,
@@ -156,7 +186,7 @@ class ItemRunner:
         for job, guarded in claimed.jobs:
             self._prepared[job.id] = guarded
             if guarded is not None:
-                self._held[guarded.id] = guarded.fence
+                self._held[guarded.id] = Held(guarded.fence, sent)
         return [job for job, _ in claimed.jobs]
 
     async def release_unstarted(self) -> int:
@@ -188,6 +218,64 @@ class ItemRunner:
     async def _guard_many(self, ids: Sequence[ItemId]) -> list[GuardedItem | None]:
         passed = await self.store.guard_items(ids, now=self.clock.sql_now())
         return [passed.get(item_id) for item_id in ids]
+
+    def _heard(
+        self, asked: Sequence[tuple[ItemId, int]], still: Collection[ItemId], sent: float
+    ) -> int:
+        """Take a heartbeat's answer: confirm the items it names, drop the rest.
+
+        Only entries whose fence is the one asked about are touched: an item
+        recorded (or claimed again) while the heartbeat was in flight is not
+        this answer's to change. Returns how many items were dropped.
+        """
+        dropped = 0
+        for item_id, fence in asked:
+            current = self._held.get(item_id)
+            if current is None or current.fence != fence:
+                continue
+            if item_id in still:
+                if current.at < sent:
+                    self._held[item_id] = Held(fence, sent)
+            else:
+                del self._held[item_id]
+                dropped += 1
+        return dropped
+
+    async def _still_held(self, guarded: GuardedItem) -> bool:
+        """Whether this run may start: the item's fence is this process's, confirmed lately.
+
+        No statement while the fence was confirmed less than half the zombie
+        timeout ago (the aggregator reaps only past the whole of it);
+        otherwise one fenced heartbeat answers, and refreshes the item when
+        it is still held (needed only after the process stalled). A failed heartbeat is
+        tried again until one answers: starting on an unconfirmed fence is
+        what this check is for.
+        """
+        held = self._held.get(guarded.id)
+        if held is None or held.fence != guarded.fence:
+            return False
+        if self.clock.monotonic() - held.at < self.kind.zombie_timeout.total_seconds() / 2:
+            return True
+        asked = [(guarded.id, guarded.fence)]
+        errors = 0
+        while True:
+            sent = self.clock.monotonic()
+            try:
+                still = await self.store.heartbeat_items(asked, now=self.clock.sql_now())
+            except TransientError as exc:
+                delay = CONFIRM_BACKOFF_S[min(errors, len(CONFIRM_BACKOFF_S) - 1)]
+                errors += 1
+                log.warning(
+                    "item %s: confirming its claim before running it failed (%s); "
+                    "retrying in %.1fs",
+                    guarded.id,
+                    exc,
+                    delay,
+                )
+                await self.clock.sleep(delay)
+                continue
+            self._heard(asked, still, sent)
+            return guarded.id in still
 
     async def finalize(
         self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]
@@ -232,7 +320,8 @@ class ItemRunner:
 
     async def __call__(self, job: Job) -> Any:
         guarded = self._prepared.pop(job.id, _UNCLAIMED)
-        if guarded is _UNCLAIMED:  # a job this runner did not claim (no claim=self.claim)
+        buffered = guarded is not _UNCLAIMED
+        if not buffered:  # a job this runner did not claim (no claim=self.claim)
             guarded = await self._guard.submit(ItemId(int(job.data["item"])))
         if guarded is None:
             item_id = ItemId(int(job.data["item"]))
@@ -249,6 +338,24 @@ class ItemRunner:
             if self.hooks:
                 self._report(item_id, "phantom")
             return {"skipped": "phantom"}
+        if not buffered:
+            # Guarded just now, for this run: confirmed by the guard itself.
+            self._held[guarded.id] = Held(guarded.fence, self.clock.monotonic())
+        elif not await self._still_held(guarded):
+            # Taken from this process while it waited in the buffer (reaped,
+            # or its task cancelled): its attempt is someone else's now.
+            self.superseded_skips += 1
+            log.warning(
+                "item %s: its claim was superseded while it waited in this worker's buffer "
+                "(no sign of life for %s); not run here (job %s)",
+                guarded.id,
+                self.kind.zombie_timeout,
+                job.id,
+            )
+            await self.store.count_event(SUPERSEDED_SKIPS)
+            if self.hooks:
+                self._report(guarded.id, "superseded")
+            return {"skipped": "superseded"}
         item = Item(guarded, job, self._heartbeat)
         if guarded.run > guarded.max_attempts:
             error = RuntimeError(f"no attempts left ({guarded.max_attempts} allowed)")
@@ -260,7 +367,6 @@ class ItemRunner:
         # that ends without a result sends its item a new job. Any other job
         # is retried, or handed back, by the queue.
         taken = job.claim.lease_expires_at is None
-        self._held[guarded.id] = guarded.fence
         self._in_handler[guarded.id] = (guarded.fence, self.clock.monotonic())
         try:
             result = await self.kind.handler(item)
@@ -392,7 +498,10 @@ class ItemRunner:
             return
 
     async def _heartbeat(self, item: Item) -> bool:
-        held = await self.store.heartbeat_items([(item.id, item.fence)], now=self.clock.sql_now())
+        asked = [(item.id, item.fence)]
+        sent = self.clock.monotonic()
+        held = await self.store.heartbeat_items(asked, now=self.clock.sql_now())
+        self._heard(asked, held, sent)
         await item.job.heartbeat()
         return item.id in held
 
@@ -417,7 +526,8 @@ class ItemRunner:
             running = self._in_handler.get(item_id)
             if running is not None and running[0] == fence:
                 continue
-            if self._held.get(item_id) == fence:  # ended, result not yet recorded
+            held = self._held.get(item_id)
+            if held is not None and held.fence == fence:  # ended, result not yet recorded
                 marks.append((item_id, fence, False))
             else:  # recorded or failed: no longer running
                 del self._marked[item_id]
@@ -442,14 +552,35 @@ class ItemRunner:
             except Exception:  # loop boundary: marks must keep going
                 log.exception("marking running items failed")
 
+    async def heartbeat_once(self) -> int:
+        """Refresh every item this process holds; drop those the answer no longer names.
+
+        Returns how many were dropped: reaped (this process gave no sign of
+        life for the zombie timeout) or cancelled. One that was still
+        buffered will not run here (``__call__`` skips it).
+        """
+        if not self._held:
+            return 0
+        asked = [(item_id, held.fence) for item_id, held in self._held.items()]
+        sent = self.clock.monotonic()
+        still = await self.store.heartbeat_items(asked, now=self.clock.sql_now())
+        dropped = self._heard(asked, still, sent)
+        if dropped:
+            log.warning(
+                "%d %s items were taken from this worker (no sign of life for %s, "
+                "or cancelled); those not started yet will not run here",
+                dropped,
+                self.kind.name,
+                self.kind.zombie_timeout,
+            )
+        return dropped
+
     async def heartbeat_loop(self) -> None:
-        """Refresh the sign of life of every item running in this process."""
+        """Refresh the sign of life of every item held in this process."""
         while True:
             await self.clock.sleep(self.heartbeat_interval.total_seconds())
-            if not self._held:
-                continue
             try:
-                await self.store.heartbeat_items(list(self._held.items()), now=self.clock.sql_now())
+                await self.heartbeat_once()
             except TransientError as exc:
                 log.warning("item heartbeat failed: %s", exc)
             except Exception:  # loop boundary: heartbeats must keep going

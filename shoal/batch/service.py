@@ -106,6 +106,10 @@ class Batches:
             finalize=runner.finalize,
             # The item row holds the result; the job needs no copy.
             store_output=False,
+            # Buffered items are running (the aggregator reaps them past the
+            # zombie timeout): hold no more than the runners start within
+            # one heartbeat interval.
+            max_hold=runner.heartbeat_interval,
         )
         return KindWorker(worker, runner)
 

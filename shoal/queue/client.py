@@ -247,6 +247,7 @@ class Shoal:
         global_concurrency: int | None = None,
         rate_limit: Rate | None = None,
         partition_by: str | Partitioner | None = None,
+        max_hold: timedelta | None = None,
     ) -> Worker:
         """Start running ``handler`` on ``queue`` in this process; returns the running worker.
 
@@ -262,7 +263,9 @@ class Shoal:
         records each batch of completed jobs in place of the worker's own
         write (see ``shoal.queue.worker``).
         With ``store_output=False`` handlers' return values are not kept on
-        the job rows.
+        the job rows. ``max_hold`` bounds the claimed jobs the worker holds
+        unstarted to what its runners start in that long at the current rate
+        (at most a quarter of a job's lease in any case).
         """
         check_queue_name(queue)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -295,6 +298,7 @@ class Shoal:
             store_output=store_output,
             hooks=self.hooks,
             limits=limits or None,
+            max_hold=max_hold,
         )
         worker.start()
         self._workers.append(worker)

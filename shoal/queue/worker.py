@@ -16,12 +16,23 @@ Three kinds of task cooperate, all in one process:
 
 Every final write names the attempt the runner was handed, so a runner that
 lost its lease can never overwrite the outcome of the job's next attempt.
+
+A job's lease runs from its claim, not from the start of its handler: a job
+that waited in the buffer has less of it left. So a runner never starts a
+handler on trust. A job whose lease is half spent (by the worker's own clock,
+from when its claim was sent) is first extended by one fenced statement; one
+that is no longer this worker's (the lease ran out, maintenance gave it to
+another worker) is dropped unrun and counted as lost. The buffer is also kept
+to what the runners can start within a quarter of the shortest lease at the
+current rate, and the execution deadline counts from the lease, not from the
+handler's start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 from collections import deque
@@ -150,6 +161,7 @@ class Worker:
         store_output: bool = True,
         hooks: Hooks | None = None,
         limits: Limits | None = None,
+        max_hold: timedelta | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
@@ -184,8 +196,16 @@ class Worker:
         # Observers of fetches, outcomes and idleness (shoal.testing.Probe).
         self.hooks = hooks if hooks is not None else Hooks()
 
-        # Claimed, not yet started. Written by the fetcher, read by runners.
-        self._buffer: deque[ClaimedJob] = deque()
+        # Claimed, not yet started, each with the clock's monotonic time at
+        # which its claim was sent (its lease runs from no earlier). Written by
+        # the fetcher, read by runners.
+        self._buffer: deque[tuple[ClaimedJob, float]] = deque()
+        # The most seconds of work the buffer may hold at the current rate: a
+        # quarter of the shortest lease claimed lately, or ``max_hold`` (the
+        # batch layer's: a quarter of the zombie timeout), whichever is less.
+        # Fetcher only.
+        self._max_hold_s = max_hold.total_seconds() if max_hold is not None else math.inf
+        self._hold_s = self._max_hold_s
         self._has_jobs = asyncio.Event()  # set by the fetcher, awaited by idle runners
         self._room = asyncio.Event()  # set by runners as jobs finish, awaited by the fetcher
         # Outcomes waiting for the completer. Written by runners and stop().
@@ -267,7 +287,7 @@ class Worker:
         await self._fetcher
         # Jobs claimed but never started go straight back.
         while self._buffer:
-            self._record(self._buffer.popleft(), Interrupted())
+            self._record(self._buffer.popleft()[0], Interrupted())
         self._has_jobs.set()
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=grace.total_seconds())
@@ -305,11 +325,18 @@ class Worker:
         assert task is not None
         if not self._prepared:
             await self._prepare()
+        leased_at = self.clock.monotonic()
         claimed = await self.claim(self.queue, self.batch_size, now=self.clock.sql_now())
         self._claimed += len(claimed)
         if self.hooks:
             self.hooks.emit("fetched", self.queue, count=len(claimed))
-        batch = [(claim, await self._run_one(claim, task)) for claim in claimed]
+        batch = []
+        for claim in claimed:
+            outcome = await self._run_one(claim, task, leased_at)
+            if outcome is None:
+                self._drop(claim)
+            else:
+                batch.append((claim, outcome))
         if batch:
             # Not retried here: a database error fails the caller (the test) at once.
             await self._write(batch)
@@ -342,7 +369,11 @@ class Worker:
         rate = self._rate
         if self._run_s > 0:
             rate = max(rate, self.concurrency / self._run_s)
-        return min(self.batch_size, math.ceil(rate * self._claim_s * 4))
+        target = min(self.batch_size, math.ceil(rate * self._claim_s * 4))
+        if self._hold_s < math.inf:
+            # No more than the runners start within the hold at this rate.
+            target = min(target, int(rate * self._hold_s))
+        return target
 
     async def _prepare(self) -> None:
         """Before the first claim: declare this worker's limits, or learn if the queue has any."""
@@ -475,7 +506,10 @@ class Worker:
                 self._held_back = len(claimed) < min(room, self.batch_size)
             if claimed:
                 self._claimed += len(claimed)
-                self._buffer.extend(claimed)
+                self._buffer.extend(zip(claimed, itertools.repeat(started)))
+                leases = [c.expire_in_s for c in claimed if c.lease_expires_at is not None]
+                if leases:
+                    self._hold_s = min(self._max_hold_s, min(leases) / 4)
                 self._has_jobs.set()
             if len(claimed) < min(room, self.batch_size):
                 self._fetch_idle = True
@@ -530,20 +564,37 @@ class Worker:
                     return
                 self._has_jobs.clear()
                 await self._has_jobs.wait()
-            claim = self._buffer.popleft()
+            claim, leased_at = self._buffer.popleft()
             self._running[claim.id] = task
             try:
-                outcome = await self._run_one(claim, task)
+                outcome = await self._run_one(claim, task, leased_at)
             except asyncio.CancelledError:
                 # Shutdown cut the handler off: hand the job back, no attempt spent.
                 self._finish(claim, Interrupted())
                 raise
-            self._finish(claim, outcome)
+            if outcome is None:
+                self._drop(claim)
+            else:
+                self._finish(claim, outcome)
 
-    async def _run_one(self, claim: ClaimedJob, task: asyncio.Task[Any]) -> Outcome:
-        job = Job(claim, self._heartbeat)
+    async def _run_one(
+        self, claim: ClaimedJob, task: asyncio.Task[Any], leased_at: float
+    ) -> Outcome | None:
+        """Run the handler on a claimed job; None when the job is no longer ours to run."""
         started = self.clock.monotonic()
-        self._deadline_at[claim.id] = started + claim.expire_in_s
+        if claim.lease_expires_at is None:
+            # Taken without a lease: the execution deadline runs from the start.
+            leased_at = started
+        elif started - leased_at >= claim.expire_in_s / 2:
+            # Half the lease spent in the buffer: confirm it is still ours.
+            leased_at = await self._extend_before_start(claim)
+            if leased_at < 0:
+                return None
+            started = self.clock.monotonic()
+        job = Job(claim, self._heartbeat)
+        # The lease, and so the execution deadline, runs from the claim (or
+        # the extension just made).
+        self._deadline_at[claim.id] = leased_at + claim.expire_in_s
         outcome: Outcome
         try:
             output = await self.handler(job)
@@ -578,6 +629,51 @@ class Worker:
                 started_at=claim.started_at,
             )
         return outcome
+
+    async def _extend_before_start(self, claim: ClaimedJob) -> float:
+        """Extend a buffered job's lease before its run; when the new lease began, -1.0 if lost.
+
+        One fenced extension answers whether the job is still this worker's
+        (a lease that ran out may have been expired, and the job claimed
+        again elsewhere). Transient failures are retried: a handler is never
+        started on a lease it could not confirm.
+        """
+        errors = 0
+        while True:
+            sent = self.clock.monotonic()
+            try:
+                leases = await self.store.extend_leases(
+                    [(claim.id, claim.attempt)], now=self.clock.sql_now()
+                )
+            except TransientError as exc:
+                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                errors += 1
+                log.warning(
+                    "job %s: extending its lease before running it failed (%s); retrying in %.1fs",
+                    claim.id,
+                    exc,
+                    delay,
+                    extra={"queue": self.queue, "job_id": claim.id},
+                )
+                await self.clock.sleep(delay)
+                continue
+            return sent if claim.id in leases else -1.0
+
+    def _drop(self, claim: ClaimedJob) -> None:
+        """Forget a buffered job whose lease was lost before it ran: it is not ours to record."""
+        self._running.pop(claim.id, None)
+        self._lost += 1
+        self._room.set()
+        log.warning(
+            "job %s (attempt %d): its lease ran out while it waited in this worker's buffer; "
+            "not run here",
+            claim.id,
+            claim.attempt,
+            extra={"queue": self.queue, "job_id": claim.id},
+        )
+        if self.hooks:
+            self.hooks.emit("job_finished", self.queue, job_id=claim.id, outcome="lost")
+        self._report_idle()
 
     async def _watch_deadlines(self) -> None:
         """Cancel handlers that ran past their execution deadline."""
