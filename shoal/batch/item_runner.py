@@ -64,6 +64,7 @@ from shoal.errors import TransientError
 from shoal.hooks import Hooks
 from shoal.queue.cursor import ClaimCursor, ItemPosition, item_order
 from shoal.queue.job import Completed, Job, Outcome, error_entry
+from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
@@ -105,7 +106,7 @@ class ItemDone(NamedTuple):
     item_id: ItemId
     fence: int
     task_id: TaskId
-    result: Any
+    result: str | None  # as JSON text (shoal.queue.results.encode_result)
 
 
 # Marks a job missing from ItemRunner._prepared.
@@ -163,6 +164,8 @@ class ItemRunner:
             self._guard_many, name=f"shoal-guard:{kind.name}"
         )
         self.superseded_skips = 0
+        # Prefixes the error of a run whose result cannot be stored.
+        self._returned_by = returned_by(callable_name(kind.handler), f"batch kind {kind.name!r}")
 
     async def claim(self, queue: str, limit: int, *, now: datetime | None) -> list[ClaimedJob]:
         """Claim item jobs and guard their items in one statement (the worker's ``claim``).
@@ -370,6 +373,9 @@ class ItemRunner:
         self._in_handler[guarded.id] = (guarded.fence, self.clock.monotonic())
         try:
             result = await self.kind.handler(item)
+            # A result that cannot be stored fails this run like an error of
+            # the handler's, here, not the statement that records a batch.
+            stored = encode_result(result, returned_by=self._returned_by)
         except asyncio.CancelledError as cancel:
             self._held.pop(guarded.id, None)
             if is_shutdown(cancel):
@@ -408,7 +414,7 @@ class ItemRunner:
         finally:
             del self._in_handler[guarded.id]
         # Still held (heartbeats continue) until finalize records the result.
-        return ItemDone(guarded.id, guarded.fence, guarded.task_id, result)
+        return ItemDone(guarded.id, guarded.fence, guarded.task_id, stored)
 
     def _report(self, item_id: ItemId, outcome: str) -> None:
         self.hooks.emit(

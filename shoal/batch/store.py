@@ -18,6 +18,7 @@ from shoal.db.pool import AsyncConn, Database, translated
 from shoal.db.queries import fetch_named, fetch_named_timed, int_array, load_queries, positions
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.cursor import ItemPosition, item_order
+from shoal.queue.results import encode_result
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob, JobSettings, claim_reader
 
@@ -394,12 +395,14 @@ class BatchStore:
     async def record_items(
         self,
         conn: AsyncConn,
-        done: Sequence[tuple[ItemId, int, Any]],
+        done: Sequence[tuple[ItemId, int, str | None]],
         jobs: Sequence[tuple[JobId, int]] = (),
         *,
         now: datetime | None,
     ) -> CompletedItems:
         """running -> completed for (id, fence, result), and complete (job id, attempt).
+
+        Each result is JSON text (:func:`~shoal.queue.results.encode_result`) or None.
 
         One statement: the items' results and their jobs commit together.
         ``items`` of the result also holds items this same run had recorded
@@ -414,11 +417,7 @@ class BatchStore:
                 "attempts": int_array(d[1] for d in done),
                 # Mostly None (no-op handlers, or results kept elsewhere):
                 # an empty array leaves every result NULL, i.e. JSON null.
-                "results": (
-                    [None if d[2] is None else json.dumps(d[2]) for d in done]
-                    if any(d[2] is not None for d in done)
-                    else []
-                ),
+                "results": ([d[2] for d in done] if any(d[2] is not None for d in done) else []),
                 "job_ids": int_array(j[0] for j in jobs),
                 "job_attempts": int_array(j[1] for j in jobs),
                 "now": now,
@@ -446,10 +445,15 @@ class BatchStore:
     async def complete_items(
         self, done: Sequence[tuple[ItemId, int, Any]], *, now: datetime | None
     ) -> set[ItemId]:
-        """running -> completed for (id, fence, result); the ids that won their fence."""
+        """running -> completed for (id, fence, result); the ids that won their fence.
+
+        Raises :class:`~shoal.queue.results.UnstorableResult` for a result
+        that cannot be stored, before anything is written.
+        """
+        encoded = [(item_id, fence, encode_result(result)) for item_id, fence, result in done]
 
         async def run(c: AsyncConn) -> set[ItemId]:
-            return (await self.record_items(c, done, now=now)).items
+            return (await self.record_items(c, encoded, now=now)).items
 
         return await self.db.run(run, transaction=False)
 

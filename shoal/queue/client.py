@@ -37,6 +37,7 @@ from shoal.queue.options import (
     parse_queue_defaults,
 )
 from shoal.queue.registry import WorkerRegistry
+from shoal.queue.results import UnstorableResult, callable_name
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import (
@@ -279,6 +280,7 @@ class Shoal:
             raise InvalidInput("claim", "a worker with limits claims through the limited claim")
         if limits:
             self._register_partitioner(queue, limits)
+        name = callable_name(handler)
         handler = as_async(handler, threads=concurrency, name=queue)
         if self.notifier is not None:
             self.notifier.start()
@@ -299,6 +301,7 @@ class Shoal:
             hooks=self.hooks,
             limits=limits or None,
             max_hold=max_hold,
+            handler_name=name,
         )
         worker.start()
         self._workers.append(worker)
@@ -381,7 +384,10 @@ class Shoal:
     async def complete(self, job: Job | JobId, output: Any = None) -> bool:
         """Mark an active job completed; False when it is no longer active under that attempt."""
         job_id, attempt, _ = await self._fence(job)
-        won = await self.store.complete([(job_id, attempt, output)], now=self.clock.sql_now())
+        try:
+            won = await self.store.complete([(job_id, attempt, output)], now=self.clock.sql_now())
+        except UnstorableResult as exc:
+            raise InvalidInput("output", str(exc)) from None
         return job_id in won
 
     async def fail(self, job: Job | JobId, error: BaseException | str) -> JobState | None:

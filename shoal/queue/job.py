@@ -146,6 +146,9 @@ def event_entry(attempt: int, kind: str, message: str, at: str) -> dict[str, Any
 @dataclass(frozen=True, slots=True)
 class Completed:
     output: Any
+    # The output as the JSON text its job stores, when it keeps one
+    # (shoal.queue.results.encode_result; encoded as the run ends).
+    stored: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

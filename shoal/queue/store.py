@@ -20,7 +20,6 @@ from importlib import resources
 from typing import Any, NamedTuple, TypeVar
 
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from shoal.db.pool import AsyncConn, Database, Pending
 from shoal.db.queries import fetch_named, fetch_named_timed, int_array, parse_queries, positions
@@ -28,6 +27,7 @@ from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.cursor import Position
 from shoal.queue.limits import Limits, LimitState, Rate
 from shoal.queue.options import JobOptions
+from shoal.queue.results import encode_result
 from shoal.queue.retry import RetryPolicy
 from shoal.queue.states import JobId, JobState
 
@@ -608,7 +608,10 @@ class JobStore:
     async def send_complete(
         self, conn: AsyncConn, done: Sequence[tuple[JobId, int, Any]], *, now: datetime | None
     ) -> Pending[set[JobId]]:
-        """Send active -> completed for (id, attempt, output); read the ids that won their fence."""
+        """Send active -> completed for (id, attempt, output); read the ids that won their fence.
+
+        Each output is JSON text (:func:`~shoal.queue.results.encode_result`) or None.
+        """
         if not done:
             return Pending(None, lambda rows: set())
         cur = await conn.execute(
@@ -617,11 +620,7 @@ class JobStore:
                 "ids": int_array(d[0] for d in done),
                 "attempts": int_array(d[1] for d in done),
                 # No outputs at all (store_output=False) go as an empty array.
-                "outputs": (
-                    [None if d[2] is None else Jsonb(d[2]) for d in done]
-                    if any(d[2] is not None for d in done)
-                    else []
-                ),
+                "outputs": ([d[2] for d in done] if any(d[2] is not None for d in done) else []),
                 "now": now,
             },
         )
@@ -686,10 +685,15 @@ class JobStore:
         now: datetime | None,
         conn: AsyncConn | None = None,
     ) -> set[JobId]:
-        """active -> completed for (id, attempt, output); returns the ids that won their fence."""
+        """active -> completed for (id, attempt, output); returns the ids that won their fence.
+
+        Raises :class:`~shoal.queue.results.UnstorableResult` for an output
+        that cannot be stored, before anything is written.
+        """
+        encoded = [(job_id, attempt, encode_result(output)) for job_id, attempt, output in done]
 
         async def run(c: AsyncConn) -> set[JobId]:
-            return await (await self.send_complete(c, done, now=now)).result()
+            return await (await self.send_complete(c, encoded, now=now)).result()
 
         return await self.db.on(conn, run, transaction=False)
 

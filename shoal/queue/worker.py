@@ -59,6 +59,7 @@ from shoal.queue.job import (
 )
 from shoal.queue.limits import Limits
 from shoal.queue.notifier import Notifier
+from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import Jitter, after_failure
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import ClaimedJob, Failure, JobStore
@@ -162,6 +163,7 @@ class Worker:
         hooks: Hooks | None = None,
         limits: Limits | None = None,
         max_hold: timedelta | None = None,
+        handler_name: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
@@ -193,6 +195,8 @@ class Worker:
         self._prepared = False
         self.finalize = finalize
         self.store_output = store_output
+        # Prefixes the error of a run whose result cannot be stored.
+        self._returned_by = returned_by(handler_name or callable_name(handler), f"queue {queue!r}")
         # Observers of fetches, outcomes and idleness (shoal.testing.Probe).
         self.hooks = hooks if hooks is not None else Hooks()
 
@@ -596,8 +600,14 @@ class Worker:
         # the extension just made).
         self._deadline_at[claim.id] = leased_at + claim.expire_in_s
         outcome: Outcome
+        stored = None
         try:
             output = await self.handler(job)
+            if self.store_output and output is not None:
+                # Here, not in the completer: a value that cannot be stored
+                # fails this run alone, at once, instead of the statement
+                # recording a whole batch of outcomes.
+                stored = encode_result(output, returned_by=self._returned_by)
         except asyncio.CancelledError:
             if claim.id in self._expired and not self._stopping:
                 task.uncancel()
@@ -609,7 +619,7 @@ class Worker:
         except Exception as exc:
             outcome = outcome_of(exc)
         else:
-            outcome = Completed(output)
+            outcome = Completed(output, stored)
         finally:
             self._deadline_at.pop(claim.id, None)
             self._expired.discard(claim.id)
@@ -833,7 +843,7 @@ class Worker:
                     won: Collection[JobId] = await self.finalize(conn, completed)
                 else:
                     done = [
-                        (c.id, c.attempt, o.output if self.store_output else None)
+                        (c.id, c.attempt, o.stored)
                         for c, o in completed
                         if isinstance(o, Completed)
                     ]

@@ -16,6 +16,7 @@ from shoal.errors import InvalidInput
 from shoal.queue.client import Shoal
 from shoal.queue.job import Cancelled, Failed, Handler, Job, Snoozed, outcome_of
 from shoal.queue.options import JobOptions
+from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure, retry_delay
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import ClaimedJob
@@ -90,6 +91,8 @@ async def run_job(
     )
     try:
         output = await as_async(handler, threads=1, name=queue)(Job(claim))
+        # As a worker does: a result it cannot store fails the run.
+        encode_result(output, returned_by=returned_by(callable_name(handler), f"queue {queue!r}"))
     except Exception as exc:
         outcome = outcome_of(exc)
     else:
@@ -178,6 +181,11 @@ async def run_item(
     item = Item(guarded, Job(claim), heartbeat)
     try:
         result = await kind.handler(item)
+        # As the item runner does: a result it cannot store fails the run.
+        encode_result(
+            result,
+            returned_by=returned_by(callable_name(kind.handler), f"batch kind {kind.name!r}"),
+        )
     except Exception as exc:
         if kind.is_permanent(exc) or attempt >= last_attempt:
             return ItemRun("error", error=exc)
@@ -221,6 +229,7 @@ async def drain(
         client.store,
         queue,
         as_async(handler, threads=1, name=queue),
+        handler_name=callable_name(handler),
         concurrency=1,
         batch_size=None,
         poll_interval=DEFAULT_POLL_INTERVAL,
