@@ -76,7 +76,19 @@ RUN_BUCKETS = (
 )
 WAIT_BUCKETS = RUN_BUCKETS
 
-JOB_OUTCOMES = ("completed", "failed", "retried", "snoozed", "released", "cancelled", "lost")
+# A batch item's job reports its item's outcome: an item in error is a failed
+# job, and a delivery that ran nothing (phantom, cancelled, superseded) is
+# ``skipped`` (shoal.batch.item_runner.job_outcome).
+JOB_OUTCOMES = (
+    "completed",
+    "failed",
+    "retried",
+    "snoozed",
+    "released",
+    "cancelled",
+    "lost",
+    "skipped",
+)
 ITEM_OUTCOMES = (
     "completed",
     "error",
@@ -137,6 +149,11 @@ class WorkerMetrics:
         self._pools: list[_Pool] = []
         self._pool_lock = threading.Lock()
         r.register(_PoolCollector(self))
+        # What /metrics serves: the registry without prometheus-client's
+        # ``*_created`` series (a timestamp per labelled counter, which
+        # dashboards and alerts never read).
+        self.exposed = CollectorRegistry(auto_describe=False)
+        self.exposed.register(_WithoutCreated(self.registry))
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -179,7 +196,7 @@ class WorkerMetrics:
 
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` in a daemon thread; returns the bound port."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        server, thread = start_http_server(port, addr=host, registry=self.exposed)
         self._server, self._thread = server, thread
         return int(server.server_port)
 
@@ -202,6 +219,18 @@ class WorkerMetrics:
             for key, value in pool.get_stats().items():
                 total[key] = total.get(key, 0) + value
         return total
+
+
+class _WithoutCreated(Collector):
+    """Another registry's metrics, less the ``*_created`` samples of its counters and histograms."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Any]:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 class _PoolCollector(Collector):

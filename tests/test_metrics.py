@@ -61,6 +61,34 @@ async def test_batch_item_outcomes_are_counted_by_kind(boss: Shoal, metrics: Wor
     assert outcomes == {"completed": 2, "error": 1, "skipped_cancelled": 2, "phantom": 0}
     # The item jobs are jobs of the kind's queue, timed like any other.
     assert sample(metrics, "shoal_job_run_seconds_count", queue="batch.test.kind") == 5
+    # And counted by their item's outcome: an alert on failed jobs sees the item in error.
+    jobs = {
+        outcome: sample(metrics, "shoal_jobs_total", queue="batch.test.kind", outcome=outcome)
+        for outcome in ("completed", "failed", "skipped")
+    }
+    assert jobs == {"completed": 2, "failed": 1, "skipped": 2}
+
+
+async def test_metrics_served_over_http_have_no_created_series(
+    boss: Shoal, metrics: WorkerMetrics
+) -> None:
+    await boss.send("plain", {})
+    probe = Probe(boss)
+    worker = boss.work("plain", lambda job: None)
+    await probe.wait_for("job_finished", outcome="completed")
+    await worker.stop()
+    port = metrics.serve("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        await writer.drain()
+        text = (await reader.read()).decode()
+        writer.close()
+    finally:
+        metrics.close()
+    assert 'shoal_jobs_total{outcome="completed",queue="plain"} 1.0' in text
+    assert "shoal_job_run_seconds_count" in text
+    assert "_created" not in text
 
 
 @pytest.fixture

@@ -109,6 +109,34 @@ class ItemDone(NamedTuple):
     result: str | None  # as JSON text (shoal.queue.results.encode_result)
 
 
+# What an item job's run returns when it ends without a result to record:
+# ``{"item": "error" | "retry"}``, or ``{SKIPPED: why}`` when it ran nothing.
+SKIPPED = "skipped"
+
+
+def job_outcome(outcome: Outcome, recorded: Collection[ItemId]) -> str:
+    """The outcome an item job reports (``job_finished``): its item's, in a job's words.
+
+    Every item job completes, whatever its item's run did; what it reports
+    follows the item: ``completed`` (its result recorded), ``lost`` (its
+    fence moved on first), ``failed`` (the item is in error), ``retried``
+    (back to pending for another run), ``skipped`` (a phantom, cancelled or
+    superseded delivery that ran nothing). So an alert on failed jobs sees
+    failed items.
+    """
+    output = outcome.output if isinstance(outcome, Completed) else None
+    if isinstance(output, ItemDone):
+        return "completed" if output.item_id in recorded else "lost"
+    if isinstance(output, dict):
+        if output.get("item") == "error":
+            return "failed"
+        if output.get("item") == "retry":
+            return "retried"
+        if SKIPPED in output:
+            return SKIPPED
+    return "completed"
+
+
 # Marks a job missing from ItemRunner._prepared.
 _UNCLAIMED: Any = object()
 
@@ -282,13 +310,14 @@ class ItemRunner:
 
     async def finalize(
         self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]
-    ) -> set[JobId]:
+    ) -> dict[JobId, str]:
         """Record finished items' results, for a whole batch, and complete their jobs.
 
         One fenced statement; a task it leaves with nothing pending or running
         wakes the aggregator. Jobs ``claim`` took are gone already (deleted); any
         other (a job this runner did not claim) is completed in the same
-        statement. Returns the jobs complete.
+        statement. Returns the jobs complete, each with the outcome of its
+        item's run as a job outcome (:func:`job_outcome`).
         """
         done = [
             outcome.output
@@ -311,7 +340,11 @@ class ItemRunner:
                 )
         if recorded.finished_tasks and self.wake is not None:
             await self.store.db.run(self.wake)
-        return recorded.jobs.union(c.id for c, _ in batch if c.lease_expires_at is None)
+        return {
+            claim.id: job_outcome(outcome, recorded.items)
+            for claim, outcome in batch
+            if claim.lease_expires_at is None or claim.id in recorded.jobs
+        }
 
     async def _wake_if_finished(self, conn: AsyncConn, task_ids: set[TaskId]) -> None:
         if self.wake is not None and await self.store.finished_tasks(conn, list(task_ids)):
@@ -335,12 +368,12 @@ class ItemRunner:
                 log.debug("item %s: cancelled, its delivery skipped (job %s)", item_id, job.id)
                 if self.hooks:
                     self._report(item_id, "skipped_cancelled")
-                return {"skipped": "cancelled"}
+                return {SKIPPED: "cancelled"}
             self.phantom_skips += 1
             log.info("item %s: phantom delivery skipped (job %s)", item_id, job.id)
             if self.hooks:
                 self._report(item_id, "phantom")
-            return {"skipped": "phantom"}
+            return {SKIPPED: "phantom"}
         if not buffered:
             # Guarded just now, for this run: confirmed by the guard itself.
             self._held[guarded.id] = Held(guarded.fence, self.clock.monotonic())
@@ -358,7 +391,7 @@ class ItemRunner:
             await self.store.count_event(SUPERSEDED_SKIPS)
             if self.hooks:
                 self._report(guarded.id, "superseded")
-            return {"skipped": "superseded"}
+            return {SKIPPED: "superseded"}
         item = Item(guarded, job, self._heartbeat)
         if guarded.run > guarded.max_attempts:
             error = RuntimeError(f"no attempts left ({guarded.max_attempts} allowed)")

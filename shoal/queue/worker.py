@@ -36,7 +36,7 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -121,13 +121,16 @@ class Claim(Protocol):
 # connection, in place of its own completion: a layer above writes its own
 # rows for them (the batch layer: item results) and completes the jobs, fenced
 # by attempt (JobStore.send_complete, or a statement of its own that calls
-# complete_jobs(), so both commit at once). Returns the ids of the jobs it
-# completed; the others had lost their fence. A batch whose recording fails is
+# complete_jobs(), so both commit at once). Returns the jobs it completed,
+# each with the outcome it reports (``job_finished``; shoal.metrics counts it:
+# an item job completes whatever its item's outcome, and reports that, so an
+# item in error counts as a failed job); the others had lost their fence. A
+# batch whose recording fails is
 # retried, so its writes must be idempotent (fenced); a crash between its
 # writes and the job writes only means the jobs run again, to find their work
 # done.
 Finalize = Callable[
-    [AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[Collection[JobId]]
+    [AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[Mapping[JobId, str]]
 ]
 
 
@@ -840,7 +843,10 @@ class Worker:
                     self._costs.pop(job_id, None)
             if completed:
                 if self.finalize is not None:
-                    won: Collection[JobId] = await self.finalize(conn, completed)
+                    reported = await self.finalize(conn, completed)
+                    self._completed += len(reported)
+                    self._lost += len(completed) - len(reported)
+                    recorded({c.id for c, _ in completed}, reported)
                 else:
                     done = [
                         (c.id, c.attempt, o.stored)
@@ -848,9 +854,9 @@ class Worker:
                         if isinstance(o, Completed)
                     ]
                     won = await (await self.store.send_complete(conn, done, now=now_sql)).result()
-                self._completed += len(won)
-                self._lost += len(completed) - len(won)
-                recorded({c.id for c, _ in completed}, dict.fromkeys(won, "completed"))
+                    self._completed += len(won)
+                    self._lost += len(completed) - len(won)
+                    recorded({c.id for c, _ in completed}, dict.fromkeys(won, "completed"))
             if failures:
                 states = await (
                     await self.store.send_fail(conn, list(failures.values()), now=now_sql)
