@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Unpack
@@ -95,6 +95,16 @@ class HandlerSpec:
     # for all senders when a worker starts.
     defaults: dict[str, Any] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What one process of an App runs: its choice of the App's queues, kinds and topics."""
+
+    handlers: list[HandlerSpec]
+    kinds: dict[str, BatchKind]
+    consumers: list[ConsumerSpec]
+    sinks: list[SinkSpec]
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +311,45 @@ class App:
         self.api_hooks.append(hook)
         return hook
 
+    def serves(self) -> list[str]:
+        """The names :meth:`select` knows: queues with a handler, batch kinds, topics."""
+        names = [*self.handlers, *self.kinds]
+        names += [c.topic.name for c in self.consumers] + [s.topic.name for s in self.sinks]
+        return sorted(set(names))
+
+    def select(
+        self, queues: Collection[str] | None = None, exclude_queues: Collection[str] = ()
+    ) -> Served:
+        """The part of this App one process runs (``shoal worker --queues/--exclude-queues``).
+
+        ``queues`` names what to run (all when None), ``exclude_queues`` what
+        not to: queues with a handler, batch kinds (by name) and topics (their
+        consumers and sinks). A name the App does not declare raises
+        :class:`InvalidInput` naming the ones it does, and so does a choice
+        that leaves nothing to run.
+        """
+        known = self.serves()
+        for field_name, names in (("queues", queues or ()), ("exclude_queues", exclude_queues)):
+            unknown = sorted(set(names) - set(known))
+            if unknown:
+                raise InvalidInput(
+                    field_name,
+                    f"{', '.join(map(repr, unknown))} not declared by this app; "
+                    f"it serves: {', '.join(known) or 'nothing'}",
+                )
+        chosen = set(known if queues is None else queues) - set(exclude_queues)
+        served = Served(
+            [s for s in self.handlers.values() if s.queue in chosen],
+            {name: kind for name, kind in self.kinds.items() if name in chosen},
+            [c for c in self.consumers if c.topic.name in chosen],
+            [s for s in self.sinks if s.topic.name in chosen],
+        )
+        if known and not chosen:
+            raise InvalidInput(
+                "queues", f"selects nothing to run; this app serves: {', '.join(known)}"
+            )
+        return served
+
     async def run(
         self,
         boss: Shoal,
@@ -309,12 +358,25 @@ class App:
         grace: timedelta = DEFAULT_SHUTDOWN_GRACE,
         maintenance: bool = True,
         scheduler: bool = True,
+        aggregator: bool = True,
         transport: TransportFactory = PostgresTransport,
+        queues: Collection[str] | None = None,
+        exclude_queues: Collection[str] = (),
+        hurry: asyncio.Event | None = None,
     ) -> list[Worker]:
         """Run until ``stop`` is set, then shut down gracefully. Returns the stopped workers.
 
         The topics are on ``transport`` unless :attr:`ingest_settings` names one.
+        ``queues`` and ``exclude_queues`` choose what this process runs
+        (:meth:`select`); every declaration (queue defaults, schedules, batch
+        kinds) is stored whatever the choice. ``maintenance`` (lease expiry,
+        archiving, the history sampler), ``scheduler`` (cron ticks) and
+        ``aggregator`` (the batch aggregator's passes, when the App declares
+        batch kinds) choose which of the cluster's duties this process takes
+        a share of. Setting ``hurry`` after ``stop`` cuts the grace short:
+        running handlers are stopped at once and their work handed back.
         """
+        served = self.select(queues, exclude_queues)
         for spec in self.schedules.values():
             await boss.schedule(
                 spec.name, spec.cron, spec.data, queue=spec.queue, tz=spec.tz, **spec.options
@@ -329,7 +391,7 @@ class App:
             removed = await QueueInspector(boss).adopt_schedules(self.name, list(self.schedules))
             for name in removed:
                 log.warning("schedule %s: removed, app %s no longer declares it", name, self.name)
-        if self.consumers or self.sinks:
+        if served.consumers or served.sinks:
             # Before the start hooks: they, handlers and applies may publish on it.
             self._pipeline = await start_pipeline(
                 boss, self.ingest_settings, stop=stop, default_transport=transport
@@ -338,7 +400,12 @@ class App:
                 return []
         try:
             return await self._run_started(
-                boss, stop=stop, grace=grace, maintenance=maintenance, scheduler=scheduler
+                boss,
+                served,
+                stop=stop,
+                hurry=hurry,
+                grace=grace,
+                duties=(maintenance, scheduler, aggregator),
             )
         finally:
             pipeline, self._pipeline = self._pipeline, None
@@ -348,19 +415,21 @@ class App:
     async def _run_started(
         self,
         boss: Shoal,
+        served: Served,
         *,
         stop: asyncio.Event,
+        hurry: asyncio.Event | None,
         grace: timedelta,
-        maintenance: bool,
-        scheduler: bool,
+        duties: tuple[bool, bool, bool],
     ) -> list[Worker]:
+        maintenance, scheduler, aggregator = duties
         for hook in self.start_hooks:
             await hook(boss)
         # This process's registry row (kept by the client from its first
         # worker on): named after the App, with the topics it consumes.
         registry = boss.process_registry()
         registry.app = self.name or ""
-        registry.also_served = self._consumed()
+        registry.also_served = _consumed(served)
         loops: list[asyncio.Task[None]] = []
         workers = [
             boss.work(
@@ -372,7 +441,7 @@ class App:
                 rate_limit=s.limits.rate,
                 partition_by=s.limits.partition_by,
             )
-            for s in self.handlers.values()
+            for s in served.handlers
         ]
         batches = self.batches(boss)
         kind_workers: list[KindWorker] = []
@@ -383,8 +452,9 @@ class App:
                 queue=AGGREGATOR_QUEUE,
                 **AGGREGATOR_JOB_OPTIONS,
             )
-            workers.append(boss.work(AGGREGATOR_QUEUE, _aggregate(batches), concurrency=1))
-            for kind in self.kinds.values():
+            if aggregator:
+                workers.append(boss.work(AGGREGATOR_QUEUE, _aggregate(batches), concurrency=1))
+            for kind in served.kinds.values():
                 kind_workers.append(batches.work(kind.name))
                 if kind.hook_queue is not None:
                     workers.append(boss.work(kind.hook_queue, _on_complete(batches, kind)))
@@ -398,13 +468,13 @@ class App:
         if self._pipeline is not None:
             # A span per apply when tracing is on by now (shoal.tracing).
             consumers = [
-                replace(c, apply=traced_apply(c.topic.name, c.apply)) for c in self.consumers
+                replace(c, apply=traced_apply(c.topic.name, c.apply)) for c in served.consumers
             ]
             ingest = asyncio.create_task(
                 run_ingest(
                     self._pipeline,
                     consumers,
-                    self.sinks,
+                    served.sinks,
                     self.ingest_settings,
                     ingest_stop,
                     grace=grace,
@@ -420,25 +490,48 @@ class App:
         finally:
             log.info("stopping: finishing running jobs (grace %s)", grace)
             ingest_stop.set()
-            await asyncio.gather(boss.stop_workers(grace), *(k.stop(grace) for k in kind_workers))
-            if ingest is not None:  # consumers finish their applies within the grace too
-                await asyncio.wait([ingest], timeout=grace.total_seconds())
-            for loop in loops:
-                loop.cancel()
-            for loop in loops:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loop
+            # Every worker of this client, the kind workers' own included.
+            running = boss.workers
+            stopping: asyncio.Future[Any] = asyncio.ensure_future(
+                asyncio.gather(boss.stop_workers(grace), *(k.stop(grace) for k in kind_workers))
+            )
+            hurried: asyncio.Future[Any] = asyncio.ensure_future((hurry or asyncio.Event()).wait())
+            try:
+                await asyncio.wait([stopping, hurried], return_when=asyncio.FIRST_COMPLETED)
+                if not stopping.done():
+                    log.warning("stopping at once: handing back what still runs")
+                    for worker in running:
+                        worker.hurry()
+                await stopping
+                if ingest is not None and not hurried.done():
+                    # Consumers finish their applies within the grace too.
+                    await asyncio.wait([ingest, hurried], timeout=grace.total_seconds())
+            finally:
+                hurried.cancel()
+                for loop in loops:
+                    loop.cancel()
+                for loop in loops:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await loop
+            jobs = sum(w.stats.handed_back for w in running)
+            items = sum(k.runner.handed_back for k in kind_workers)
+            log.info(
+                "stopped: handed back %d job(s) and %d batch item(s), no attempt spent",
+                jobs,
+                items,
+            )
         return workers
 
-    def _consumed(self) -> dict[str, int]:
-        """The topic queues this App's consumers and sinks serve, with their concurrency."""
-        served: dict[str, int] = {}
-        for consumer in self.consumers:
-            queue = f"{TOPIC_QUEUE_PREFIX}{consumer.topic.name}"
-            served[queue] = int(consumer.options.get("concurrency", DEFAULT_CONSUMER_CONCURRENCY))
-        for sink in self.sinks:
-            served.setdefault(f"{TOPIC_QUEUE_PREFIX}{sink.topic.name}", 1)
-        return served
+
+def _consumed(served: Served) -> dict[str, int]:
+    """The topic queues a process's consumers and sinks serve, with their concurrency."""
+    queues: dict[str, int] = {}
+    for consumer in served.consumers:
+        queue = f"{TOPIC_QUEUE_PREFIX}{consumer.topic.name}"
+        queues[queue] = int(consumer.options.get("concurrency", DEFAULT_CONSUMER_CONCURRENCY))
+    for sink in served.sinks:
+        queues.setdefault(f"{TOPIC_QUEUE_PREFIX}{sink.topic.name}", 1)
+    return queues
 
 
 def _retry_limit_option(options: dict[str, Any]) -> None:

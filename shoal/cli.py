@@ -259,11 +259,30 @@ async def cmd_worker(args: argparse.Namespace, url: str) -> int:
         if metrics is not None:
             metrics.attach(boss)
         stop = asyncio.Event()
+        hurry = asyncio.Event()
+
+        def on_signal() -> None:
+            # The first signal stops gracefully; a second one stops at once.
+            if stop.is_set():
+                hurry.set()
+            stop.set()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         try:
-            await app.run(boss, stop=stop, grace=timedelta(seconds=args.grace), transport=transport)
+            await app.run(
+                boss,
+                stop=stop,
+                hurry=hurry,
+                grace=timedelta(seconds=args.grace),
+                transport=transport,
+                queues=args.queues,
+                exclude_queues=args.exclude_queues or (),
+                maintenance=not args.no_maintenance,
+                scheduler=not args.no_scheduler,
+                aggregator=not args.no_aggregator,
+            )
         finally:
             await boss.close()
     finally:
@@ -584,6 +603,14 @@ def positive_int(text: str) -> int:
     return _argument(text, int, lambda n: n >= 1, "a whole number >= 1")
 
 
+def name_list(text: str) -> list[str]:
+    """``a,b, c`` as ``["a", "b", "c"]``; at least one name."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"must name at least one queue, got {text!r}")
+    return names
+
+
 def port_number(text: str) -> int:
     """An argparse type: a TCP port, 0 (any free one) to 65535."""
     try:
@@ -629,6 +656,8 @@ ENV_SETTINGS: list[tuple[str, tuple[str, ...], str, Callable[[str], object], obj
     ("pool_size", ("worker",), "SHOAL_POOL_SIZE", positive_int, None),
     ("pool_size", ("api",), "SHOAL_POOL_SIZE", positive_int, DEFAULT_POOL_SIZE),
     ("grace", ("worker",), "SHOAL_GRACE", seconds_or_zero, DEFAULT_GRACE_S),
+    ("queues", ("worker",), "SHOAL_QUEUES", name_list, None),
+    ("exclude_queues", ("worker",), "SHOAL_EXCLUDE_QUEUES", name_list, None),
     ("host", ("api",), "SHOAL_HOST", str, DEFAULT_HOST),
     ("port", ("api",), "SHOAL_PORT", port_number, DEFAULT_PORT),
     ("log_format", ("worker", "api"), "SHOAL_LOG_FORMAT", log_format, DEFAULT_LOG_FORMAT),
@@ -703,6 +732,28 @@ def parser() -> argparse.ArgumentParser:
     command("migrate", "create or upgrade the schema")
     worker = command("worker", "run an App's handlers until SIGTERM/SIGINT")
     worker.add_argument("--app", required=True, help="module:attribute of a shoal.App")
+    worker.add_argument(
+        "--queues",
+        type=name_list,
+        help="run only these of the app's queues, batch kinds and topics, comma-separated "
+        "(env SHOAL_QUEUES; default: all)",
+    )
+    worker.add_argument(
+        "--exclude-queues",
+        type=name_list,
+        help="run all of the app's queues, batch kinds and topics but these, comma-separated "
+        "(env SHOAL_EXCLUDE_QUEUES)",
+    )
+    for duty, what in (
+        ("maintenance", "lease expiry, archiving and the history sampler"),
+        ("scheduler", "cron ticks of the schedules"),
+        ("aggregator", "the batch aggregator's passes"),
+    ):
+        worker.add_argument(
+            f"--no-{duty}",
+            action="store_true",
+            help=f"leave {what} to other processes (default: every process takes a share)",
+        )
     worker.add_argument(
         "--grace",
         type=seconds_or_zero,
@@ -846,7 +897,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "api":
             api_token(args)  # refuse an open non-loopback bind before starting anything
         if args.command in ("worker", "api"):
-            load_app(args.app)  # a bad --app before starting anything (imports are cached)
+            app = load_app(args.app)  # a bad --app before starting anything (imports are cached)
+        if args.command == "worker":
+            app.select(args.queues, args.exclude_queues or ())  # names it does not declare
         if args.command == "worker" and args.metrics_port is not None:
             metrics_class()  # a missing extra, too
         if args.command in ("worker", "topic"):

@@ -68,7 +68,10 @@ async def test_sigterm_with_a_short_grace_spends_no_attempt_of_a_running_item_or
         ((state, attempt, job_errors),) = await sql(
             db_url, "SELECT state::text, attempt, errors FROM shoal.job WHERE id = %s", job_id
         )
-        assert (state, attempt, job_errors) == ("created", 0, [])
+        assert (state, attempt) == ("created", 0)
+        # A note of the hand-back names the process; it spent no attempt.
+        assert [e["type"] for e in job_errors] == ["Interrupted"]  # type: ignore[attr-defined]
+        assert f":{first.pid} without spending" in job_errors[0]["message"]  # type: ignore[index]
 
         second = start_worker(db_url, grace_s=5)
         await wait_for(

@@ -69,7 +69,7 @@ async def test_every_state_change_the_sql_makes_is_a_declared_edge_and_each_edge
     # release (snooze, shutdown hand-back)
     await boss.send("edges.release", {"n": 5})
     (job,) = await boss.fetch("edges.release")
-    assert await boss.store.release([(job.id, job.attempt, timedelta(0))], now=clock.now())
+    assert await boss.store.release([(job.id, job.attempt, timedelta(0), None)], now=clock.now())
     # lease expiry, by maintenance
     await boss.send("edges.expire", {"n": 6}, expire_in=1)
     (job,) = await boss.fetch("edges.expire")

@@ -51,7 +51,7 @@ class WorkerProcesses:
         self.env = env or {}
         self.procs: list[tuple[subprocess.Popen[bytes], Path, IO[bytes]]] = []
 
-    def start(self, *, schedule: bool = False) -> subprocess.Popen[bytes]:
+    def start(self, *, schedule: bool = False, args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
         env = dict(os.environ) | self.env
         env.pop("PROCAPP_SCHEDULE", None)
         if schedule:
@@ -72,6 +72,7 @@ class WorkerProcesses:
                 "50",
                 "--grace",
                 str(GRACE_S),
+                *args,
             ],
             cwd=REPO,
             env=env,
@@ -297,10 +298,14 @@ async def test_sigterm_finishes_the_running_job_and_hands_back_claimed_ones(
         client, "SELECT finished_at FROM public.exec_log WHERE job_id = %s", (running,)
     )
     assert finished_at is not None and finished_at > sigterm_at
-    # The claimed-but-not-started job went back as if never claimed: no attempt spent.
-    for job_id in (prefetched, untouched):
-        job = await client.get_job(job_id)
-        assert (job.state, job.attempt, job.started_at, job.errors) == ("created", 0, None, ())
+    # The claimed-but-not-started job went back without spending an attempt,
+    # with a note naming the process that handed it back.
+    job = await client.get_job(prefetched)
+    assert (job.state, job.attempt, job.started_at) == ("created", 0, None)
+    (note,) = job.errors
+    assert note.type == "Interrupted" and f":{proc.pid} without spending" in note.message
+    job = await client.get_job(untouched)
+    assert (job.state, job.attempt, job.started_at, job.errors) == ("created", 0, None, ())
     started = [r[0] for r in await rows(client, "SELECT job_id FROM public.exec_log")]
     assert set(started) == {first, running}
 

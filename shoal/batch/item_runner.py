@@ -64,6 +64,7 @@ from shoal.errors import TransientError
 from shoal.hooks import Hooks
 from shoal.queue.cursor import ClaimCursor, ItemPosition, item_order
 from shoal.queue.job import Completed, Job, Outcome, error_entry
+from shoal.queue.registry import this_process
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
@@ -77,8 +78,12 @@ CANCELLED_SKIPS = "cancelled_skips"
 # Attempts to record an outcome before giving up on it (the sweep recovers).
 FINAL_WRITE_TRIES = 5
 NO_DELAY = timedelta(0)
-HANDED_BACK = "handed back at shutdown before it ran"
-INTERRUPTED = "stopped by the worker's shutdown; handed back without spending an attempt"
+# History notes of items handed back at shutdown, naming the process
+# (``{process}``: shoal.queue.registry.this_process()).
+HANDED_BACK = "handed back at shutdown of worker process {process} before it ran"
+INTERRUPTED = (
+    "stopped by the shutdown of worker process {process}; handed back without spending an attempt"
+)
 # Backoff between tries to confirm a stale buffered item's fence.
 CONFIRM_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 SUPERSEDED_SKIPS = "superseded_skips"
@@ -192,6 +197,8 @@ class ItemRunner:
             self._guard_many, name=f"shoal-guard:{kind.name}"
         )
         self.superseded_skips = 0
+        # Items handed back at shutdown (unstarted, or stopped mid-run).
+        self.handed_back = 0
         # Prefixes the error of a run whose result cannot be stored.
         self._returned_by = returned_by(callable_name(kind.handler), f"batch kind {kind.name!r}")
 
@@ -235,13 +242,18 @@ class ItemRunner:
 
         async def release(conn: AsyncConn) -> int:
             back = await self.store.hand_back_items(
-                conn, unstarted, message=HANDED_BACK, now=self.clock.sql_now()
+                conn,
+                unstarted,
+                message=HANDED_BACK.format(process=this_process()),
+                now=self.clock.sql_now(),
             )
             if back:
                 await self.send(conn, back, NO_DELAY)
             return len(back)
 
-        return await self.store.db.run(release)
+        handed = await self.store.db.run(release)
+        self.handed_back += handed
+        return handed
 
     def _dispatch(self, item_id: ItemId, fence: int) -> Dispatch:
         return Dispatch(item_id, fence, ItemStatus.PENDING, self.kind.queue, self.kind.job_options)
@@ -461,9 +473,12 @@ class ItemRunner:
         transaction. Shielded from cancellation and retried when transient.
         """
 
-        async def hand_back(conn: AsyncConn) -> None:
+        async def hand_back(conn: AsyncConn) -> bool:
             back = await self.store.hand_back_items(
-                conn, [(item.id, item.fence)], message=INTERRUPTED, now=self.clock.sql_now()
+                conn,
+                [(item.id, item.fence)],
+                message=INTERRUPTED.format(process=this_process()),
+                now=self.clock.sql_now(),
             )
             if back and resend:
                 await self.send(conn, back, NO_DELAY)
@@ -471,10 +486,12 @@ class ItemRunner:
                 log.warning(
                     "item %s: run %d lost its fence before its hand-back", item.id, item.fence
                 )
+            return bool(back)
 
         for attempt in range(FINAL_WRITE_TRIES):
             try:
-                await asyncio.shield(self.store.db.run(hand_back))
+                if await asyncio.shield(self.store.db.run(hand_back)):
+                    self.handed_back += 1
                 return
             except TransientError as exc:
                 if attempt == FINAL_WRITE_TRIES - 1:

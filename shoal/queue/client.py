@@ -309,6 +309,11 @@ class Shoal:
             self.register_process()
         return worker
 
+    @property
+    def workers(self) -> list[Worker]:
+        """The workers this client runs now (:meth:`work`), a copy."""
+        return list(self._workers)
+
     async def stop_workers(self, grace: timedelta) -> None:
         """Stop every worker of this client gracefully, together."""
         await asyncio.gather(*(w.stop(grace) for w in self._workers))

@@ -137,14 +137,18 @@ SELECT id, state::text FROM failed
 
 -- name: release_jobs
 -- active -> created without costing an attempt: a snooze, or a job handed back
--- at shutdown. Fenced by attempt.
+-- at shutdown, whose note (which process, when its run began) is appended to
+-- its history. Fenced by attempt. An empty notes array: no notes at all.
 UPDATE {schema}.job j
 SET state = 'created',
     attempt = j.attempt - 1,
     started_at = NULL,
     lease_expires_at = NULL,
-    start_after = coalesce(%(now)s::timestamptz, now()) + u.delay_s * interval '1 second'
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(delays_s)s::float8[]) AS u(id, attempt, delay_s)
+    start_after = coalesce(%(now)s::timestamptz, now()) + u.delay_s * interval '1 second',
+    errors = CASE WHEN u.note IS NULL THEN j.errors
+                  ELSE j.errors || jsonb_build_array(u.note) END
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(delays_s)s::float8[], %(notes)s::jsonb[])
+    AS u(id, attempt, delay_s, note)
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
   AND j.attempt = u.attempt
 RETURNING j.id

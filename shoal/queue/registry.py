@@ -38,6 +38,14 @@ DROP_S = 300.0
 Counters = Callable[[], tuple[Mapping[str, int], int]]
 
 
+def this_process() -> str:
+    """This process as the Workers page shows it: ``host:pid``.
+
+    Named in the history notes of work it hands back at shutdown.
+    """
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     id: str
@@ -94,7 +102,7 @@ class WorkerRegistry:
             "register_worker",
             {
                 "id": self.id,
-                "host": socket.gethostname(),
+                "host": socket.gethostname(),  # as this_process() names it
                 "pid": os.getpid(),
                 "app": self.app,
                 "queues": json.dumps(self.queues),

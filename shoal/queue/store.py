@@ -660,11 +660,15 @@ class JobStore:
     async def send_release(
         self,
         conn: AsyncConn,
-        jobs: Sequence[tuple[JobId, int, timedelta]],
+        jobs: Sequence[tuple[JobId, int, timedelta, Mapping[str, Any] | None]],
         *,
         now: datetime | None,
     ) -> Pending[set[JobId]]:
-        """Send active -> created without costing an attempt (snooze, shutdown hand-back)."""
+        """Send active -> created without costing an attempt (snooze, shutdown hand-back).
+
+        Each job is (id, attempt, delay, note): a note, when given, is
+        appended to the job's ``errors`` (a hand-back's ``Interrupted``).
+        """
         if not jobs:
             return Pending(None, lambda rows: set())
         cur = await conn.execute(
@@ -673,6 +677,12 @@ class JobStore:
                 "ids": [j[0] for j in jobs],
                 "attempts": [j[1] for j in jobs],
                 "delays_s": [j[2].total_seconds() for j in jobs],
+                # No notes at all (snoozes only) go as an empty array.
+                "notes": (
+                    [None if j[3] is None else json.dumps(j[3]) for j in jobs]
+                    if any(j[3] is not None for j in jobs)
+                    else []
+                ),
                 "now": now,
             },
         )
@@ -715,12 +725,12 @@ class JobStore:
 
     async def release(
         self,
-        jobs: Sequence[tuple[JobId, int, timedelta]],
+        jobs: Sequence[tuple[JobId, int, timedelta, Mapping[str, Any] | None]],
         *,
         now: datetime | None,
         conn: AsyncConn | None = None,
     ) -> set[JobId]:
-        """active -> created without costing an attempt (snooze, shutdown hand-back)."""
+        """active -> created without costing an attempt (snooze, shutdown hand-back; with notes)."""
 
         async def run(c: AsyncConn) -> set[JobId]:
             return await (await self.send_release(c, jobs, now=now)).result()

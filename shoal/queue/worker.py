@@ -59,6 +59,7 @@ from shoal.queue.job import (
 )
 from shoal.queue.limits import Limits
 from shoal.queue.notifier import Notifier
+from shoal.queue.registry import this_process
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import Jitter, after_failure
 from shoal.queue.states import JobId, JobState
@@ -98,6 +99,24 @@ SHUTDOWN = "shoal: worker shutdown"
 def smooth(average: float, sample: float) -> float:
     """An exponential moving average that starts at its first sample, not at 0.0."""
     return sample if average == 0.0 else 0.7 * average + 0.3 * sample
+
+
+def handed_back_note(claim: ClaimedJob, at: str) -> dict[str, Any]:
+    """The history note of a job handed back at shutdown: which process, and when its run began.
+
+    Appended to the job's ``errors`` as type ``Interrupted``, which costs no
+    attempt (the attempt counter is put back with the release).
+    """
+    return {
+        "attempt": claim.attempt,
+        "at": at,
+        "type": "Interrupted",
+        "message": (
+            f"handed back at shutdown by worker process {this_process()} without spending "
+            f"an attempt; its run had started at {claim.started_at.isoformat()}"
+        ),
+        "traceback": None,
+    }
 
 
 def is_shutdown(error: BaseException) -> bool:
@@ -142,6 +161,7 @@ class WorkerStats:
     retried: int
     released: int
     lost: int  # outcomes whose fence failed: the job was no longer ours
+    handed_back: int = 0  # of the released: jobs handed back at shutdown (no attempt spent)
 
 
 class Worker:
@@ -227,6 +247,8 @@ class Worker:
         self._recording = 0  # outcomes in the completer's current write
         self._stopped: asyncio.Future[None] | None = None
         self._stopping = False
+        # Set by hurry(): the grace ends now.
+        self._hurry = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._completer_should_exit = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -238,7 +260,7 @@ class Worker:
         # runners, taken by the completer with the job's outcome.
         self._costs: dict[JobId, int] = {}
         self._claimed = self._completed = self._failed = self._retried = 0
-        self._released = self._lost = self._finished = 0
+        self._released = self._lost = self._finished = self._handed_back = 0
         # Where the fetcher's next claim starts in the queue (fetcher only; a
         # limited claim always starts at the head). A custom claim that keeps
         # a position of its own passes its cursor (claim_cursor): it moves the
@@ -297,9 +319,18 @@ class Worker:
             self._record(self._buffer.popleft()[0], Interrupted())
         self._has_jobs.set()
         if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=grace.total_seconds())
-            for task in pending:
-                task.cancel(SHUTDOWN)
+            finished = asyncio.ensure_future(asyncio.wait(self._tasks))
+            hurried = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait(
+                [finished, hurried],
+                timeout=grace.total_seconds(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            finished.cancel()
+            hurried.cancel()
+            for task in self._tasks:
+                if not task.done():
+                    task.cancel(SHUTDOWN)
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -310,10 +341,24 @@ class Worker:
         if self.notifier is not None and self._wake is not None:
             self.notifier.unsubscribe(self.queue, self._wake)
 
+    def hurry(self) -> None:
+        """End a stop's grace now: running handlers are cancelled and their jobs handed back.
+
+        For a second Ctrl-C. Before :meth:`stop` it only makes the coming
+        stop's grace zero.
+        """
+        self._hurry.set()
+
     @property
     def stats(self) -> WorkerStats:
         return WorkerStats(
-            self._claimed, self._completed, self._failed, self._retried, self._released, self._lost
+            self._claimed,
+            self._completed,
+            self._failed,
+            self._retried,
+            self._released,
+            self._lost,
+            self._handed_back,
         )
 
     @property
@@ -894,10 +939,21 @@ class Worker:
             if released:
                 back = await (
                     await self.store.send_release(
-                        conn, [(c.id, c.attempt, d) for c, d in released], now=now_sql
+                        conn,
+                        [
+                            (
+                                c.id,
+                                c.attempt,
+                                d,
+                                None if c.id in snoozed else handed_back_note(c, at),
+                            )
+                            for c, d in released
+                        ],
+                        now=now_sql,
                     )
                 ).result()
                 self._released += len(back)
+                self._handed_back += len(back - snoozed)
                 self._lost += len(released) - len(back)
                 recorded(
                     {c.id for c, _ in released},
