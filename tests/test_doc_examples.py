@@ -206,6 +206,7 @@ SETTINGS: dict[str, Setting] = {
     ),
     "sync.md": Setting(_plain),
     "testing.md": Setting(_testing, _testing_after),
+    "upgrading.md": Setting(_plain),
 }
 
 

@@ -20,25 +20,73 @@ keyed on the schema name, so two processes migrating at once both succeed: the
 second waits, then finds nothing to do. Versions a database has that this code
 does not know (it was migrated by a newer release) are left alone: workers of
 the previous release keep starting during a rolling upgrade.
+
+Running workers lock the same tables the migrations alter, each statement in
+its own order (a batch claim takes the job table, then the item table; the
+migrations alter the item table, then index the job table). A run that took
+its locks statement by statement could hold one table while waiting for
+another that a worker held while waiting for the first: a deadlock, in which
+PostgreSQL aborts one side, the run or the worker. So a run with migrations to
+apply first takes every table of the schema in ACCESS EXCLUSIVE mode, in one
+statement, in the order the migrations created them (:func:`lock_order`),
+under a total wait of ``lock_wait``; after that its DDL waits for nothing a
+worker holds. When the tables are not all taken in time
+(or a deadlock is reported anyway), the transaction rolls back whole and the
+run tries again after a pause, up to ``tries`` times, then gives up with a
+:class:`~shoal.errors.TransientError` naming the table and the tries. The
+short wait matters twice: a waiting ACCESS EXCLUSIVE request queues every
+later statement on its table, so the workers stall for no longer than it; and
+it ends before PostgreSQL's deadlock check would pick a victim among the
+workers (see :data:`DEFAULT_LOCK_WAIT`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from importlib import resources
 
+from psycopg import errors as pg_errors
 from psycopg import sql
 
+from shoal.clock import SYSTEM_CLOCK
 from shoal.db.pool import AsyncConn, Database, check_schema_name
-from shoal.errors import MigrationChanged
+from shoal.errors import InvalidInput, MigrationChanged, TransientError
+
+log = logging.getLogger("shoal.migrate")
 
 # Creating indexes on a large existing table can take a while.
 _MIGRATION_DEADLINE = timedelta(minutes=10)
+# How long one try may wait, in all, to take the schema's tables. Half of
+# PostgreSQL's default deadlock_timeout (1 s), and never more than half of the
+# server's own: a worker that waits for a table this run holds, while this run
+# waits for one the worker holds, checks for a deadlock only deadlock_timeout
+# after it began waiting, and by then this run has given up and let it go. So
+# the worker is never the one aborted. Beside the busy workers of
+# tests/test_upgrade_beside_workers.py (2 cores, 20 runs) the tries that took
+# the tables did so in 1-32 ms; 16 of 36 tries did not (a worker held a later
+# table while waiting for an earlier one, which no wait ends). With 200 ms,
+# 40 of 60 tries failed: a shorter wait also gives up on mere slowness.
+DEFAULT_LOCK_WAIT = timedelta(milliseconds=500)
+# Tries before a run gives up, and the pause before each next one (doubling
+# from the first to the longest, jittered so that two migrators and the
+# workers' rhythm do not meet again in step). 20 tries wait about 30 s in all.
+DEFAULT_LOCK_TRIES = 20
+_RETRY_PAUSE_FIRST = timedelta(milliseconds=50)
+_RETRY_PAUSE_MAX = timedelta(seconds=2)
+# No try starts this long after the run began, whatever ``tries`` allows.
+_RETRY_DEADLINE = timedelta(minutes=2)
+# How many of the transactions holding the tables a run that gives up names.
+_HOLDERS_SHOWN = 3
+# Lock timeouts and deadlocks: another transaction held what a try needed.
+_LOCK_CONFLICTS = (pg_errors.LockNotAvailable, pg_errors.DeadlockDetected)
 MIGRATION_FILE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+CREATE_TABLE = re.compile(r"CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{schema\}\.(\w+)", re.I)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,62 +153,223 @@ def _changed(schema: str, migration: Migration, applied_name: str, applied_sum: 
     )
 
 
+class _TablesBusy(Exception):
+    """A try could not take what it needed in time; raised ``from`` the driver's error.
+
+    Internal to this module: the transaction rolls back on it, and :func:`migrate`
+    tries again or gives up with a :class:`TransientError`.
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
 async def migrate(
     db: Database,
     *,
     package: str | Sequence[str] = SHOAL_MIGRATIONS,
     schema: str | None = None,
+    lock_wait: timedelta = DEFAULT_LOCK_WAIT,
+    tries: int = DEFAULT_LOCK_TRIES,
 ) -> list[int]:
     """Bring ``schema`` (``db.schema`` by default) up to date with the migrations
-    of ``package`` (shoal's own by default); return the versions applied now."""
-    name = db.schema if schema is None else check_schema_name(schema)
-    migrations = load_migrations(package)
+    of ``package`` (shoal's own by default); return the versions applied now.
 
-    async def apply(conn: AsyncConn) -> list[int]:
-        schema = sql.Identifier(name)
-        # Index builds on a big table may take longer than a statement may.
-        await conn.execute("SET LOCAL statement_timeout = 0")
-        # The lock comes first: CREATE SCHEMA IF NOT EXISTS itself races
-        # (two creators can both pass the existence check).
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended('shoal.migrate:' || %s, 0))",
-            (name,),
-        )
-        await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+    All or nothing: the pending migrations commit together or not at all.
+    Idempotent, and safe beside another ``migrate`` (it waits, then finds
+    nothing to do) and beside running workers: it takes the schema's tables
+    within ``lock_wait`` or rolls back and tries again, ``tries`` times in all
+    (see the module's docstring), logging each retry at WARNING.
+
+    >>> applied = await migrate(db)  # doctest: +SKIP
+    """
+    name = db.schema if schema is None else check_schema_name(schema)
+    if not lock_wait > timedelta(0):
+        raise InvalidInput("lock_wait", f"must be a positive duration, got {lock_wait!r}")
+    if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
+        raise InvalidInput("tries", f"must be a whole number of at least 1, got {tries!r}")
+    migrations = load_migrations(package)
+    started = SYSTEM_CLOCK.monotonic()
+    for attempt in range(1, tries + 1):
+        try:
+            return await db.run(
+                lambda conn: _apply(conn, name, migrations, lock_wait),
+                deadline=max(db.deadline, _MIGRATION_DEADLINE),
+            )
+        except _TablesBusy as busy:
+            cause = _first_line(busy.__cause__)
+            elapsed_s = SYSTEM_CLOCK.monotonic() - started
+            if attempt == tries or elapsed_s >= _RETRY_DEADLINE.total_seconds():
+                holders = await db.run(lambda conn: _holders(conn, name))
+                raise TransientError(
+                    f"schema {name!r}: migrate gave up after {attempt} tries in "
+                    f"{elapsed_s:.1f} s: it could not take {busy.what} ({cause}); "
+                    f"{holders}. Nothing was applied: run it again once they finish "
+                    "(docs/upgrading.md)"
+                ) from busy.__cause__
+            pause_s = _retry_pause_s(attempt)
+            log.warning(
+                "schema %r: migrate could not take %s (%s); rolled back, try %d of %d in %.2f s",
+                name,
+                busy.what,
+                cause,
+                attempt + 1,
+                tries,
+                pause_s,
+            )
+            await SYSTEM_CLOCK.sleep(pause_s)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _holders(conn: AsyncConn, name: str) -> str:
+    """Which other transactions hold the tables of schema ``name`` (the oldest first)."""
+    cur = await conn.execute(
+        "SELECT DISTINCT ON (a.pid) a.pid, coalesce(a.state, '?'), a.xact_start,"
+        " n.nspname || '.' || c.relname, l.mode"
+        " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE l.granted AND l.pid <> pg_backend_pid() AND n.nspname = %s"
+        " AND c.relkind IN ('r', 'p')"
+        " ORDER BY a.pid, c.relname",
+        (name,),
+    )
+    rows = sorted(await cur.fetchall(), key=lambda row: (row[2] is None, row[2]))
+    if not rows:
+        return "no other transaction holds them now"
+    held = "; ".join(
+        f"pid {pid} ({state}, in a transaction since {since:%Y-%m-%d %H:%M:%S%z}) holds "
+        f"{mode} on {table}"
+        for pid, state, since, table, mode in rows[:_HOLDERS_SHOWN]
+    )
+    more = f"; and {len(rows) - _HOLDERS_SHOWN} more" if len(rows) > _HOLDERS_SHOWN else ""
+    return f"other transactions hold them: {held}{more}"
+
+
+def _first_line(exc: BaseException | None) -> str:
+    return str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else "?"
+
+
+def _retry_pause_s(attempt: int) -> float:
+    """The pause after failed try ``attempt`` (1, 2, ...): doubling, capped, jittered."""
+    first = _RETRY_PAUSE_FIRST.total_seconds()
+    longest = _RETRY_PAUSE_MAX.total_seconds()
+    return min(longest, first * 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+async def _apply(
+    conn: AsyncConn, name: str, migrations: list[Migration], lock_wait: timedelta
+) -> list[int]:
+    """One try, in the caller's transaction: the versions applied."""
+    schema = sql.Identifier(name)
+    # Index builds on a big table may take longer than a statement may. The
+    # advisory lock is waited for without a lock_timeout (whatever the role's
+    # setting): another migrate holds it for its whole run.
+    await conn.execute(
+        "SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true)"
+    )
+    # The lock comes first: CREATE SCHEMA IF NOT EXISTS itself races
+    # (two creators can both pass the existence check).
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('shoal.migrate:' || %s, 0))",
+        (name,),
+    )
+    await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+    await conn.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.migration ("
+            " version int PRIMARY KEY,"
+            " name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(schema)
+    )
+    # A digest of each applied file: code running against a schema built
+    # from other text fails here, loudly, instead of at its first query.
+    await conn.execute(
+        sql.SQL("ALTER TABLE {}.migration ADD COLUMN IF NOT EXISTS checksum text").format(schema)
+    )
+    cur = await conn.execute(
+        sql.SQL("SELECT version, name, checksum FROM {}.migration").format(schema)
+    )
+    done = {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
+    pending = []
+    for migration in migrations:
+        if migration.version in done:
+            applied_name, applied_sum = done[migration.version]
+            if applied_sum != migration.checksum:
+                raise MigrationChanged(_changed(name, migration, applied_name, applied_sum))
+        else:
+            pending.append(migration)
+    if not pending:
+        return []
+    wait_ms = await _lock_tables(conn, name, lock_order(migrations), lock_wait)
+    # Past the tables, a statement waits no longer than they did: nothing it
+    # waits for queues the workers behind it for long.
+    await conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{wait_ms}ms",))
+    for migration in pending:
+        try:
+            await conn.execute(sql.SQL(migration.text).format(schema=schema))
+        except _LOCK_CONFLICTS as exc:
+            raise _TablesBusy(f"the locks of migration {migration.label}") from exc
         await conn.execute(
             sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {}.migration ("
-                " version int PRIMARY KEY,"
-                " name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(schema)
+                "INSERT INTO {}.migration (version, name, checksum) VALUES (%s, %s, %s)"
+            ).format(schema),
+            (migration.version, migration.name, migration.checksum),
         )
-        # A digest of each applied file: code running against a schema built
-        # from other text fails here, loudly, instead of at its first query.
-        await conn.execute(
-            sql.SQL("ALTER TABLE {}.migration ADD COLUMN IF NOT EXISTS checksum text").format(
-                schema
-            )
-        )
-        cur = await conn.execute(
-            sql.SQL("SELECT version, name, checksum FROM {}.migration").format(schema)
-        )
-        done = {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
-        applied = []
-        for migration in migrations:
-            if migration.version in done:
-                applied_name, applied_sum = done[migration.version]
-                if applied_sum != migration.checksum:
-                    raise MigrationChanged(_changed(name, migration, applied_name, applied_sum))
-                continue
-            await conn.execute(sql.SQL(migration.text).format(schema=schema))
-            await conn.execute(
-                sql.SQL(
-                    "INSERT INTO {}.migration (version, name, checksum) VALUES (%s, %s, %s)"
-                ).format(schema),
-                (migration.version, migration.name, migration.checksum),
-            )
-            applied.append(migration.version)
-        return applied
+    return [m.version for m in pending]
 
-    return await db.run(apply, deadline=max(db.deadline, _MIGRATION_DEADLINE))
+
+def lock_order(migrations: Sequence[Migration]) -> list[str]:
+    """The tables ``migrations`` create, in the order they first create them.
+
+    The order a run takes the schema's tables in: the order the layers build on
+    one another, which is the order the workers take them. A batch claim takes
+    the job table and only then the item and task tables, a completion the job
+    table and then the item table; a run that took the item table first and
+    then waited for the job table would wait for a claim that waits for it.
+    A table created again under its name (0010's job_archive) keeps its place.
+    """
+    order: dict[str, None] = {}
+    for migration in migrations:
+        order.update(dict.fromkeys(CREATE_TABLE.findall(migration.text)))
+    return list(order)
+
+
+async def _lock_tables(conn: AsyncConn, name: str, order: list[str], lock_wait: timedelta) -> int:
+    """Take every table of schema ``name`` in ACCESS EXCLUSIVE mode, those of
+    ``order`` first and in its order, then any other in name order, in one
+    statement that may wait ``lock_wait`` in all (at most half the server's
+    deadlock_timeout); return that wait in milliseconds. Raises
+    :class:`_TablesBusy` when it passes.
+
+    One statement, so that no round trip lengthens the time it holds the first
+    tables while it asks for the next: a worker that takes them in another
+    order has that much less time to start waiting on it.
+    """
+    cur = await conn.execute(
+        "SELECT c.relname, (SELECT setting::int FROM pg_settings WHERE name = 'deadlock_timeout')"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN unnest(%s::text[]) WITH ORDINALITY AS o(relname, rank)"
+        " ON o.relname = c.relname"
+        " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND c.relname <> 'migration'"
+        ' ORDER BY o.rank NULLS LAST, c.relname COLLATE "C"',
+        (order, name),
+    )
+    rows = await cur.fetchall()
+    wait_ms = max(1, int(lock_wait.total_seconds() * 1000))
+    if not rows:
+        return wait_ms
+    wait_ms = max(1, min(wait_ms, int(rows[0][1]) // 2))
+    # lock_timeout bounds each table's wait, statement_timeout all of them.
+    await conn.execute(
+        "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true)",
+        (f"{wait_ms}ms", f"{wait_ms}ms"),
+    )
+    tables = sql.SQL(", ").join(sql.Identifier(name, table) for table, _ in rows)
+    try:
+        await conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(tables))
+    except (*_LOCK_CONFLICTS, pg_errors.QueryCanceled) as exc:
+        raise _TablesBusy(f"the {len(rows)} tables of {name!r} within {wait_ms} ms") from exc
+    await conn.execute("SET LOCAL statement_timeout = 0")
+    return wait_ms
