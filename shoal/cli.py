@@ -46,6 +46,7 @@ from shoal.api.defaults import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REQUEST_DEADLINE_S,
 )
+from shoal.db.migrate import DEFAULT_LOCK_TRIES, DEFAULT_LOCK_WAIT
 from shoal.db.pool import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, check_schema_name
 from shoal.errors import InvalidInput, MissingExtra, ShoalError
 from shoal.extras import require
@@ -199,7 +200,7 @@ async def cmd_migrate(args: argparse.Namespace, url: str) -> int:
     from shoal.db.pool import Database
 
     async with Database(url, schema=args.schema, prepare_threshold=prepare_threshold()) as db:
-        applied = await migrate(db)
+        applied = await migrate(db, lock_wait=timedelta(seconds=args.lock_wait), tries=args.tries)
     console.print(f"schema {args.schema!r}: " + (f"applied {applied}" if applied else "up to date"))
     return 0
 
@@ -729,7 +730,22 @@ def parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_text, formatter_class=HelpFormatter)
 
-    command("migrate", "create or upgrade the schema")
+    migrate = command("migrate", "create or upgrade the schema")
+    migrate.add_argument(
+        "--lock-wait",
+        type=positive_seconds,
+        metavar="SECONDS",
+        default=DEFAULT_LOCK_WAIT.total_seconds(),
+        help="seconds each try may wait to take the schema's tables from running workers, "
+        "at most half the server's deadlock_timeout (default: %(default)g)",
+    )
+    migrate.add_argument(
+        "--tries",
+        type=positive_int,
+        metavar="N",
+        default=DEFAULT_LOCK_TRIES,
+        help="tries before giving up when workers keep the tables (default: %(default)s)",
+    )
     worker = command("worker", "run an App's handlers until SIGTERM/SIGINT")
     worker.add_argument("--app", required=True, help="module:attribute of a shoal.App")
     worker.add_argument(

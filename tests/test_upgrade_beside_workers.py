@@ -31,6 +31,7 @@ from shoal.queue.options import JobOptions
 from shoal.queue.store import JobSettings
 
 from .conftest import RUN_ID, create_database, drop_database, with_dbname
+from .test_embedded_and_cli import shoal_cli
 from .test_upgrade import RELEASED, new_task, previous_release, restore
 
 ROUNDS = 10
@@ -254,6 +255,31 @@ async def test_migrate_that_cannot_take_the_tables_gives_up_naming_who_holds_the
         assert await migrate(db, lock_wait=timedelta(milliseconds=50), tries=2) == [
             m.version for m in load_migrations() if m.version not in RELEASED
         ]
+
+
+async def test_shoal_migrate_that_gives_up_exits_2_saying_so_and_applies_nothing(
+    empty_db_url: str,
+) -> None:
+    """The deploy step: ``shoal migrate`` with its own --lock-wait and --tries."""
+    restore(empty_db_url)
+    async with await psycopg.AsyncConnection.connect(empty_db_url) as holder:
+        await holder.execute("SELECT count(*) FROM shoal.job")  # ACCESS SHARE, kept
+        done = await asyncio.to_thread(
+            shoal_cli,
+            "migrate",
+            "--lock-wait",
+            "0.05",
+            "--tries",
+            "2",
+            env={"DATABASE_URL": empty_db_url, "COLUMNS": "60"},
+        )
+        assert done.returncode == 2, done
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, done
+        assert "migrate gave up after 2 tries" in errors[0], errors
+        assert f"pid {holder.info.backend_pid} " in errors[0], errors
+        cur = await holder.execute("SELECT version FROM shoal.migration ORDER BY version")
+        assert [v for (v,) in await cur.fetchall()] == RELEASED
 
 
 @pytest.mark.parametrize(
