@@ -1,12 +1,13 @@
 """Bad input gets an error naming the field, and nothing is written."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shoal import InvalidInput, Shoal
+from shoal.clock import SystemClock
 
 
 async def job_count(boss: Shoal) -> int:
@@ -45,6 +46,119 @@ async def test_send_rejects_bad_input_naming_the_field(
     assert raised.value.field == field
     assert field in str(raised.value)
     assert await job_count(boss) == 0
+
+
+NAN = float("nan")
+INF = float("inf")
+# A day past the longest duration an option takes (100 years).
+PAST_MAX = timedelta(days=36_526)
+QUEUE_DEFAULT_OPTIONS = ("retry_limit", "retry_delay", "retry_delay_max", "expire_in", "priority")
+
+
+OUT_OF_RANGE: list[tuple[str, object, str]] = [
+    ("retry_delay", 1e308, "must be at most 3155760000 seconds (100 years), got 1e+308"),
+    ("retry_delay", INF, "must be at most 3155760000 seconds (100 years), got inf"),
+    ("retry_delay", NAN, "must be a number of seconds, got nan"),
+    ("retry_delay", 10**5000, "got an integer of 16610 bits"),
+    ("retry_delay", PAST_MAX, "must be at most 3155760000 seconds"),
+    ("retry_delay", -INF, "must be >= 0, got -inf"),
+    ("retry_delay_max", 1e308, "must be at most 3155760000 seconds"),
+    ("retry_delay_max", NAN, "must be a number of seconds"),
+    ("retry_delay_max", timedelta.max, "must be at most 3155760000 seconds"),
+    ("expire_in", 1e308, "must be at most 3155760000 seconds"),
+    ("expire_in", 1e-9, "must be at least 0.001 seconds, got 1e-09"),
+    ("expire_in", timedelta(microseconds=999), "must be at least 0.001 seconds"),
+    ("expire_in", NAN, "must be a number of seconds"),
+    ("expire_in", -INF, "must be > 0, got -inf"),
+    ("start_after", 1e12, "must be at most 3155760000 seconds"),
+    ("start_after", 1e308, "must be at most 3155760000 seconds"),
+    ("start_after", INF, "must be at most 3155760000 seconds"),
+    ("start_after", NAN, "must be a number of seconds"),
+    ("start_after", PAST_MAX, "must be at most 3155760000 seconds"),
+    ("start_after", datetime(9999, 12, 31, tzinfo=UTC), "to 100 years from now, got 9999"),
+    ("start_after", datetime(1969, 12, 31, 23, 59, tzinfo=UTC), "from 1970-01-01"),
+    ("start_after", datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))), "from 1970"),
+    ("retry_limit", 2**31, "must be an integer from 0 to 2147483647, got 2147483648"),
+    ("priority", -(10**5000), "must be an integer within ±1000000"),
+    ("cost", 2**31, "must be an integer from 1 to 2147483647"),
+]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    OUT_OF_RANGE,
+    # The values' own ids: str(10**5000) raises ValueError.
+    ids=[f"{option}-{i}" for i, (option, _, _) in enumerate(OUT_OF_RANGE)],
+)
+async def test_every_sender_refuses_numbers_and_times_outside_the_range_naming_the_option(
+    boss: Shoal, option: str, value: object, message: str
+) -> None:
+    # Before, 1e308 seconds raised OverflowError, expire_in of 999 us a CHECK
+    # violation, and a start_after of 1e12 s (year 33715) or 9999 was stored.
+    given: dict[str, Any] = {option: value}
+    sends: list[Any] = [
+        boss.send("ok_queue", None, **given),
+        boss.insert([{"queue": "ok_queue", **given}]),
+        boss.insert_many("ok_queue", [1], **given),
+    ]
+    if not isinstance(value, datetime):
+        sends.append(boss.schedule("nightly", "0 3 * * *", **given))
+    if option in QUEUE_DEFAULT_OPTIONS:
+        sends.append(boss.set_queue_defaults("ok_queue", **given))
+    for send in sends:
+        with pytest.raises(InvalidInput) as raised:
+            await send
+        assert raised.value.field.endswith(option)
+        assert message in raised.value.message, raised.value
+    assert await job_count(boss) == 0
+    assert await boss.queue_defaults("ok_queue") == {}
+    assert await boss.schedules() == []
+
+
+async def test_the_ends_of_each_range_are_accepted(boss: Shoal) -> None:
+    longest = timedelta(days=36_525)
+    latest = SystemClock().now() + longest - timedelta(days=1)
+    earliest = datetime(1970, 1, 1, tzinfo=UTC)
+    longest_id = await boss.send(
+        "ok_queue", None, retry_delay=3_155_760_000, retry_delay_max=longest, expire_in=longest
+    )
+    shortest_id = await boss.send("ok_queue", None, expire_in=0.001, start_after=longest)
+    latest_id = await boss.send("ok_queue", None, retry_limit=2**31 - 1, start_after=latest)
+    earliest_id = await boss.send("ok_queue", None, start_after=earliest)
+    longest_job = await boss.get_job(longest_id or 0)  # type: ignore[arg-type]
+    assert longest_job.policy.retry_delay == longest == longest_job.policy.retry_delay_max
+    assert longest_job.expire_in == longest
+    shortest_job = await boss.get_job(shortest_id or 0)  # type: ignore[arg-type]
+    assert shortest_job.expire_in == timedelta(milliseconds=1)
+    latest_job = await boss.get_job(latest_id or 0)  # type: ignore[arg-type]
+    assert (latest_job.start_after, latest_job.policy.retry_limit) == (latest, 2**31 - 1)
+    earliest_job = await boss.get_job(earliest_id or 0)  # type: ignore[arg-type]
+    assert earliest_job.start_after == earliest
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("retry_delay", timedelta(days=40_000)),
+        ("retry_delay", timedelta(days=-1)),
+        ("expire_in", timedelta(days=40_000)),
+        ("expire_in", timedelta(microseconds=1)),
+        ("retry_limit", 2**31),
+        ("priority", 1_000_001),
+        ("zombie_timeout", timedelta(days=40_000)),
+    ],
+)
+def test_a_batch_kinds_item_job_options_are_in_the_ranges_of_every_job(
+    option: str, value: object
+) -> None:
+    from shoal.batch.kinds import BatchKind
+
+    async def handler(item: Any) -> None: ...
+
+    given: dict[str, Any] = {option: value}
+    with pytest.raises(InvalidInput) as raised:
+        BatchKind(name="extract", handler=handler, **given)
+    assert raised.value.field == option
 
 
 async def test_pg_boss_spelling_gets_a_hint(boss: Shoal) -> None:

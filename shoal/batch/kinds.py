@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal._deprecation import warn_renamed
 from shoal.errors import InvalidInput, PermanentError
-from shoal.queue.options import check_queue_name
+from shoal.queue.options import MAX_DURATION, check_queue_name, parse_options
 from shoal.queue.threaded import as_async
 
 if TYPE_CHECKING:
@@ -89,6 +89,20 @@ class BatchKind:
             value = getattr(self, name)
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise InvalidInput(name, f"must be a positive timedelta, got {value!r}")
+        # The item jobs' options in the ranges of every job's (docs/queue.md,
+        # "Ranges"): 40,000 days of retry_delay overflowed the first retry.
+        parse_options(
+            {
+                "retry_limit": self.retry_limit,
+                "retry_delay": self.retry_delay,
+                "expire_in": self.expire_in,
+                "priority": self.priority,
+            }
+        )
+        if self.zombie_timeout > MAX_DURATION:
+            raise InvalidInput(
+                "zombie_timeout", f"must be at most 100 years, got {self.zombie_timeout!r}"
+            )
 
     @property
     def queue(self) -> str:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict
 
+from shoal.clock import SystemClock
 from shoal.errors import InvalidInput
 from shoal.queue.limits import partition_key_of
 
@@ -29,6 +31,25 @@ MAX_PRIORITY = 1_000_000
 MAX_SINGLETON_KEY_LEN = 512
 # A job's cost against a rate is an integer column.
 MAX_COST = 2**31 - 1
+# retry_limit is an integer column too.
+MAX_RETRY_LIMIT = 2**31 - 1
+
+# The sane range of a job's times and durations (docs/queue.md, "Ranges"),
+# checked alike by the SQL API (migrations/0029_option_ranges.sql). 100 years
+# (of 365.25 days) keeps now plus any duration, and any start_after, a time
+# both Python (to year 9999) and PostgreSQL hold in any session time zone,
+# with some 7,800 years to spare; sums past it overflowed in Python
+# (OverflowError) or in PostgreSQL (22008) before the field was named.
+MAX_DURATION = timedelta(days=36_525)
+MAX_DURATION_S = int(MAX_DURATION.total_seconds())
+# The shortest execution timeout: PostgreSQL's intervals count microseconds,
+# so a shorter one could round to no timeout at all.
+MIN_EXPIRE_IN = timedelta(milliseconds=1)
+# The earliest start_after time. A time in the past means "now"; one before
+# 1970 is a mistake (a date read as something else), not a plan.
+EARLIEST_START = datetime(1970, 1, 1, tzinfo=UTC)
+# Only a range, never when a job runs: the wall clock, not a FakeClock.
+_WALL_CLOCK = SystemClock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +192,55 @@ def encode_payload(data: object, *, max_bytes: int, field: str = "data") -> str:
     return text
 
 
-def _duration(name: str, value: object, *, allow_zero: bool = True) -> timedelta:
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, short for an integer too long to print.
+
+    repr() of an integer past 4,300 digits raises ValueError, and one of
+    hundreds of digits says less than its size.
+    """
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
+
+
+def _duration(name: str, value: object, *, minimum: timedelta | None = None) -> timedelta:
+    """A duration option as a timedelta, from 0 (or ``minimum``, above 0) to MAX_DURATION.
+
+    Checked as seconds before the timedelta is built: timedelta(seconds=1e308)
+    raises OverflowError and timedelta(seconds=1e-9) rounds to zero.
+    """
     if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise InvalidInput(name, f"expected a timedelta or seconds, got {value!r}")
-    delta = value if isinstance(value, timedelta) else timedelta(seconds=value)
-    if delta < timedelta(0) or (not allow_zero and delta == timedelta(0)):
-        raise InvalidInput(name, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return delta
+        raise InvalidInput(name, f"expected a timedelta or seconds, got {shown(value)}")
+    # An int stays an int: float(10**400) itself overflows.
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, float) and math.isnan(seconds):
+        raise InvalidInput(name, f"must be a number of seconds, got {value!r}")
+    if seconds < 0 or (minimum is not None and seconds == 0):
+        raise InvalidInput(
+            name, f"must be {'>= 0' if minimum is None else '> 0'}, got {shown(value)}"
+        )
+    if minimum is not None and seconds < minimum.total_seconds():
+        raise InvalidInput(
+            name, f"must be at least {minimum.total_seconds():g} seconds, got {value!r}"
+        )
+    if seconds > MAX_DURATION_S:
+        raise InvalidInput(
+            name, f"must be at most {MAX_DURATION_S} seconds (100 years), got {shown(value)}"
+        )
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def _start_time(name: str, value: datetime) -> datetime:
+    """A start_after time: timezone-aware, from 1970 to 100 years from now."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInput(name, "a datetime must be timezone-aware")
+    if not EARLIEST_START <= value <= _WALL_CLOCK.now() + MAX_DURATION:
+        raise InvalidInput(
+            name,
+            "must be from 1970-01-01T00:00:00+00:00 to 100 years from now, "
+            f"got {value.isoformat()}",
+        )
+    return value
 
 
 def parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,10 +258,14 @@ def parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
         if name == "retry_limit":
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidInput(name, f"must be an integer >= 0, got {value!r}")
+            if value > MAX_RETRY_LIMIT:
+                raise InvalidInput(
+                    name, f"must be an integer from 0 to {MAX_RETRY_LIMIT}, got {shown(value)}"
+                )
         elif name in ("retry_delay", "retry_delay_max"):
             value = _duration(name, value)
         elif name == "expire_in":
-            value = _duration(name, value, allow_zero=False)
+            value = _duration(name, value, minimum=MIN_EXPIRE_IN)
         elif name == "retry_backoff":
             if not isinstance(value, bool):
                 raise InvalidInput(name, f"must be true or false, got {value!r}")
@@ -215,14 +282,13 @@ def parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
                 )
         elif name == "start_after":
             if isinstance(value, datetime):
-                if value.tzinfo is None:
-                    raise InvalidInput(name, "a datetime must be timezone-aware")
+                value = _start_time(name, value)
             elif value is not None:
                 value = _duration(name, value)
         elif name == "priority":
             if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
                 raise InvalidInput(
-                    name, f"must be an integer within ±{MAX_PRIORITY}, got {value!r}"
+                    name, f"must be an integer within ±{MAX_PRIORITY}, got {shown(value)}"
                 )
         elif name == "dead_letter" and value is not None:
             check_queue_name(value, field=name)
@@ -231,7 +297,7 @@ def parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
         elif name == "cost" and (
             isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COST
         ):
-            raise InvalidInput(name, f"must be an integer from 1 to {MAX_COST}, got {value!r}")
+            raise InvalidInput(name, f"must be an integer from 1 to {MAX_COST}, got {shown(value)}")
         parsed[name] = value
     return parsed
 
