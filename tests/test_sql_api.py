@@ -82,6 +82,13 @@ BAD_SENDS: list[tuple[Any, dict[str, Any]]] = [
     ("q", {"partition_key": 1.5}),
     ("q", {"partition_key": ["a"]}),
     ("q", {"partition_key": "k" * 513}),
+    # The ranges of times and durations (migration 29).
+    ("q", {"retry_limit": 2_147_483_648}),
+    ("q", {"retry_delay": 3_155_760_001}),
+    ("q", {"retry_delay_max": 3_155_760_001}),
+    ("q", {"expire_in": 3_155_760_001}),
+    ("q", {"expire_in": 0.0005}),
+    ("q", {"start_after": 3_155_760_001}),
 ]
 
 
@@ -100,6 +107,92 @@ async def test_sql_send_refuses_what_the_python_api_refuses_with_the_same_messag
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="data: payload is 9"):
         sql_send(db_url, "q", "x" * 9000)
     assert await boss.stats() == []
+
+
+SQL_OUT_OF_RANGE: list[tuple[dict[str, Any], str]] = [
+    # Numbers a float8 cannot hold, or whose interval PostgreSQL cannot hold:
+    # before, 22003 or 22008 naming no option.
+    ({"retry_delay": 1e308}, "must be at most 3155760000 seconds (100 years)"),
+    ({"retry_delay_max": 1e308}, "must be at most 3155760000 seconds (100 years)"),
+    ({"expire_in": 1e308}, "must be at most 3155760000 seconds (100 years)"),
+    ({"start_after": 1e308}, "must be at most 3155760000 seconds (100 years)"),
+    ({"start_after": 1e12}, "must be at most 3155760000 seconds (100 years)"),
+    # Before, a CHECK violation (the interval rounded to 0).
+    ({"expire_in": 1e-9}, "must be at least 0.001 seconds"),
+    # Texts the timestamptz cast takes but that are no timestamp with an
+    # offset: before, stored (a job that never runs, or one Python cannot load).
+    ({"start_after": "infinity"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "infinity+00"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "-infinity"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "now"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "today"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "tomorrow"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "yesterday +05"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "tomorrow+05:00"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "2027-03-01"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "2027-03-01-01"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "March 1 2027 09:00 +00"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "2027-03-01T09:00:00"}, "a datetime must be timezone-aware"),
+    ({"start_after": "2027-02-30T09:00:00Z"}, "expected a timestamp with its time zone"),
+    # Timestamps outside 1970 to 100 years from now.
+    ({"start_after": "33715-01-01T00:00:00Z"}, "expected an ISO 8601 timestamp"),
+    ({"start_after": "9999-12-31T00:00:00Z"}, "to 100 years from now, got '9999-"),
+    ({"start_after": "1969-12-31T23:59:59+00:00"}, "must be from 1970-01-01T00:00:00+00:00"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), SQL_OUT_OF_RANGE)
+def test_sql_send_refuses_numbers_and_times_outside_the_range_naming_the_option(
+    db_url: str, options: dict[str, Any], message: str
+) -> None:
+    ((option, _),) = options.items()
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as raised:
+        sql_send(db_url, "q", {"id": 1}, options)
+    assert raised.value.diag.column_name == option
+    primary = raised.value.diag.message_primary or ""
+    assert primary.startswith(f"{option}: ") and message in primary, primary
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM shoal.job").fetchone() == (0,)
+
+
+def test_sql_send_refuses_a_number_no_float_can_hold_naming_the_option(db_url: str) -> None:
+    # 1e400 is valid JSON (jsonb keeps it as numeric) but no float8: before,
+    # 22003 "out of range for type double precision".
+    for option in ("retry_delay", "retry_delay_max", "expire_in", "start_after"):
+        with (
+            psycopg.connect(db_url) as conn,
+            pytest.raises(psycopg.errors.InvalidParameterValue) as raised,
+        ):
+            conn.execute(
+                "SELECT shoal.send('q', NULL, jsonb_build_object(%s::text, 1e400))", (option,)
+            )
+        assert raised.value.diag.column_name == option
+
+
+def test_sql_send_takes_the_ends_of_each_range_as_before(db_url: str) -> None:
+    ends: list[tuple[dict[str, Any], str, str]] = [
+        ({"expire_in": 0.001}, "expire_in", "00:00:00.001"),
+        ({"retry_delay": 3_155_760_000}, "retry_delay", "876600:00:00"),
+        ({"retry_delay_max": 0}, "retry_delay_max", "00:00:00"),
+        ({"start_after": "1970-01-01T00:00:00Z"}, "start_after", "1970-01-01 00:00:00+00"),
+        (
+            {"start_after": "2099-06-01 12:00:00.123456+02"},
+            "start_after",
+            "2099-06-01 10:00:00.123456+00",
+        ),
+        ({"start_after": "2099-06-01T12:00+0530"}, "start_after", "2099-06-01 06:30:00+00"),
+        ({"start_after": None}, "start_after = created_at", "true"),
+        ({"start_after": 3_155_760_000}, "start_after - created_at", "36525 days"),
+    ]
+    for options, column, shown in ends:
+        job_id = sql_send(db_url, "q", None, options)
+        with psycopg.connect(db_url) as conn:
+            conn.execute("SET TimeZone = 'UTC'")
+            row = conn.execute(
+                f"SELECT ({column})::text FROM shoal.job WHERE id = %s",
+                (job_id,),
+            ).fetchone()
+        assert row == (shown,), options
 
 
 async def test_sql_send_gives_the_same_job_as_python_and_returns_null_for_a_taken_key(
