@@ -110,11 +110,13 @@ GROUP BY queue
 
 -- name: list_jobs
 -- A page of jobs in some states, newest first, below a cursor id; optionally
--- of one queue, and matching a search (an id, or a singleton key).
+-- of one queue, and matching a search (an id, or a singleton key). Its
+-- start_after within what Python loads, as get_job reads it.
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
-       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at,
+       singleton_key, dead_letter, origin_queue, origin_id,
+       {schema}.readable_time_v1(start_after), created_at, started_at,
        lease_expires_at, finished_at, output, errors
 FROM {schema}.job
 WHERE state = ANY(%(states)s::{schema}.job_state[])
@@ -132,7 +134,8 @@ LIMIT %(limit)s
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
-       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at,
+       singleton_key, dead_letter, origin_queue, origin_id,
+       {schema}.readable_time_v1(start_after), created_at, started_at,
        lease_expires_at, finished_at, output, errors
 FROM {schema}.job
 WHERE state = 'failed'
@@ -163,7 +166,8 @@ WITH found AS (
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
-       singleton_key, dead_letter, origin_queue, origin_id, start_after, created_at, started_at,
+       singleton_key, dead_letter, origin_queue, origin_id,
+       {schema}.readable_time_v1(start_after), created_at, started_at,
        lease_expires_at, finished_at, output, errors
 FROM found
 WHERE state = ANY(%(states)s::{schema}.job_state[])
