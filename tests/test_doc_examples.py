@@ -204,6 +204,7 @@ SETTINGS: dict[str, Setting] = {
         _observability_after,
         replace={'serve("127.0.0.1", 9300)': 'serve("127.0.0.1", 0)'},
     ),
+    "queue.md": Setting(_with_boss),
     "sync.md": Setting(_plain),
     "testing.md": Setting(_testing, _testing_after),
     "upgrading.md": Setting(_plain),
