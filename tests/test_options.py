@@ -161,6 +161,22 @@ def test_a_batch_kinds_item_job_options_are_in_the_ranges_of_every_job(
     assert raised.value.field == option
 
 
+@pytest.mark.parametrize(
+    "deadline",
+    [10**400, float("inf"), float("nan"), 0, 10 * 366 * 86400],
+    ids=["10**400", "inf", "nan", "0", "over-10-years"],
+)
+async def test_a_task_deadline_out_of_range_is_refused_naming_it(
+    boss: Shoal, deadline: float
+) -> None:
+    from .batch_helpers import make_batches
+
+    batches = make_batches(boss)
+    with pytest.raises(InvalidInput) as raised:
+        await batches.create("test.kind", ["a"], deadline=deadline)
+    assert raised.value.field == "deadline_s"
+
+
 async def test_pg_boss_spelling_gets_a_hint(boss: Shoal) -> None:
     with pytest.raises(InvalidInput, match="did you mean 'singleton_key'"):
         await boss.send("ok_queue", None, singletonKey="a")  # type: ignore[call-arg]

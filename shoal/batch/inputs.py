@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from shoal.errors import InvalidInput
-from shoal.queue.options import encode_payload
+from shoal.queue.options import encode_payload, shown
 
 MAX_REF_LENGTH = 512
 MAX_KEY_LENGTH = 255
@@ -118,10 +118,11 @@ def positive_seconds(field: str, value: timedelta | float | None) -> float | Non
         return None
     if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
         raise InvalidInput(field, f"must be a number of seconds, got {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    # Compared before float(): float(10**400) raises OverflowError.
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if not seconds > 0 or seconds != seconds or seconds > MAX_DEADLINE_S:
-        raise InvalidInput(field, f"must be a positive number of seconds, got {value!r}")
-    return seconds
+        raise InvalidInput(field, f"must be a positive number of seconds, got {shown(value)}")
+    return float(seconds)
 
 
 def canonical_uuid(value: object) -> str | None:
