@@ -111,13 +111,13 @@ GROUP BY queue
 -- name: list_jobs
 -- A page of jobs in some states, newest first, below a cursor id; optionally
 -- of one queue, and matching a search (an id, or a singleton key). Its
--- start_after within what Python loads, as get_job reads it.
+-- start_after and lease end within what Python loads, as get_job reads them.
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       lease_expires_at, finished_at, output, errors
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
 FROM {schema}.job
 WHERE state = ANY(%(states)s::{schema}.job_state[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -136,7 +136,7 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       lease_expires_at, finished_at, output, errors
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
 FROM {schema}.job
 WHERE state = 'failed'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -168,7 +168,7 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       lease_expires_at, finished_at, output, errors
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
 FROM found
 WHERE state = ANY(%(states)s::{schema}.job_state[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)

@@ -301,23 +301,23 @@ ON CONFLICT (queue) DO NOTHING
 DELETE FROM {schema}.paused_queue WHERE queue = %(queue)s
 
 -- name: get_job
--- One job, live or archived. Its start_after within what Python loads
--- (readable_time_v1 in migrations/0029_option_ranges.sql): an older row may
--- hold 'infinity'.
+-- One job, live or archived. Its start_after and lease end within what
+-- Python loads (readable_time_v1 in migrations/0029_option_ranges.sql): an
+-- older row may hold 'infinity', or a lease of thousands of years.
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at, lease_expires_at,
-       finished_at, output, errors
+       {schema}.readable_time_v1(start_after), created_at, started_at,
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
 FROM {schema}.job WHERE id = %(id)s
 UNION ALL
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at, lease_expires_at,
-       finished_at, output, errors
+       {schema}.readable_time_v1(start_after), created_at, started_at,
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
 FROM {schema}.job_archive WHERE id = %(id)s
 LIMIT 1
 
@@ -327,8 +327,8 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at, lease_expires_at,
-       finished_at, output, errors
+       {schema}.readable_time_v1(start_after), created_at, started_at,
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
 FROM {schema}.job
 WHERE queue = %(queue)s
   AND (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)

@@ -265,7 +265,8 @@ AS $$
     SELECT {schema}.send_v2(queue, data, options);
 $$;
 
--- A stored time as the readers load it (list_jobs, get_job, ...): within
+-- A stored time as the readers load it (list_jobs, get_job, ...; NULL
+-- stays NULL): within
 -- what Python's datetime holds in any session time zone. A row written
 -- before 0029 may hold 'infinity', '-infinity' or a year past 9999, which
 -- psycopg cannot load (DataError: every job list and `shoal jobs` failed);
@@ -277,6 +278,8 @@ CREATE FUNCTION {schema}.readable_time_v1(p_at timestamptz)
 RETURNS timestamptz
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT least(greatest(p_at, '0001-01-02 00:00:00+00'::timestamptz),
-                 '9999-12-31 00:00:00+00'::timestamptz);
+    -- Not least(greatest(...)): those skip a NULL (a job with no lease).
+    SELECT CASE WHEN p_at > '9999-12-31 00:00:00+00' THEN '9999-12-31 00:00:00+00'
+                WHEN p_at < '0001-01-02 00:00:00+00' THEN '0001-01-02 00:00:00+00'
+                ELSE p_at END;
 $$;
