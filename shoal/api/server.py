@@ -19,6 +19,12 @@ lengths, an illegal header) never reaches the app; it is answered 400 here
 with the same JSON error body, ``field`` naming the header at fault, instead
 of uvicorn's plain text.
 
+A head longer than :data:`~shoal.api.defaults.MAX_HEAD_BYTES` is answered 431
+(``field`` ``headers``) and closed, whether it arrives whole or in pieces.
+h11's own bound applies only to a head still incomplete after a read: one that
+arrived whole in a single read (up to the 256 KiB asyncio reads at once)
+went through at any size.
+
 >>> uvicorn.Server(api_config(create_api(boss, batches), port=8000))  # doctest: +SKIP
 """
 
@@ -27,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 from typing import Any, ClassVar
 
 import h11
 import uvicorn
 
-from shoal.api.defaults import DEFAULT_HEADER_TIMEOUT_S
+from shoal.api.defaults import DEFAULT_HEADER_TIMEOUT_S, MAX_HEAD_BYTES
 from shoal.api.errors import error_body
 from shoal.api.linger import LingeringH11Protocol
 from shoal.errors import InvalidInput
@@ -44,7 +51,11 @@ log = logging.getLogger("shoal.api")
 def _answer(status: int, code: str, message: str, field: str) -> bytes:
     """A complete HTTP/1.1 response with shoal's error body that closes the connection."""
     body = json.dumps(error_body(code, message, field)).encode()
-    reason = {400: "Bad Request", 408: "Request Timeout"}[status]
+    reason = {
+        400: "Bad Request",
+        408: "Request Timeout",
+        431: "Request Header Fields Too Large",
+    }[status]
     head = (
         f"HTTP/1.1 {status} {reason}\r\n"
         "content-type: application/json\r\n"
@@ -65,6 +76,42 @@ def _blamed_header(reason: str) -> str:
     return "headers"
 
 
+# Where h11 ends a head: the first blank line, with or without its CR
+# (h11._receivebuffer's own rule, so both agree on where the head stops).
+_END_OF_HEAD = re.compile(rb"\n\r?\n")
+
+
+class HeadTooLarge(h11.RemoteProtocolError):
+    """Raised in place of parsing a head longer than the cap; answered 431."""
+
+
+class HeadCappedConnection(h11.Connection):
+    """h11's server connection refusing any request head over ``max_head_bytes``.
+
+    The check runs each time the protocol asks for the next event while a
+    head is awaited, so it covers a head arriving whole, in pieces, or
+    pipelined behind the previous request (parsed from the buffer with no new
+    read).
+    """
+
+    def __init__(self, *, max_head_bytes: int, max_incomplete_event_size: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_incomplete_event_size)
+        self.max_head_bytes = max_head_bytes
+
+    def next_event(self) -> Any:
+        if self.their_state is h11.IDLE:
+            buffered, _ = self.trailing_data
+            if len(buffered) > self.max_head_bytes and not _END_OF_HEAD.search(
+                buffered, 0, self.max_head_bytes
+            ):
+                raise HeadTooLarge(
+                    f"the request head is over {self.max_head_bytes} bytes "
+                    "(request line and headers)",
+                    error_status_hint=431,
+                )
+        return super().next_event()
+
+
 class BoundedHeadProtocol(LingeringH11Protocol):
     """uvicorn's h11 protocol with a deadline on each request head and a lingering
     close; see the module docstring.
@@ -73,8 +120,19 @@ class BoundedHeadProtocol(LingeringH11Protocol):
     """
 
     header_timeout_s: ClassVar[float] = DEFAULT_HEADER_TIMEOUT_S
+    max_head_bytes: ClassVar[int] = MAX_HEAD_BYTES
     # Set by the head timer, cleared when the head is in or the connection goes.
     _head_timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn made its own connection; nothing has been parsed yet.
+        self.conn = HeadCappedConnection(
+            max_head_bytes=self.max_head_bytes,
+            # What else h11 bounds this way: a chunked body's size lines.
+            max_incomplete_event_size=self.config.h11_max_incomplete_event_size
+            or self.max_head_bytes,
+        )
 
     def connection_made(  # type: ignore[override]  # uvicorn's own signature (a Transport)
         self, transport: asyncio.Transport
@@ -133,10 +191,19 @@ class BoundedHeadProtocol(LingeringH11Protocol):
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        """Answer a head h11 refused with shoal's JSON error body, naming the header."""
+        """Answer a head h11 refused with shoal's JSON error body, naming the header;
+        a head over the cap with 431."""
         # uvicorn calls this from inside its `except h11.RemoteProtocolError`,
         # so the error being handled is h11's, with its reason.
         exc = sys.exception()
+        if isinstance(exc, HeadTooLarge):
+            message = (
+                f"headers: the request head is over {self.max_head_bytes} bytes "
+                "(request line and headers); send fewer or shorter headers"
+            )
+            self.transport.write(_answer(431, "headers_too_large", message, "headers"))
+            self.transport.close()
+            return
         reason = str(exc) if isinstance(exc, h11.RemoteProtocolError) else msg
         field = _blamed_header(reason)
         self.transport.write(_answer(400, "bad_request", f"{field}: {reason}", field))
@@ -164,4 +231,12 @@ def api_config(
     return uvicorn.Config(app, http=bounded_head_protocol(header_timeout_s), **options)
 
 
-__all__ = ["DEFAULT_HEADER_TIMEOUT_S", "BoundedHeadProtocol", "api_config", "bounded_head_protocol"]
+__all__ = [
+    "DEFAULT_HEADER_TIMEOUT_S",
+    "MAX_HEAD_BYTES",
+    "BoundedHeadProtocol",
+    "HeadCappedConnection",
+    "HeadTooLarge",
+    "api_config",
+    "bounded_head_protocol",
+]
