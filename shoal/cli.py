@@ -47,6 +47,7 @@ from shoal.api.defaults import (
     DEFAULT_REQUEST_DEADLINE_S,
 )
 from shoal.db.migrate import DEFAULT_LOCK_TRIES, DEFAULT_LOCK_WAIT
+from shoal.api.hosts import ALLOWED_HOSTS_ENV, allowed_host_names
 from shoal.db.pool import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, check_schema_name
 from shoal.errors import InvalidInput, MissingExtra, ShoalError
 from shoal.extras import require
@@ -338,6 +339,7 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
         token=token,
         read_only=args.read_only,
         transport=transport,
+        allowed_hosts=args.allowed_hosts,
         **{name: value for name, value in limits.items() if value is not None},
     )
     for hook in app.api_hooks:
@@ -623,6 +625,22 @@ def port_number(text: str) -> int:
     return port
 
 
+def host_names(text: str) -> list[str]:
+    """An argparse type: comma-separated host names, each bare (no scheme, no port)."""
+    try:
+        return sorted(allowed_host_names(n for n in text.split(",") if n.strip()))
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("allowed_hosts: ")) from None
+
+
+def host_name_option(text: str) -> str:
+    """An argparse type: one bare host name (``--allowed-host``)."""
+    names = host_names(text)
+    if len(names) != 1:
+        raise argparse.ArgumentTypeError(f"must be one host name, got {text!r}")
+    return names[0]
+
+
 def log_format(text: str) -> str:
     """An argparse type: text or json."""
     name = text.strip().lower()
@@ -661,6 +679,7 @@ ENV_SETTINGS: list[tuple[str, tuple[str, ...], str, Callable[[str], object], obj
     ("exclude_queues", ("worker",), "SHOAL_EXCLUDE_QUEUES", name_list, None),
     ("host", ("api",), "SHOAL_HOST", str, DEFAULT_HOST),
     ("port", ("api",), "SHOAL_PORT", port_number, DEFAULT_PORT),
+    ("allowed_hosts", ("api",), ALLOWED_HOSTS_ENV, host_names, []),
     ("log_format", ("worker", "api"), "SHOAL_LOG_FORMAT", log_format, DEFAULT_LOG_FORMAT),
     ("metrics_port", ("worker",), "SHOAL_METRICS_PORT", port_number, None),
     ("metrics_host", ("worker",), "SHOAL_METRICS_HOST", str, DEFAULT_METRICS_HOST),
@@ -802,6 +821,17 @@ def parser() -> argparse.ArgumentParser:
     )
     api.add_argument(
         "--port", type=port_number, help=f"port (env SHOAL_PORT; default: {DEFAULT_PORT})"
+    )
+    api.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        type=host_name_option,
+        metavar="NAME",
+        help="a further name the API answers to, beside loopback names and the address "
+        "a request arrives on (repeat for more; env SHOAL_API_ALLOWED_HOSTS, "
+        "comma-separated; default: none): requests whose Host is any other name are "
+        "refused 421, which stops DNS rebinding",
     )
     api.add_argument(
         "--token",

@@ -64,8 +64,11 @@ def batches(boss: Shoal) -> Batches:
 
 
 def client_for(api: FastAPI, **headers: str) -> httpx.AsyncClient:
+    """A client as the API's own page is: on a loopback name, sending X-Shoal-Request."""
     return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=api), base_url="http://testserver", headers=headers
+        transport=httpx.ASGITransport(app=api),
+        base_url="http://127.0.0.1",
+        headers={"X-Shoal-Request": "1", **headers},
     )
 
 

@@ -69,6 +69,18 @@ def test_the_help_names_each_settings_variable() -> None:
     assert "SHOAL_API_TOKEN" in commands["api"]
 
 
+def test_the_allowed_hosts_come_from_the_flags_else_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert resolved("api", "--app", "m:a").allowed_hosts == []
+    monkeypatch.setenv("SHOAL_API_ALLOWED_HOSTS", " Shoal.example.com , [fd00::1] ,")
+    assert resolved("api", "--app", "m:a").allowed_hosts == ["fd00::1", "shoal.example.com"]
+    flagged = resolved(
+        "api", "--app", "m:a", "--allowed-host", "a.test", "--allowed-host", "B.test"
+    )
+    assert flagged.allowed_hosts == ["a.test", "b.test"]
+
+
 def test_defaults_apply_when_neither_flag_nor_variable_is_set() -> None:
     args = resolved("api", "--app", "m:a")
     assert (args.pool_size, args.port, args.host, args.log_level) == (10, 8000, "127.0.0.1", "INFO")
@@ -110,6 +122,12 @@ def test_a_variable_beats_the_default_and_a_flag_beats_the_variable(
         ("SHOAL_POOL_SIZE", "0", "error: SHOAL_POOL_SIZE: must be a whole number >= 1, got '0'"),
         ("SHOAL_GRACE", "-1", "error: SHOAL_GRACE: must be a number of seconds >= 0, got '-1'"),
         ("SHOAL_PORT", "70000", "error: SHOAL_PORT: must be a port 0-65535, got '70000'"),
+        (
+            "SHOAL_API_ALLOWED_HOSTS",
+            "shoal.example.com,http://evil.example",
+            "error: SHOAL_API_ALLOWED_HOSTS: 'http://evil.example' is not a host name: "
+            "give the bare name, as 'shoal.example.com'",
+        ),
         (
             "SHOAL_LOG_LEVEL",
             "loud",

@@ -26,7 +26,12 @@ EMPTY_APP = App()
 
 
 def client_for(api: FastAPI) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://testserver")
+    """A client as the console page is: on a loopback name, sending X-Shoal-Request."""
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=api),
+        base_url="http://127.0.0.1",
+        headers={"X-Shoal-Request": "1"},
+    )
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ async def timed(db_url: str, clock: FakeClock) -> AsyncIterator[Shoal]:
 
 def client_for(boss: Shoal) -> httpx.AsyncClient:
     api = create_api(boss, Batches(boss, {}), token=None)
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://testserver")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://127.0.0.1")
 
 
 # -- registry -------------------------------------------------------------------

@@ -358,7 +358,7 @@ async def test_the_api_and_metrics_show_running_against_limits_and_what_is_held(
     await fake_boss.fetch(Q, 10)
     api = create_api(fake_boss, Batches(fake_boss, {}), token=None)
     transport = httpx.ASGITransport(app=api)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         rows = (await client.get("/v1/limits", params={"queue": Q})).json()["limits"]
         by_key = {r["partition_key"]: r for r in rows}
         assert by_key["a"]["running"] == 1 and by_key["a"]["waiting"] == 1

@@ -10,6 +10,8 @@ serve the API and run workers on the same pool (as ``shoal demo`` does).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import APIRouter, Depends, FastAPI
 
 from shoal.api.auth import refuse_writes, require_token
@@ -23,8 +25,10 @@ from shoal.api.console import (
     topics_router,
     workers_router,
 )
+from shoal.api.cross_site import CrossSiteGuard
 from shoal.api.dashboard import dashboard_router
 from shoal.api.errors import install_error_handlers
+from shoal.api.hosts import allowed_host_names
 from shoal.api.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_REQUEST_DEADLINE_S, RequestLimits
 from shoal.api.metrics import metrics_router
 from shoal.api.queue_limits import limits_router
@@ -55,6 +59,7 @@ def create_api(
     request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S,
     read_only: bool = False,
     transport: TransportSource | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> FastAPI:
     """The HTTP API: ``/v1`` routes, ``/metrics``, health, and the dashboard at ``/``.
 
@@ -65,9 +70,18 @@ def create_api(
     With ``read_only`` every ``/v1`` route that would change something answers
     403. A topic redrive publishes on ``transport()`` (default: the postgres
     transport over ``boss``).
+
+    Every route, an application's own included, refuses what a web page on
+    another site could make a browser send (:mod:`shoal.api.cross_site`): a
+    request whose ``Host`` is not a loopback name, the address it arrived on,
+    or one of ``allowed_hosts`` (421), and a write from another origin or one
+    a form could send (403).
     """
     if token is not None and not token.strip():
         raise InvalidInput("token", "must be None or a non-empty string")
+    if isinstance(allowed_hosts, str):
+        raise InvalidInput("allowed_hosts", f"must be a list of names, got {allowed_hosts!r}")
+    host_names = allowed_host_names(allowed_hosts)
     api = FastAPI(
         title="shoal",
         version=API_VERSION,
@@ -113,6 +127,9 @@ def create_api(
         max_body_bytes=max_body_bytes,
         request_deadline_s=request_deadline_s,
     )
+    # Outside the limits: a refused request is answered from its head alone,
+    # and no route (nor an application's own, added later) can be left out.
+    api.add_middleware(CrossSiteGuard, allowed_hosts=host_names)
     return api
 
 

@@ -1,7 +1,8 @@
 """Bearer-token auth, and the rule for when it is required.
 
 An API reachable only from this machine (bound to a loopback address) may run
-without a token: only local processes can reach it. Bound to anything else it
+without a token: only local processes can reach it (a browser is one, so pages
+of other sites are refused by :mod:`shoal.api.cross_site`). Bound to anything else it
 must have one; ``shoal api`` refuses to start otherwise. With a token
 configured, every ``/v1`` route and ``/metrics`` need
 ``Authorization: Bearer <token>``; ``/healthz`` and ``/readyz`` stay open for

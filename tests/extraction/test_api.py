@@ -21,7 +21,7 @@ async def client(rules_bench: Bench) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=api)
     async with httpx.AsyncClient(
         transport=transport,
-        base_url="http://test",
+        base_url="http://127.0.0.1",
         headers={"Authorization": f"Bearer {TOKEN}"},
     ) as c:
         yield c
@@ -92,7 +92,11 @@ async def test_a_body_over_the_cap_is_413(rules_bench: Bench) -> None:
         rules_bench.bench,
         token=None,
     )
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://t") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=api),
+        base_url="http://127.0.0.1",
+        headers={"X-Shoal-Request": "1"},
+    ) as c:
         response = await upload(c, "big.txt", b"x" * 5000)  # type: ignore[misc]
     assert response.status_code == 413
     assert await counts(rules_bench) == (0, 0)
@@ -100,7 +104,9 @@ async def test_a_body_over_the_cap_is_413(rules_bench: Bench) -> None:
 
 async def test_routes_need_the_token(rules_bench: Bench) -> None:
     api = build_api(rules_bench.boss, rules_bench.bench.batches, rules_bench.bench, token=TOKEN)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://t") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=api), base_url="http://127.0.0.1"
+    ) as c:
         missing = await c.get("/v1/extraction/templates")
         wrong = await c.get("/v1/extraction/templates", headers={"Authorization": "Bearer nope"})
         page = await c.get("/extraction")
@@ -160,3 +166,52 @@ async def test_starting_a_task_checks_every_field_before_writing(
     assert task["params"]["template"] == "metadata" and task["params"]["extractor"] == "rules"
     missing = await client.get("/v1/extraction/tasks/not-a-task/results")
     assert missing.status_code == 404
+
+
+async def test_a_cross_site_form_to_any_workbench_write_is_refused_and_stores_nothing(
+    rules_bench: Bench, corpus_dir: Path
+) -> None:
+    # The workbench mounts its routes on shoal's API: a form on another site,
+    # posting to a token-less local API, must reach none of them.
+    from shoal.api import create_api
+    from shoal_extract.api import mount_workbench
+
+    bench = rules_bench.bench
+    api = mount_workbench(
+        create_api(rules_bench.boss, bench.batches, token=None), bench, token=None
+    )
+    writes = sorted(
+        (method.upper(), path)
+        for path, operations in api.openapi()["paths"].items()
+        for method in operations
+        if path.startswith("/v1/extraction/") and method.upper() not in ("GET", "HEAD")
+    )
+    assert ("POST", "/v1/extraction/documents") in writes and len(writes) >= 5
+    form = {
+        "Content-Type": "application/x-www-form-urlencoded",
+        "Origin": "http://evil.example",
+        "Sec-Fetch-Site": "cross-site",
+    }
+    content = (corpus_dir / "paper-01.pdf").read_bytes()
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=api), base_url="http://127.0.0.1"
+    ) as c:
+        for method, path in writes:
+            url = path.replace("{task_id}", "00000000-0000-0000-0000-000000000000")
+            answer = await c.request(method, url, headers=form, content=b"filename=x")
+            assert answer.status_code == 403, (path, answer.text)
+            assert answer.json()["field"] == "sec-fetch-site"
+        rebound = await c.get("/v1/extraction/templates", headers={"Host": "evil.example"})
+        bare = await upload(c, "paper-01.pdf", content)  # type: ignore[misc]
+        page = await c.get("/extraction")
+        own = await c.post(
+            "/v1/extraction/documents",
+            params={"filename": "paper-01.pdf"},
+            content=content,
+            headers={"Content-Type": "application/octet-stream", "X-Shoal-Request": "1"},
+        )
+    assert rebound.status_code == 421
+    assert bare.status_code == 403 and bare.json()["field"] == "content-type"
+    assert page.status_code == 200 and '"X-Shoal-Request": "1"' in page.text
+    assert own.status_code == 201, own.text
+    assert await counts(rules_bench) == (1, 0)

@@ -41,7 +41,7 @@ async def reviewed(
     transport = httpx.ASGITransport(app=api)
     try:
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://test", headers=AUTH
+            transport=transport, base_url="http://127.0.0.1", headers=AUTH
         ) as client:
             yield bench, client, created.task_id, ids
     finally:
@@ -133,7 +133,7 @@ async def test_bad_reviews_are_refused_naming_the_field_and_write_nothing(
     item_id = items["paper-01.pdf"]["item_id"]
     api = build_api(boss, bench.bench.batches, bench.bench, token=TOKEN, read_only=True)
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=api), base_url="http://test", headers=AUTH
+        transport=httpx.ASGITransport(app=api), base_url="http://127.0.0.1", headers=AUTH
     ) as read_only:
         for path, body in (
             ("reviews", {"item_id": item_id, "field": "year", "action": "accept"}),

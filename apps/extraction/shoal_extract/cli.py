@@ -441,6 +441,7 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
             token=token,
             token_name=args.token_name or os.environ.get(TOKEN_NAME_ENV) or None,
             read_only=args.read_only,
+            allowed_hosts=args.allowed_hosts,
         )
         async with serving(api, host=args.host, port=args.port) as base:
             err.print(
@@ -600,6 +601,14 @@ def parser() -> argparse.ArgumentParser:
         "--token-name", help=f"who holds the token, in the reviews it stores (${TOKEN_NAME_ENV})"
     )
     api.add_argument("--read-only", action="store_true", help="refuse every write")
+    api.add_argument(
+        "--allowed-host",
+        dest="allowed_hosts",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a further name the API answers to (repeat for more); any other Host is refused",
+    )
     return root
 
 

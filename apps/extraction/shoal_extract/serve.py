@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import uvicorn
 from fastapi import FastAPI
@@ -26,10 +26,15 @@ def build_api(
     token: str | None,
     token_name: str | None = None,
     read_only: bool = False,
+    allowed_hosts: Sequence[str] = (),
 ) -> FastAPI:
-    """shoal's API (``/v1``, dashboard at ``/``) with the workbench's routes and page."""
+    """shoal's API (``/v1``, dashboard at ``/``) with the workbench's routes and page.
+
+    The workbench's routes sit behind shoal's refusal of cross-site writes and
+    foreign ``Host`` names (docs/api.md); ``allowed_hosts`` are further names.
+    """
     return mount_workbench(
-        create_api(boss, batches, token=token, read_only=read_only),
+        create_api(boss, batches, token=token, read_only=read_only, allowed_hosts=allowed_hosts),
         workbench,
         token=token,
         token_name=token_name,
