@@ -34,6 +34,7 @@ from rich.console import Console
 from shoal import Shoal
 from shoal.api import create_api
 from shoal.api.auth import READ_METHODS
+from shoal.api.cross_site import CrossSiteGuard
 from shoal.app import App
 from shoal.batch.service import Batches
 from shoal.demo import _serve_api, _servers
@@ -198,7 +199,8 @@ async def test_a_rebinding_host_is_refused_on_every_route(
     api: FastAPI, targets: Targets, db_url: str
 ) -> None:
     before = await fingerprint(db_url)
-    pages = [("GET", "/"), ("GET", "/tasks")]
+    # The routes the OpenAPI document leaves out: the pages and the document itself.
+    pages = [("GET", "/"), ("GET", "/tasks"), ("GET", "/docs"), ("GET", "/openapi.json")]
     async with client_for(api) as c:
         for method, path in [*route_list(api), *pages]:
             headers = {**OWN_PAGE, "Host": REBOUND_HOST, "Origin": f"http://{REBOUND_HOST}"}
@@ -432,3 +434,23 @@ async def test_a_websocket_from_another_origin_is_refused_before_it_opens(api: F
     assert [m["type"] for m in refused] == ["websocket.close"]
     assert refused[0]["code"] == 1008
     assert [m["type"] for m in served] == ["websocket.accept", "websocket.send", "websocket.close"]
+
+
+def test_a_request_without_a_host_header_is_no_rebinding() -> None:
+    # HTTP/1.0 allows it; no browser sends one, so no page can be behind it.
+    async def never(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        raise AssertionError("judge() never calls the app")
+
+    guard = CrossSiteGuard(never)
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "GET",
+        "headers": [],
+        "server": ("10.0.0.5", 8000),
+    }
+    assert guard.judge(scope) is None
+    scope["headers"] = [(b"host", b"10.0.0.5:8000")]
+    assert guard.judge(scope) is None  # the address the connection arrived on
+    scope["headers"] = [(b"host", b"10.0.0.6:8000")]
+    refusal = guard.judge(scope)
+    assert refusal is not None and (refusal.status, refusal.field) == (421, "host")

@@ -101,8 +101,10 @@ class CrossSiteGuard:
         if refusal is None:
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":
-            # Before accepting: the handshake is answered 403.
-            await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
+            # Before accepting: the server answers the handshake 403. A close
+            # reason is at most 123 bytes of UTF-8.
+            reason = refusal.message.encode()[:120].decode(errors="ignore")
+            await send({"type": "websocket.close", "code": 1008, "reason": reason})
         else:
             await _answer(send, refusal)
 
