@@ -451,6 +451,8 @@ def test_a_request_without_a_host_header_is_no_rebinding() -> None:
     assert guard.judge(scope) is None
     scope["headers"] = [(b"host", b"10.0.0.5:8000")]
     assert guard.judge(scope) is None  # the address the connection arrived on
+    dual_stack = {**scope, "server": ("::ffff:10.0.0.5", 8000)}
+    assert guard.judge(dual_stack) is None  # an API bound to ::, an IPv4 client
     scope["headers"] = [(b"host", b"10.0.0.6:8000")]
     refusal = guard.judge(scope)
     assert refusal is not None and (refusal.status, refusal.field) == (421, "host")

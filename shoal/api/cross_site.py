@@ -75,9 +75,18 @@ def _headers(scope: Scope) -> dict[str, str]:
     return found
 
 
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    address = ipaddress.ip_address(text)
+    # A dual-stack socket (bound to ::) names an IPv4 client's connection
+    # ::ffff:10.0.0.5, while the client's Host says 10.0.0.5.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 def _same_address(name: str, address: str) -> bool:
     try:
-        return ipaddress.ip_address(name) == ipaddress.ip_address(address)
+        return _ip(name) == _ip(address)
     except ValueError:
         return False
 
