@@ -46,8 +46,8 @@ from shoal.api.defaults import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REQUEST_DEADLINE_S,
 )
-from shoal.db.migrate import DEFAULT_LOCK_TRIES, DEFAULT_LOCK_WAIT
 from shoal.api.hosts import ALLOWED_HOSTS_ENV, allowed_host_names
+from shoal.db.migrate import DEFAULT_LOCK_TRIES, DEFAULT_LOCK_WAIT
 from shoal.db.pool import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, check_schema_name
 from shoal.errors import InvalidInput, MissingExtra, ShoalError
 from shoal.extras import require
