@@ -777,7 +777,7 @@ def parser() -> argparse.ArgumentParser:
         "--exclude-queues",
         type=name_list,
         help="run all of the app's queues, batch kinds and topics but these, comma-separated "
-        "(env SHOAL_EXCLUDE_QUEUES)",
+        "(env SHOAL_EXCLUDE_QUEUES; default: none)",
     )
     for duty, what in (
         ("maintenance", "lease expiry, archiving and the history sampler"),
@@ -944,12 +944,12 @@ def main(argv: list[str] | None = None) -> int:
             api_token(args)  # refuse an open non-loopback bind before starting anything
         if args.command in ("worker", "api"):
             app = load_app(args.app)  # a bad --app before starting anything (imports are cached)
-        if args.command == "worker":
-            app.select(args.queues, args.exclude_queues or ())  # names it does not declare
         if args.command == "worker" and args.metrics_port is not None:
             metrics_class()  # a missing extra, too
         if args.command in ("worker", "topic"):
             ingest_transport()  # a bad SHOAL_INGEST_TRANSPORT too
+        if args.command == "worker":
+            app.select(args.queues, args.exclude_queues or ())  # names it does not declare
         with database_url(args) as url:
             return asyncio.run(command(args, url))
     except ShoalError as exc:
