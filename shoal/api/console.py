@@ -35,6 +35,7 @@ from shoal.api.console_contract import (
     WorkerList,
 )
 from shoal.api.errors import ApiError, ErrorBody
+from shoal.db.writes import CachedWriteCheck, WriteCheck
 from shoal.ingest.inspect import MAX_PAGE as MAX_DEAD_PAGE
 from shoal.ingest.inspect import TopicInspector
 from shoal.ingest.postgres import QUEUE_PREFIX as TOPIC_QUEUE_PREFIX
@@ -109,6 +110,10 @@ def queue_dict(q: QueueSummary) -> dict[str, Any]:
         "throughput_per_min": q.throughput_per_min,
         "estimated": list(q.estimated),
     }
+
+
+def database_dict(check: WriteCheck) -> dict[str, str]:
+    return {"state": check.state.value, "message": check.message}
 
 
 def job_summary(job: JobRecord) -> dict[str, Any]:
@@ -415,6 +420,7 @@ def history_router(
     registry: WorkerRegistry,
     sampler: HistorySampler,
     open_tasks: Callable[[], Awaitable[int]],
+    writes: CachedWriteCheck,
 ) -> APIRouter:
     router = APIRouter(tags=["history"])
 
@@ -440,8 +446,15 @@ def history_router(
         window: WINDOW = "1h",
         queue: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
     ) -> dict[str, Any]:
-        """The counts an operator looks at first, and every series over the window."""
-        charts = await history_of(queue, window, list(SERIES))
+        """The counts an operator looks at first, every series over the window, and
+        whether the database accepts writes (as ``/readyz`` probes it)."""
+        # The write probe (up to its timeout while commits stall) runs beside the reads.
+        probe = asyncio.ensure_future(writes.get())
+        try:
+            charts = await history_of(queue, window, list(SERIES))
+        except BaseException:
+            probe.cancel()  # the probe itself is shielded; only this wait stops
+            raise
         workers = await registry.workers()
         return {
             "counts": {
@@ -453,6 +466,7 @@ def history_router(
                 "paused_queues": len(await queues.boss.paused_queues()),
             },
             "history": charts,
+            "database": database_dict(await probe),
         }
 
     return router

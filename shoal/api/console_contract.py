@@ -199,6 +199,18 @@ class OverviewCounts(BaseModel):
     paused_queues: int
 
 
+class DatabaseOut(BaseModel):
+    state: Literal["writable", "stalled", "failed"] = Field(
+        description=(
+            "writable: a probe write committed within 2 s; stalled: the database answers "
+            "but the commit did not complete (a synchronous standby may be down); failed: "
+            "the probe could not run (no connection, a refused write)."
+        )
+    )
+    message: str = Field(description="What is wrong, as /readyz says it; empty when writable.")
+
+
 class OverviewOut(BaseModel):
     counts: OverviewCounts
     history: HistoryOut
+    database: DatabaseOut

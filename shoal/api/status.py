@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter
 
 from shoal.api.contract import Health
 from shoal.api.errors import ErrorBody, error_response
-from shoal.db.pool import AsyncConn
-from shoal.queue.client import Shoal
-
-log = logging.getLogger("shoal.api")
-
-# A readiness probe must answer before the prober gives up (often 1-5 s); a
-# database that cannot say "1" in this long is not ready, whatever the cause.
-READY_TIMEOUT_S = 2.0
+from shoal.db.writes import CachedWriteCheck
 
 
 def health_router() -> APIRouter:
@@ -32,31 +22,24 @@ def health_router() -> APIRouter:
     return router
 
 
-def ready_router(boss: Shoal) -> APIRouter:
-    """``/readyz``: the database answers a query within :data:`READY_TIMEOUT_S`."""
-    router = APIRouter(tags=["health"])
+def ready_router(writes: CachedWriteCheck) -> APIRouter:
+    """``/readyz``: the database commits a write within
+    :data:`~shoal.db.writes.WRITE_TIMEOUT`.
 
-    async def ping(conn: AsyncConn) -> None:
-        await conn.execute("SELECT 1")
+    A read alone is not enough: a primary whose synchronous standby is gone
+    answers reads while every commit waits. The probe's answer is reused for
+    :data:`~shoal.db.writes.CHECK_MAX_AGE`, so a burst of probes makes one write.
+    """
+    router = APIRouter(tags=["health"])
 
     @router.get("/readyz", response_model=Health, responses={503: {"model": ErrorBody}})
     async def readyz() -> Any:
-        try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
-                await boss.db.run(
-                    ping, deadline=timedelta(seconds=READY_TIMEOUT_S), transaction=False
-                )
-        except Exception as exc:  # any failure means "not ready"; the reason goes to the log
-            log.warning("readiness check failed: %s: %s", type(exc).__name__, exc)
-            return error_response(
-                503,
-                f"database: not answering ({type(exc).__name__})",
-                field="database",
-                code="not_ready",
-            )
+        check = await writes.get()
+        if not check.is_writable:
+            return error_response(503, check.message, field="database", code="not_ready")
         return {"status": "ready"}
 
     return router
 
 
-__all__ = ["READY_TIMEOUT_S", "health_router", "ready_router"]
+__all__ = ["health_router", "ready_router"]
