@@ -49,6 +49,7 @@ from shoal.api.defaults import (
 from shoal.api.hosts import ALLOWED_HOSTS_ENV, allowed_host_names
 from shoal.db.migrate import DEFAULT_LOCK_TRIES, DEFAULT_LOCK_WAIT
 from shoal.db.pool import DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, check_schema_name
+from shoal.db.writes import STALL_ERROR_AFTER
 from shoal.errors import InvalidInput, MissingExtra, ShoalError
 from shoal.extras import require
 from shoal.logs import LOG_FORMATS
@@ -257,7 +258,12 @@ async def cmd_worker(args: argparse.Namespace, url: str) -> int:
     transport = ingest_transport()
     metrics = serve_metrics(args)
     try:
-        boss = await _connect(args, url, max_size=worker_pool_size(args, app))
+        boss = await _connect(
+            args,
+            url,
+            max_size=worker_pool_size(args, app),
+            write_stall_after=timedelta(seconds=args.write_stall_after),
+        )
         if metrics is not None:
             metrics.attach(boss)
         stop = asyncio.Event()
@@ -664,6 +670,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_LOG_LEVEL = "INFO"
 DEFAULT_LOG_FORMAT = "text"
 DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_WRITE_STALL_AFTER_S = STALL_ERROR_AFTER.total_seconds()
 
 # The settings a deployment sets through its environment: (the option's dest,
 # the commands that have it, the variable, its argparse type, the default).
@@ -683,6 +690,13 @@ ENV_SETTINGS: list[tuple[str, tuple[str, ...], str, Callable[[str], object], obj
     ("log_format", ("worker", "api"), "SHOAL_LOG_FORMAT", log_format, DEFAULT_LOG_FORMAT),
     ("metrics_port", ("worker",), "SHOAL_METRICS_PORT", port_number, None),
     ("metrics_host", ("worker",), "SHOAL_METRICS_HOST", str, DEFAULT_METRICS_HOST),
+    (
+        "write_stall_after",
+        ("worker",),
+        "SHOAL_WRITE_STALL_AFTER",
+        positive_seconds,
+        DEFAULT_WRITE_STALL_AFTER_S,
+    ),
 ]
 
 
@@ -726,6 +740,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="Environment variables: DATABASE_URL, SHOAL_DATA_DIR, SHOAL_SCHEMA, "
         "SHOAL_LOG_LEVEL, SHOAL_LOG_FORMAT, SHOAL_POOL_SIZE, SHOAL_GRACE, SHOAL_HOST, "
         "SHOAL_PORT, SHOAL_API_TOKEN, SHOAL_METRICS_PORT, SHOAL_METRICS_HOST, "
+        "SHOAL_WRITE_STALL_AFTER, "
         "SHOAL_INGEST_TRANSPORT, SHOAL_NATS_URL, SHOAL_NATS_MONITOR_URL, SHOAL_NATS_REPLICAS, "
         "SHOAL_PREPARE_THRESHOLD (a flag wins over its variable).",
     )
@@ -811,6 +826,13 @@ def parser() -> argparse.ArgumentParser:
         "--metrics-host",
         help=f"address the metrics server binds (env SHOAL_METRICS_HOST; "
         f"default: {DEFAULT_METRICS_HOST})",
+    )
+    worker.add_argument(
+        "--write-stall-after",
+        type=positive_seconds,
+        help="log one ERROR once the database's commits have stalled this many seconds "
+        "(a synchronous standby down, a full disk) (env SHOAL_WRITE_STALL_AFTER; "
+        f"default: {DEFAULT_WRITE_STALL_AFTER_S:g})",
     )
     api = command("api", "serve the HTTP API and dashboard until SIGTERM/SIGINT")
     api.add_argument("--app", required=True, help="module:attribute of a shoal.App")

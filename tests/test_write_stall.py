@@ -31,6 +31,7 @@ from shoal.api import create_api
 from shoal.app import App
 from shoal.db import Database, EmbeddedPostgres, migrate
 from tests.conftest import wait_for
+from tests.test_processes import START_TIMEOUT_S, WorkerProcesses, wait_started
 
 # Every stalled probe waits out its 2 s timeout; reloads take a moment on a
 # loaded machine.
@@ -40,6 +41,8 @@ STALL_MESSAGE = re.compile(
     r"synchronous_standby_names = 'nobody': is a synchronous standby down\?\)"
 )
 WORKER_ERROR = "database writes have not completed for"
+# Seconds of stall before a worker's ERROR, for the worker process test.
+WORKER_STALL_AFTER_S = 3
 
 
 @pytest.fixture
@@ -203,3 +206,63 @@ async def test_the_stall_watch_logs_one_error_per_stall_and_the_recovery(
             assert len(errors()) == 2
         finally:
             await watch.close()
+
+
+async def test_a_worker_process_logs_one_error_naming_the_cause_while_commits_stall(
+    stall_url: str, tmp_path: Path
+) -> None:
+    procs = WorkerProcesses(
+        stall_url, tmp_path, env={"SHOAL_WRITE_STALL_AFTER": str(WORKER_STALL_AFTER_S)}
+    )
+    observer = Shoal(await Database(stall_url).open(), listen=False)
+    try:
+        proc = procs.start()
+        await wait_started(observer, 1)
+        set_standby_names(stall_url, "nobody")
+
+        def errors() -> list[str]:
+            return [line for line in procs.log(proc).splitlines() if WORKER_ERROR in line]
+
+        await wait_for(lambda: errors(), timeout_s=STALL_TIMEOUT_S, interval_s=0.2)
+        (line,) = errors()
+        assert "ERROR" in line
+        assert "commits stall (synchronous_standby_names = 'nobody'" in line
+        # The watch probes on through the stall (each probe ends by reading
+        # the setting on its own connection): two more probes, no second ERROR.
+        seen = await last_cause_read(stall_url)
+        for _ in range(2):
+            await wait_for(
+                lambda s=seen: newer_cause_read(stall_url, s), START_TIMEOUT_S, interval_s=0.2
+            )
+            seen = await last_cause_read(stall_url)
+        assert len(errors()) == 1
+
+        set_standby_names(stall_url, None)
+        await wait_for(
+            lambda: "database writes complete again" in procs.log(proc),
+            timeout_s=STALL_TIMEOUT_S,
+            interval_s=0.2,
+        )
+        assert len(errors()) == 1
+    finally:
+        set_standby_names(stall_url, None)
+        procs.cleanup()
+        await observer.close()
+
+
+CAUSE_READS = (
+    "SELECT max(state_change) FROM pg_stat_activity "
+    "WHERE query = 'SELECT current_setting(''synchronous_standby_names'')'"
+)
+
+
+async def last_cause_read(url: str) -> object:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        row = await (await conn.execute(CAUSE_READS)).fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def newer_cause_read(url: str, seen: object) -> bool:
+    latest = await last_cause_read(url)
+    return latest is not None and (seen is None or latest > seen)  # type: ignore[operator]

@@ -16,6 +16,7 @@ from typing import Any, Unpack
 from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.db.migrate import migrate
 from shoal.db.pool import AsyncConn, Database
+from shoal.db.writes import STALL_ERROR_AFTER, WriteStallWatch
 from shoal.errors import InvalidInput, NotFound, ShoalError
 from shoal.hooks import Hooks
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
@@ -75,6 +76,7 @@ class Shoal:
         listen: bool = True,
         hooks: Hooks | None = None,
         register: bool = True,
+        write_stall_after: timedelta = STALL_ERROR_AFTER,
     ) -> None:
         self.db = db
         # Observers of everything this client's workers, aggregator and
@@ -96,6 +98,9 @@ class Shoal:
         self._register = register
         self._registry: WorkerRegistry | None = None
         self._registry_task: asyncio.Task[None] | None = None
+        # A registered process also watches its commits (WriteStallWatch):
+        # one ERROR once they have stalled this long.
+        self.write_stall_after = write_stall_after
 
     @classmethod
     async def connect(
@@ -336,9 +341,19 @@ class Shoal:
         """Register this process in the worker registry and heartbeat until its
         workers stop (:meth:`work` does it; a process with none calls it)."""
         if self._registry_task is None:
-            self._registry_task = asyncio.create_task(
-                self.process_registry().run(), name="shoal-registry"
-            )
+            self._registry_task = asyncio.create_task(self._keep_process(), name="shoal-registry")
+
+    async def _keep_process(self) -> None:
+        """The registry's heartbeat, and the watch on this process's commits, until cancelled.
+
+        The watch is the one place a stall is escalated: the loops that write
+        (claims, completions, heartbeats) each only log their own timeouts.
+        """
+        watch = WriteStallWatch(self.db, clock=self.clock, error_after=self.write_stall_after)
+        try:
+            await asyncio.gather(self.process_registry().run(), watch.run())
+        finally:
+            await watch.close()
 
     def _served(self) -> dict[str, int]:
         served = dict(self.process_registry().also_served)
