@@ -292,15 +292,26 @@ class Database:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def connect(self) -> AsyncConn:
-        """A connection of its own, outside the pool (LISTEN, advisory locks)."""
+    @property
+    def application_name(self) -> str:
+        return str(self._kwargs["application_name"])
+
+    async def connect(self, *, application_name: str | None = None) -> AsyncConn:
+        """A connection of its own, outside the pool (LISTEN, advisory locks).
+
+        ``application_name`` names it apart from the pool's in
+        ``pg_stat_activity`` (default: the pool's name).
+        """
+        kwargs = self._kwargs
+        if application_name is not None:
+            kwargs = {**kwargs, "application_name": application_name}
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
         # cancellation that arrives as the connect completes and returns the
         # connection, so a cancelled LISTEN task (Notifier.stop) went on
         # listening and its stop waited forever.
         with translated():
             async with asyncio.timeout(self.deadline.total_seconds()):
-                return await psycopg.AsyncConnection.connect(self.url, **self._kwargs)
+                return await psycopg.AsyncConnection.connect(self.url, **kwargs)
 
     async def run(
         self,

@@ -57,6 +57,10 @@ CHECK_MAX_AGE = timedelta(seconds=1.5)
 WATCH_INTERVAL = timedelta(seconds=5)
 STALL_ERROR_AFTER = timedelta(seconds=30)
 PROBE_PREFIX = "shoal.write_probe"
+# The probe's connection is "<the pool's application_name>:write-probe" in
+# pg_stat_activity, told apart from the pool's: whoever counts or terminates
+# a process's pool connections by name is not misled by it.
+PROBE_NAME_SUFFIX = ":write-probe"
 
 QUERY_CANCELED = "57014"
 EMIT_MESSAGE = "SELECT pg_logical_emit_message(true, %s, '')"
@@ -162,7 +166,9 @@ class WriteProbe:
             # Bounded like the write: a probe must answer in seconds, not
             # within the pool's deadline.
             async with asyncio.timeout(self.timeout.total_seconds()):
-                self._conn = await self.db.connect()
+                self._conn = await self.db.connect(
+                    application_name=f"{self.db.application_name}{PROBE_NAME_SUFFIX}"
+                )
         conn = self._conn
         bound = (self.timeout + CANCEL_GRACE).total_seconds()
         with abandon_after(conn, bound):
