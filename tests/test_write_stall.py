@@ -266,3 +266,14 @@ async def last_cause_read(url: str) -> object:
 async def newer_cause_read(url: str, seen: object) -> bool:
     latest = await last_cause_read(url)
     return latest is not None and (seen is None or latest > seen)  # type: ignore[operator]
+
+
+def test_a_probe_the_server_refuses_is_told_apart_from_one_it_never_answered() -> None:
+    from shoal.db.writes import failed_message
+
+    # A standby in recovery refuses the probe's write with an error of its own.
+    refused = psycopg.errors.ReadOnlySqlTransaction("cannot execute in a read-only transaction")
+    assert failed_message(refused) == "database: refuses writes (ReadOnlySqlTransaction)"
+    lost = psycopg.OperationalError("connection to server at 10.0.0.5 failed")
+    assert failed_message(lost) == "database: not answering (TransientError)"
+    assert failed_message(TimeoutError()) == "database: not answering (TimeoutError)"

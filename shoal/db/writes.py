@@ -115,7 +115,17 @@ def stalled_message(timeout: timedelta, cause: str) -> str:
 
 
 def failed_message(exc: BaseException) -> str:
-    return f"database: not answering ({type(translate(exc)).__name__})"
+    """What /readyz says when the probe failed: the class only (the text may name hosts).
+
+    >>> failed_message(psycopg.errors.ReadOnlySqlTransaction("read-only"))
+    'database: refuses writes (ReadOnlySqlTransaction)'
+    """
+    mapped = translate(exc)
+    if isinstance(exc, psycopg.Error) and mapped is exc:
+        # The server answered with an error of its own: a standby in
+        # recovery, a read-only transaction default, a revoked function.
+        return f"database: refuses writes ({type(exc).__name__})"
+    return f"database: not answering ({type(mapped).__name__})"
 
 
 class WriteProbe:
