@@ -117,7 +117,8 @@ def tasks_router(batches: Batches) -> APIRouter:
 
         The same idempotency key with the same request answers 200 and the same
         task id; with a different request 422; while an identical request is
-        still being created 409 (retry it).
+        still being created 409 (retry it). The kind is one of the API's App, or one
+        a worker of another App stored at its start; any other is 422 naming both.
         """
         key = body.idempotency_key
         if idempotency_key_header is not None:

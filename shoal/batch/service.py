@@ -28,7 +28,7 @@ from shoal.batch.inputs import (
 )
 from shoal.batch.item_runner import PHANTOM_SKIPS, ItemRunner
 from shoal.batch.kind_worker import KindWorker
-from shoal.batch.kinds import BatchKind
+from shoal.batch.kinds import BatchKind, KindSettings
 from shoal.batch.plans import (
     DEFAULT_MAX_ITEMS,
     IDEMPOTENCY_WAIT,
@@ -116,6 +116,18 @@ class Batches:
     def kind(self, name: object) -> BatchKind:
         return find_kind(name, self.kinds)
 
+    async def kind_settings(self, name: object) -> KindSettings:
+        """What a create of kind ``name`` needs: this process's own kind, else the one
+        workers stored (:meth:`store_kinds`), as :class:`~shoal.batch.sync.SyncBatches`
+        reads it. So an API started before a new kind was deployed creates its tasks
+        once a worker of it has started. InvalidInput naming the kinds of both when
+        neither has it.
+        """
+        if isinstance(name, str) and name in self.kinds:
+            return self.kinds[name].settings
+        own = {kind: spec.settings for kind, spec in self.kinds.items()}
+        return find_kind(name, (await self.store.kinds()) | own)
+
     async def store_kinds(self) -> None:
         """Store this process's kinds in the database (``App.run`` does, when a worker starts).
 
@@ -141,10 +153,11 @@ class Batches:
         answers the existing task (``created=False``); with a different request
         it raises :class:`IdempotencyMismatch`; while a concurrent identical
         request is still being created it raises :class:`StillCreating`.
-        Nothing is written when anything is invalid.
+        Nothing is written when anything is invalid. ``kind`` is one of this
+        process's kinds or one a worker stored (:meth:`kind_settings`).
         """
         plan = CreatePlan.of(
-            self.kind(kind).settings,
+            await self.kind_settings(kind),
             items,
             idempotency_key=idempotency_key,
             params=params,

@@ -336,6 +336,10 @@ class BatchStore:
         rows = await self._rows("insert_items", params, conn)
         return int(rows[0][0])
 
+    async def kinds(self) -> dict[str, KindSettings]:
+        """The kinds workers stored, by name (as :meth:`SyncBatchStore.kinds`)."""
+        return {row[0]: _kind_settings(row) for row in await self._rows("get_kinds", {})}
+
     async def put_kinds(self, kinds: Sequence[KindSettings], *, now: datetime | None) -> None:
         """Store these kinds' settings for creators without their code (a worker's start)."""
         if not kinds:
