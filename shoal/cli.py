@@ -12,6 +12,10 @@
     shoal workers                     the worker processes and their heartbeats
     shoal demo                        the end-to-end demo
 
+Every command but ``migrate``, ``worker``, ``api`` and ``demo`` creates
+nothing: on a database without shoal's schema (or with migrations pending)
+it says so and exits 2.
+
 The database is ``--database-url``, else ``DATABASE_URL``, else an embedded
 PostgreSQL in ``SHOAL_DATA_DIR`` (default: under the user's data directory),
 started on demand and stopped on exit by the process that started it.
@@ -191,10 +195,29 @@ def prepare_threshold() -> int | None:
 
 
 async def _connect(args: argparse.Namespace, url: str, **kwargs: object) -> Shoal:
+    """A client on the schema, migrated first (``worker`` and ``api``: docs/cli.md)."""
     from shoal.queue.client import Shoal
 
     kwargs.setdefault("prepare_threshold", prepare_threshold())
     return await Shoal.connect(url, schema=args.schema, **kwargs)  # type: ignore[arg-type]  # kwargs are Shoal.connect's own
+
+
+async def _connect_existing(args: argparse.Namespace, url: str) -> Shoal:
+    """A client on a schema that is there and up to date; creates nothing.
+
+    Every command but ``migrate``, ``worker``, ``api`` and ``demo``: pointed at
+    the wrong database, it says so (``no shoal schema in mydb (run shoal
+    migrate)``) instead of creating shoal's tables there.
+    """
+    from shoal.db.migrate import require_migrated
+
+    boss = await _connect(args, url, listen=False, run_migrations=False)
+    try:
+        await require_migrated(boss.db)
+    except BaseException:
+        await boss.close()
+        raise
+    return boss
 
 
 async def cmd_migrate(args: argparse.Namespace, url: str) -> int:
@@ -388,7 +411,7 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
 async def cmd_status(args: argparse.Namespace, url: str) -> int:
     from shoal.ingest.store import IngestStore
 
-    boss = await _connect(args, url, listen=False)
+    boss = await _connect_existing(args, url)
     try:
         while True:
             rows = await boss.stats()
@@ -460,7 +483,7 @@ def print_topics(topics: list[TopicState]) -> None:
 async def cmd_queue(args: argparse.Namespace, url: str) -> int:
     from shoal.queue.inspect import QueueInspector
 
-    boss = await _connect(args, url, listen=False)
+    boss = await _connect_existing(args, url)
     try:
         # An unknown name is refused (listing the known ones), never created.
         inspector = QueueInspector(boss)
@@ -483,7 +506,7 @@ async def cmd_topic(args: argparse.Namespace, url: str) -> int:
     from shoal.ingest.pipeline import Pipeline
 
     transport = ingest_transport()
-    boss = await _connect(args, url, listen=False)
+    boss = await _connect_existing(args, url)
     pipeline = Pipeline(boss, transport(boss))
     try:
         if args.action == "redrive":
@@ -515,7 +538,7 @@ async def cmd_config(args: argparse.Namespace, url: str) -> int:
     from shoal.ingest.config import RuntimeConfig, check_key_exists
     from shoal.ingest.store import IngestStore
 
-    boss = await _connect(args, url, listen=False)
+    boss = await _connect_existing(args, url)
     config = RuntimeConfig(IngestStore(boss.db))
     try:
         if args.action == "set":
@@ -569,7 +592,7 @@ def _console_command(name: str) -> Callable[[argparse.Namespace, str], Coroutine
     from shoal.cli_console import COMMANDS as CONSOLE_COMMANDS
 
     async def run(args: argparse.Namespace, url: str) -> int:
-        boss = await _connect(args, url, listen=False)
+        boss = await _connect_existing(args, url)
         try:
             return await CONSOLE_COMMANDS[name](args, boss)
         finally:

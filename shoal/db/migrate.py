@@ -55,8 +55,8 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from shoal.clock import SYSTEM_CLOCK
-from shoal.db.pool import AsyncConn, Database, check_schema_name
-from shoal.errors import InvalidInput, MigrationChanged, TransientError
+from shoal.db.pool import DEFAULT_SCHEMA, AsyncConn, Database, check_schema_name
+from shoal.errors import InvalidInput, MigrationChanged, ShoalError, TransientError
 
 log = logging.getLogger("shoal.migrate")
 
@@ -163,6 +163,66 @@ class _TablesBusy(Exception):
     def __init__(self, what: str) -> None:
         super().__init__(what)
         self.what = what
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaState:
+    """What a database holds of a schema's migrations, read without changing anything."""
+
+    database: str
+    schema: str
+    # The versions its migration table records; None when it has no such table.
+    applied: frozenset[int] | None
+
+    def pending(self, migrations: Sequence[Migration]) -> list[Migration]:
+        """Those of ``migrations`` not applied yet (all of them without a migration table)."""
+        return [m for m in migrations if self.applied is None or m.version not in self.applied]
+
+
+async def schema_state(db: Database, *, schema: str | None = None) -> SchemaState:
+    """The migrations applied to ``schema`` (``db.schema`` by default); creates nothing."""
+    name = db.schema if schema is None else check_schema_name(schema)
+
+    async def read(conn: AsyncConn) -> SchemaState:
+        cur = await conn.execute(
+            "SELECT current_database(), to_regclass(format('%%I.migration', %s::text)) IS NOT NULL",
+            (name,),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        database, has_table = str(row[0]), bool(row[1])
+        if not has_table:
+            return SchemaState(database, name, None)
+        cur = await conn.execute(
+            sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(name))
+        )
+        return SchemaState(database, name, frozenset(r[0] for r in await cur.fetchall()))
+
+    return await db.run(read)
+
+
+async def require_migrated(
+    db: Database, *, package: str | Sequence[str] = SHOAL_MIGRATIONS
+) -> SchemaState:
+    """``db``'s schema when every migration of ``package`` is applied there; else
+    :class:`ShoalError` saying which are missing and to run ``shoal migrate``.
+
+    For the commands that only read or act on what is there (``shoal status``,
+    ``shoal jobs``...): they never create a schema, and a schema behind the
+    code would fail them at some statement of a newer table or function.
+    """
+    state = await schema_state(db)
+    pending = state.pending(load_migrations(package))
+    if not pending:
+        return state
+    named = "" if state.schema == DEFAULT_SCHEMA else f" {state.schema!r}"
+    if not state.applied:
+        raise ShoalError(f"no shoal schema{named} in {state.database} (run shoal migrate)")
+    labels = ", ".join(m.label for m in pending)
+    raise ShoalError(
+        f"shoal schema{named} in {state.database} lacks migrations {labels} of this "
+        "release (run shoal migrate)"
+    )
 
 
 async def migrate(
