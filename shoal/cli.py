@@ -10,6 +10,10 @@
     shoal job retry|cancel|rm ID      act on one job
     shoal schedule list|pause|resume|rm [NAME]
     shoal workers                     the worker processes and their heartbeats
+    shoal topic dead|redrive TOPIC    an ingest topic's dead letters
+    shoal config get|set|list [KEY]   run-time switches, with their defaults
+    shoal tasks [--kind K] [--status S] list batch tasks; shoal task ID shows one
+    shoal task cancel|retry-failed ID act on one batch task
     shoal demo                        the end-to-end demo
 
 Every command but ``migrate``, ``worker``, ``api`` and ``demo`` creates
@@ -32,7 +36,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -503,10 +507,18 @@ async def cmd_queue(args: argparse.Namespace, url: str) -> int:
 
 
 async def cmd_topic(args: argparse.Namespace, url: str) -> int:
+    from shoal.ingest.inspect import TopicInspector
     from shoal.ingest.pipeline import Pipeline
 
     transport = ingest_transport()
     boss = await _connect_existing(args, url)
+    try:
+        # An unknown topic is refused (listing the known ones), as `queue` does:
+        # an empty table or "published 0" would read as "nothing dead there".
+        await TopicInspector(boss).require_topic(args.topic, "TOPIC")
+    except BaseException:
+        await boss.close()
+        raise
     pipeline = Pipeline(boss, transport(boss))
     try:
         if args.action == "redrive":
@@ -554,10 +566,13 @@ async def cmd_config(args: argparse.Namespace, url: str) -> int:
             await config.set(args.key, value)
             console.print(f"{args.key} = {json.dumps(value)} (every process within 5 s)")
         elif args.action == "get":
-            console.print(json.dumps(await config.get(args.key)))
+            # What processes use: the stored value, else the default (stdout, for scripts).
+            print(json.dumps((await config.entry(args.key)).value))
         else:
-            for key, value, at in await config.store.config_all():
-                console.print(f"{key} = {json.dumps(value)}  [dim](set {at.isoformat()})[/dim]")
+            out = Console(soft_wrap=True)
+            for entry in await config.entries():
+                source = "default" if entry.set_at is None else f"set {entry.set_at.isoformat()}"
+                out.print(f"{escape(entry.key)} = {escape(json.dumps(entry.value))}  ({source})")
     finally:
         await boss.close()
     return 0
@@ -588,20 +603,30 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]
 }
 
 
-def _console_command(name: str) -> Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]:
-    from shoal.cli_console import COMMANDS as CONSOLE_COMMANDS
+def _client_command(
+    run_with: Callable[[argparse.Namespace, Shoal], Awaitable[int]],
+) -> Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]:
+    """A command of shoal.cli_console or shoal.cli_tasks, on a client of an existing schema."""
 
     async def run(args: argparse.Namespace, url: str) -> int:
         boss = await _connect_existing(args, url)
         try:
-            return await CONSOLE_COMMANDS[name](args, boss)
+            return await run_with(args, boss)
         finally:
             await boss.close()
 
     return run
 
 
-COMMANDS.update({name: _console_command(name) for name in ("jobs", "job", "schedule", "workers")})
+def _add_client_commands() -> None:
+    from shoal.cli_console import COMMANDS as CONSOLE_COMMANDS
+    from shoal.cli_tasks import COMMANDS as TASK_COMMANDS
+
+    for name, run_with in {**CONSOLE_COMMANDS, **TASK_COMMANDS}.items():
+        COMMANDS[name] = _client_command(run_with)
+
+
+_add_client_commands()
 
 
 N = TypeVar("N", int, float)
@@ -755,6 +780,16 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def shoal_version() -> str:
+    """The installed distribution's version (pyproject.toml's ``version``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shoal")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="shoal",
@@ -782,6 +817,12 @@ def parser() -> argparse.ArgumentParser:
         help=f"{', '.join(LOG_LEVELS)} (env SHOAL_LOG_LEVEL; default: {DEFAULT_LOG_LEVEL})",
     )
     root.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    root.add_argument(
+        "--version",
+        action="version",
+        version=f"shoal {shoal_version()}",
+        help="print shoal's version and exit",
+    )
     sub = root.add_subparsers(dest="command", required=True)
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -950,8 +991,10 @@ def parser() -> argparse.ArgumentParser:
         "as a likely typo)",
     )
     from shoal.cli_console import add_commands as add_console_commands
+    from shoal.cli_tasks import add_commands as add_task_commands
 
     add_console_commands(command, positive_int)
+    add_task_commands(command)
     demo = command("demo", "run the end-to-end demo")
     demo.add_argument("--items", type=positive_int, default=300, help="items in the demo task")
     demo.add_argument(

@@ -50,7 +50,10 @@ def test_every_option_of_every_command_states_its_default() -> None:
     for name, command in subcommands().items():
         formatter = HelpFormatter(prog=f"shoal {name}")
         for action in command._actions:
-            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+            if isinstance(
+                action,
+                argparse._HelpAction | argparse._VersionAction | argparse._SubParsersAction,
+            ):
                 continue
             if action.required or (not action.option_strings and action.nargs is None):
                 continue  # required: no default to show

@@ -16,6 +16,8 @@ from psycopg.conninfo import conninfo_to_dict
 from shoal.cli import main
 from shoal.db.migrate import load_migrations
 
+TASK_ID = "1b4e28ba-2fa1-11d2-883f-0016cb7c7b1b"
+
 READ_AND_ACT_COMMANDS = [
     ["status"],
     ["jobs"],
@@ -30,6 +32,9 @@ READ_AND_ACT_COMMANDS = [
     ["config", "list"],
     ["config", "get", "ingest.mode"],
     ["config", "set", "ingest.mode", "async"],
+    ["tasks"],
+    ["task", TASK_ID],
+    ["task", "cancel", TASK_ID],
 ]
 
 

@@ -204,10 +204,25 @@ class Batches:
         return task_view(row, counts, now=self.clock.now(), paused_queues=paused)
 
     async def tasks(
-        self, *, status: TaskStatus | None = None, kind: str | None = None, limit: int = 50
+        self,
+        *,
+        status: TaskStatus | None = None,
+        kind: str | None = None,
+        limit: int = 50,
+        before: str | None = None,
     ) -> list[TaskView]:
-        """Tasks newest first (of one ``status`` and ``kind`` when given), as :meth:`get`."""
-        rows = await self.store.list_tasks(status=status, kind=kind, before=None, limit=limit)
+        """Tasks newest first (of one ``status`` and ``kind`` when given), as :meth:`get`.
+
+        ``before``, a task id (the last of the previous page), pages on: only
+        tasks created before that one are listed. NotFound when it names none.
+        """
+        after = None if before is None else await self._row(before)
+        rows = await self.store.list_tasks(
+            status=status,
+            kind=kind,
+            before=None if after is None else (after.created_at, after.id),
+            limit=limit,
+        )
         counts = await self.store.progress_many([r.id for r in rows]) if rows else {}
         paused = await self.boss.paused_queues() if rows else []
         now = self.clock.now()

@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeVar
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
 from shoal.errors import InvalidInput, ShoalError
-from shoal.ingest.config import RuntimeConfig
+from shoal.ingest.config import DEFAULT_MODE, RuntimeConfig
 from shoal.ingest.consumer import Apply, BatchConsumer, Consumer, WriteBatch
 from shoal.ingest.dedupe import DoneStore, PostgresDoneStore
 from shoal.ingest.message import Envelope, Message, Topic, new_envelope
@@ -52,7 +52,6 @@ Mode = Literal["sync", "async"]
 Route = Literal["applied", "published", "handed_off", "degraded", "spooled"]
 
 DEFAULT_MODE_KEY = "ingest.mode"
-DEFAULT_MODE = "sync"  # the reference's: switch to async once the deployment is confirmed
 # Connections kept out of the ingest budget for the worker's own loops (claims,
 # completions, schedules, maintenance, the backlog monitor): a quarter of the
 # pool, at least MIN_CONNECTION_RESERVE. A fixed reserve (once 20, the
