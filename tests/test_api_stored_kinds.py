@@ -69,7 +69,7 @@ async def other_worker(db_url: str) -> AsyncIterator[None]:
 async def client(boss: Shoal) -> AsyncIterator[httpx.AsyncClient]:
     api = create_api(boss, API_APP.batches(boss), token=None)
     transport = httpx.ASGITransport(app=api)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
         yield c
 
 

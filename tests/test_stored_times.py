@@ -100,7 +100,11 @@ async def test_console_job_routes_answer_for_a_job_whose_stored_start_after_is_i
     async with await Shoal.connect(db_url, listen=False) as boss:
         api = create_api(boss, Batches(boss, {}), token=None)
         transport = httpx.ASGITransport(app=api)
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        async with httpx.AsyncClient(
+            transport=transport,
+            base_url="http://127.0.0.1",
+            headers={"X-Shoal-Request": "1"},  # as the console's page sends
+        ) as client:
             listed = await client.get("/v1/jobs")
             assert listed.status_code == 200, listed.text
             assert {j["id"] for j in listed.json()["jobs"]} == {*read_as, leased}

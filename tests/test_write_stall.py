@@ -96,7 +96,7 @@ async def stall_api(stall_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, Fa
     api = create_api(boss, App().batches(boss), token=None)
     transport = httpx.ASGITransport(app=api)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             yield client, clock
     finally:
         await boss.close()
