@@ -42,6 +42,7 @@ from shoal.batch.kinds import (
     Classifier,
     ItemHandler,
     TaskHook,
+    check_kind_limits,
 )
 from shoal.batch.service import Batches
 from shoal.errors import InvalidInput, ShoalError
@@ -218,16 +219,34 @@ class App:
         on_complete: TaskHook | None = None,
         permanent: tuple[type[BaseException], ...] = (),
         classify: Classifier | None = None,
+        global_concurrency: int | None = None,
+        rate_limit: Rate | None = None,
+        partition_by: str | None = None,
     ) -> Callable[[ItemHandler], ItemHandler]:
         """Declare a batch kind: ``handler(item)`` runs once per item of its tasks.
+
+        ``concurrency`` counts in each worker process; ``global_concurrency``
+        and ``rate_limit`` hold the kind's items across all of them (see
+        :class:`BatchKind` and docs/limits.md). Bad or unsupported limits
+        raise :class:`InvalidInput` here, naming the option.
 
         >>> app = App()
         >>> @app.batch("extract_paper", concurrency=10, retry_limit=3)
         ... async def extract(item):
         ...     return {"title": "..."}
+        >>> @app.batch("call_model", concurrency=20, global_concurrency=4,
+        ...            rate_limit=Rate(60, per=timedelta(minutes=1)))
+        ... async def call_model(item):
+        ...     item.report_cost(3)  # this run took 3 of the 60 a minute
         """
         if kind in self.kinds:
             raise InvalidInput("kind", f"batch kind {kind!r} is already declared")
+        check_kind_limits(
+            kind,
+            global_concurrency=global_concurrency,
+            rate_limit=rate_limit,
+            partition_by=partition_by,
+        )
 
         def register(fn: ItemHandler) -> ItemHandler:
             self.kinds[kind] = BatchKind(
@@ -242,6 +261,9 @@ class App:
                 on_complete=on_complete,
                 permanent=permanent,
                 classify=classify,
+                global_concurrency=global_concurrency,
+                rate_limit=rate_limit,
+                partition_by=partition_by,
             )
             return fn
 

@@ -86,6 +86,17 @@ class Item:
         """
         return self._guarded.fence
 
+    def report_cost(self, cost: int) -> None:
+        """What this run really cost against its kind's ``rate_limit`` (docs/limits.md).
+
+        Each start takes one token; when the run ends, the kind's bucket is
+        charged the difference (an LLM call's tokens, say). On a kind
+        without a rate it changes nothing.
+
+        >>> item.report_cost(4_120)  # doctest: +SKIP
+        """
+        self.job.report_cost(cost)
+
     async def heartbeat(self) -> bool:
         """Extend the job's execution deadline and the item's sign of life.
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal._deprecation import warn_renamed
 from shoal.errors import InvalidInput, PermanentError
+from shoal.queue.limits import HOOK_QUEUE_SUFFIX, ITEM_QUEUE_PREFIX, Limits, Rate
 from shoal.queue.options import MAX_DURATION, check_queue_name, parse_options
 from shoal.queue.threaded import as_async
 
@@ -31,6 +32,26 @@ DEFAULT_EXPIRE_IN = timedelta(minutes=30)
 # only a dead or frozen process misses it, and a crash is noticed in a couple
 # of minutes.
 DEFAULT_ZOMBIE_TIMEOUT = timedelta(minutes=2)
+
+
+def check_kind_limits(
+    kind: str, *, global_concurrency: object, rate_limit: object, partition_by: object
+) -> Limits:
+    """A batch kind's limits, validated as a queue's are; what a kind cannot honour raises.
+
+    An item's partition would be a field of the item's data, which the item
+    queue's jobs do not carry (their data is the item's id): its key could
+    not be stamped on every job of the item (a re-dispatch after a reap
+    has only the id), so ``partition_by`` is refused rather than ignored.
+    """
+    if partition_by is not None:
+        raise InvalidInput(
+            "partition_by",
+            f"batch kind {kind!r}: batch kinds cannot be partitioned yet "
+            f"(got {partition_by!r}); use global_concurrency and rate_limit for the whole kind, "
+            "or a kind per partition",
+        )
+    return Limits.of(global_concurrency=global_concurrency, rate_limit=rate_limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +79,18 @@ class BatchKind:
     the item back to pending and retries it with (exponential, jittered)
     backoff. Exceptions in ``permanent``, :class:`~shoal.PermanentError`, and
     any for which ``classify`` returns True mark the item ``error`` at once.
+
+    ``concurrency`` counts in each worker process; ``global_concurrency`` and
+    ``rate_limit`` hold the kind's items across every process (its item
+    queue's limits, docs/limits.md): at most ``global_concurrency`` items run
+    at once, and at most ``rate_limit`` start per period, each start costing
+    one token unless the handler reports what its run really cost
+    (:meth:`Item.report_cost <shoal.batch.item.Item.report_cost>`).
+    ``partition_by`` cannot be honoured for a kind yet, and raises.
+
+    >>> kind = BatchKind("extract", handler=lambda item: None, global_concurrency=2)
+    >>> kind.limits.global_concurrency
+    2
     """
 
     name: str
@@ -73,9 +106,18 @@ class BatchKind:
     classify: Classifier | None = None
     priority: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    global_concurrency: int | None = None
+    rate_limit: Rate | None = None
+    partition_by: str | None = None
 
     def __post_init__(self) -> None:
         check_queue_name(self.queue, field="kind")
+        check_kind_limits(
+            self.name,
+            global_concurrency=self.global_concurrency,
+            rate_limit=self.rate_limit,
+            partition_by=self.partition_by,
+        )
         for name in ("concurrency",):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -105,13 +147,18 @@ class BatchKind:
             )
 
     @property
+    def limits(self) -> Limits:
+        """The limits of this kind's item queue (falsy when it has none)."""
+        return Limits(self.global_concurrency, self.rate_limit)
+
+    @property
     def queue(self) -> str:
         """The queue of this kind's item jobs."""
-        return f"batch.{self.name}"
+        return f"{ITEM_QUEUE_PREFIX}{self.name}"
 
     @property
     def hook_queue(self) -> str | None:
-        return f"batch.{self.name}.on_complete" if self.on_complete else None
+        return f"{ITEM_QUEUE_PREFIX}{self.name}{HOOK_QUEUE_SUFFIX}" if self.on_complete else None
 
     @property
     def max_attempts(self) -> int:

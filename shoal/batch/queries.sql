@@ -71,9 +71,10 @@ ORDER BY kind
 -- name: insert_items
 -- The task's items and one job per item, in one statement; returns how many
 -- jobs were sent. Items are numbered in input order. The jobs are the queue's
--- to write (insert_item_jobs_v1 in shoal/queue/migrations): each carries its
--- item's id and its turn, and the singleton key item-<id>:0 (the key of an
--- item's first run; see dispatch_items in aggregator.py). The options are
+-- to write (insert_item_jobs_v2 in shoal/queue/migrations, which gives the
+-- jobs of a kind with limits their partition key): each carries its item's
+-- id and its turn, and the singleton key item-<id>:0 (the key of an item's
+-- first run; see dispatch_items in aggregator.py). The options are
 -- the queue's insert_jobs ones, shared by every job of the task: written
 -- here, the ids of 100,000 items never travel to the client and back as
 -- 100,000 payloads. A NULL data entry (or none at all) is JSON null.
@@ -85,7 +86,7 @@ WITH items AS (
     ORDER BY u.ord
     RETURNING id
 )
-SELECT {schema}.insert_item_jobs_v1(
+SELECT {schema}.insert_item_jobs_v2(
     ARRAY(SELECT id FROM items), ARRAY(SELECT 'item-' || id || ':0' FROM items),
     %(queue)s::text, %(priority)s::int, %(retry_limit)s::int, %(retry_delay_s)s::float8,
     %(retry_backoff)s::bool, %(retry_delay_max_s)s::float8, %(expire_in_s)s::float8,

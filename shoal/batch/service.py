@@ -52,7 +52,7 @@ from shoal.errors import (
     TransientError,
 )
 from shoal.queue.client import Shoal
-from shoal.queue.worker import DEFAULT_POLL_INTERVAL
+from shoal.queue.worker import DEFAULT_POLL_INTERVAL, Worker
 
 # Most item jobs one claim takes (the queue's default is 500). Reached only by
 # fast items (the worker's prefetch follows their rate): a claim also guards
@@ -95,6 +95,11 @@ class Batches:
         """Start running ``kind``'s items in this process (``App.run`` does this for each kind)."""
         spec = self.kind(kind)
         runner = self.runners[spec.name]
+        if spec.limits:
+            return KindWorker(self._work_limited(spec, runner, poll_interval), runner)
+        # Without limits of its own, the worker claims through runner.claim
+        # while the kind's queue has none, and through the limited claim
+        # while another process's declaration gives it some.
         worker = self.boss.work(
             spec.queue,
             runner,
@@ -112,6 +117,29 @@ class Batches:
             max_hold=runner.heartbeat_interval,
         )
         return KindWorker(worker, runner)
+
+    def _work_limited(
+        self, spec: BatchKind, runner: ItemRunner, poll_interval: timedelta
+    ) -> Worker:
+        """The worker of a kind with limits: its item jobs are claimed by the limited claim.
+
+        A slot of the limits is an active job, so the jobs stay leased (not
+        taken, as ``runner.claim`` takes them) until the item's run ends: its
+        result recorded (finalize completes the job), its failure retried by
+        the queue, its run handed back at shutdown, or its lease expired. The
+        runner guards each item as its run starts.
+        """
+        return self.boss.work(
+            spec.queue,
+            runner,
+            concurrency=spec.concurrency,
+            poll_interval=poll_interval,
+            batch_size=ITEM_CLAIM_BATCH,
+            finalize=runner.finalize,
+            store_output=False,
+            global_concurrency=spec.global_concurrency,
+            rate_limit=spec.rate_limit,
+        )
 
     def kind(self, name: object) -> BatchKind:
         return find_kind(name, self.kinds)

@@ -23,7 +23,7 @@ from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.cursor import ClaimCursor
 from shoal.queue.enqueue import MAX_INSERT, JobBuilder
 from shoal.queue.job import Handler, Job, error_entry
-from shoal.queue.limits import Limits, LimitState, Partitioner, Rate
+from shoal.queue.limits import Limits, LimitState, Partitioner, Rate, check_queue_limits
 from shoal.queue.maintenance import Maintenance, MaintenanceReport
 from shoal.queue.notifier import Notifier
 from shoal.queue.options import (
@@ -264,8 +264,11 @@ class Shoal:
         every process. Stop it with
         ``await worker.stop()`` (or :meth:`close`). ``claim``, if given, claims
         jobs in place of the store's claim (a layer above sets its rows up in
-        the same statement), and ``claim_cursor`` is the position such a claim
-        keeps in its queue, if it keeps one (shoal.queue.cursor); ``finalize``
+        the same statement) while the queue has no limits: while another
+        process's declaration gives it some, the limited claim takes its
+        place, and ``handler`` gets jobs claimed as any queue's.
+        ``claim_cursor`` is the position such a claim keeps in its queue, if
+        it keeps one (shoal.queue.cursor); ``finalize``
         records each batch of completed jobs in place of the worker's own
         write (see ``shoal.queue.worker``).
         With ``store_output=False`` handlers' return values are not kept on
@@ -281,6 +284,7 @@ class Shoal:
         limits = Limits.of(
             global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
         )
+        check_queue_limits(queue, limits)
         if limits and claim is not None:
             raise InvalidInput("claim", "a worker with limits claims through the limited claim")
         if limits:
@@ -494,6 +498,7 @@ class Shoal:
             raise InvalidInput(
                 "limits", "declare at least one of global_concurrency, rate_limit, partition_by"
             )
+        check_queue_limits(queue, limits)
         self._register_partitioner(queue, limits)
         await self.store.declare_limits(queue, limits, now=self.clock.sql_now())
 

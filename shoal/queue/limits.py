@@ -153,6 +153,25 @@ def partition_key_of(key: object, *, field: str = "partition_key") -> str:
     return text
 
 
+# The batch layer's item queues are named so (BatchKind.queue): their jobs'
+# data is {"item": id}, and the field a kind would partition by is in the
+# item's data, which no job of the queue carries.
+ITEM_QUEUE_PREFIX = "batch."
+HOOK_QUEUE_SUFFIX = ".on_complete"
+
+
+def check_queue_limits(queue: str, limits: Limits) -> Limits:
+    """Refuse limits the queue's jobs cannot honour: a partition of a batch kind's items."""
+    is_item_queue = queue.startswith(ITEM_QUEUE_PREFIX) and not queue.endswith(HOOK_QUEUE_SUFFIX)
+    if is_item_queue and limits.partition_by is not None:
+        raise InvalidInput(
+            "partition_by",
+            f"queue {queue!r} holds a batch kind's items, which cannot be partitioned yet; "
+            "declare global_concurrency or rate_limit on the kind (BatchKind, @app.batch)",
+        )
+    return limits
+
+
 @dataclass(frozen=True, slots=True)
 class LimitState:
     """One partition of a limited queue, as :meth:`Shoal.limits` reads it now.

@@ -202,10 +202,12 @@ class Worker:
         self.claim = claim or (store.claim_limited if limits else store.claim)
         # Declared before the first claim. A worker without limits of its own
         # still claims through the limited claim when another process declared
-        # some for its queue (looked up before the first claim). Set by
-        # _prepare, read by the fetcher.
+        # some for its queue (looked up before the first claim), in place of
+        # its custom claim too: a custom claim knows nothing of limits, and
+        # would start what they hold back. Set by _prepare, read by the fetcher.
         self.limits = limits
         self._limited = limits is not None
+        self._own_claim = claim
         self._custom_claim = claim is not None
         # Whether the last claim of a limited queue came back short. Written
         # and read by the fetcher: while a limit binds, no jobs are
@@ -431,15 +433,16 @@ class Worker:
         """Before the first claim: declare this worker's limits, or learn if the queue has any."""
         if self.limits is not None:
             await self.store.declare_limits(self.queue, self.limits, now=self.clock.sql_now())
-        elif not self._custom_claim:
+        else:
             await self._learn_limits()
         self._prepared = True
 
     async def _learn_limits(self) -> None:
         """Claim through the limited claim while the queue has limits another process declared."""
         limited = await self.store.is_limited(self.queue)
-        self.claim = self.store.claim_limited if limited else self.store.claim
+        self.claim = self.store.claim_limited if limited else (self._own_claim or self.store.claim)
         self._limited = limited
+        self._custom_claim = self._own_claim is not None and not limited
         self._held_back = self._held_back and limited
         self._learn_at = self.clock.monotonic() + LIMITS_RECHECK.total_seconds()
 
@@ -518,7 +521,7 @@ class Worker:
             started = self.clock.monotonic()
             work_started = work_seconds()
             try:
-                if self.limits is None and not self._custom_claim and started >= self._learn_at:
+                if self.limits is None and started >= self._learn_at:
                     await self._learn_limits()
                 limit = min(room, self.batch_size)
                 if self._custom_claim or self._limited:
