@@ -255,6 +255,10 @@ class ItemRunner:
         self.handed_back += handed
         return handed
 
+    async def close(self) -> None:
+        """Stop the guard's flusher task (a stopped worker's; the next guard starts another)."""
+        await self._guard.close()
+
     def _dispatch(self, item_id: ItemId, fence: int) -> Dispatch:
         return Dispatch(item_id, fence, ItemStatus.PENDING, self.kind.queue, self.kind.job_options)
 

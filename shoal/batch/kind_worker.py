@@ -31,6 +31,7 @@ class KindWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await loop
         await self.runner.release_unstarted()
+        await self.runner.close()
 
 
 __all__ = ["KindWorker"]
