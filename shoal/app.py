@@ -65,7 +65,7 @@ from shoal.queue.cron import check_cron, check_timezone
 from shoal.queue.history import HistorySampler
 from shoal.queue.inspect import QueueInspector
 from shoal.queue.job import Handler, Job
-from shoal.queue.limits import Limits, Partitioner, Rate
+from shoal.queue.limits import Limits, Partitioner, Rate, check_queue_limits
 from shoal.queue.options import (
     QueueDefaults,
     SendOptions,
@@ -172,8 +172,13 @@ class App:
         if queue in self.handlers:
             raise InvalidInput("queue", f"{queue!r} already has a handler")
         parsed = parse_queue_defaults(defaults)
-        limits = Limits.of(
-            global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
+        limits = check_queue_limits(
+            queue,
+            Limits.of(
+                global_concurrency=global_concurrency,
+                rate_limit=rate_limit,
+                partition_by=partition_by,
+            ),
         )
 
         def register(fn: Handler) -> Handler:

@@ -166,6 +166,43 @@ async def test_a_run_handed_back_at_shutdown_gives_its_slot_back(boss: Shoal) ->
     assert view.progress.completed == 2
 
 
+async def test_a_dead_workers_slot_comes_back_and_its_item_runs_once(
+    fake_boss: Shoal, clock: FakeClock
+) -> None:
+    runs: list[str] = []
+
+    async def handler(item: Item) -> None:
+        runs.append(item.ref)
+
+    batches = make_batches(
+        fake_boss,
+        handler,
+        global_concurrency=1,
+        expire_in=timedelta(minutes=1),
+        zombie_timeout=timedelta(seconds=30),
+    )
+    await fake_boss.declare_limits(QUEUE, global_concurrency=1)  # as its workers do
+    created = await batches.create("test.kind", ["a", "b"])
+    # A worker claims item a's job, starts its run (the guard), and dies.
+    (dead,) = await fake_boss.fetch(QUEUE, 10)
+    assert set(await batches.store.guard_items([dead.data["item"]], now=clock.sql_now()))
+    assert await fake_boss.fetch(QUEUE, 10) == []  # its slot is held
+    clock.advance(timedelta(minutes=2))
+    # The aggregator reaps the item (a new job, waiting for a slot); the
+    # dead job's lease expires, which gives the slot back.
+    assert (await batches.aggregator.run_once()).reaped_to_pending == 1
+    assert (await fake_boss.maintain()).retried == 1
+    clock.advance(timedelta(seconds=10))  # past the dead job's retry backoff
+    probe = Probe(fake_boss)
+    async with running(batches):
+        await probe.job_finished(QUEUE, count=3)  # a, b, and a's dead job: a phantom
+        await probe.idle(QUEUE)
+    await settle(batches, created.task_id)
+    assert sorted(runs) == ["a", "b"]
+    assert (await batches.get(created.task_id)).progress.completed == 2
+    assert await batches.phantom_skips() == 1
+
+
 async def test_a_kind_without_limits_claims_under_limits_declared_for_its_queue(
     boss: Shoal, observer: Shoal
 ) -> None:
@@ -217,6 +254,9 @@ async def test_a_partition_of_a_kinds_items_is_refused_on_its_queue(boss: Shoal)
     assert refused.value.field == "partition_by"
     with pytest.raises(InvalidInput) as refused:
         boss.work(QUEUE, noop, partition_by="account")  # type: ignore[arg-type]
+    assert refused.value.field == "partition_by"
+    with pytest.raises(InvalidInput) as refused:
+        App().handler(QUEUE, partition_by="account")
     assert refused.value.field == "partition_by"
     assert await boss.limits(QUEUE) == []
     # A kind's on_complete queue is a queue like any other.
