@@ -92,7 +92,13 @@ class Batches:
         }
 
     def work(self, kind: str, *, poll_interval: timedelta = DEFAULT_POLL_INTERVAL) -> KindWorker:
-        """Start running ``kind``'s items in this process (``App.run`` does this for each kind)."""
+        """Start running ``kind``'s items in this process (``App.run`` does this for each kind).
+
+        A kind with limits (``global_concurrency``, ``rate_limit``) declares
+        them and is claimed within them, across every process; one without
+        claims within those its item queue has, if another process declared
+        some (docs/limits.md, "Batch kinds").
+        """
         spec = self.kind(kind)
         runner = self.runners[spec.name]
         if spec.limits:
