@@ -117,7 +117,7 @@ async def cmd_job(args: argparse.Namespace, boss: Shoal) -> int:
             job = await inspector.retry_job(job_id)
             err.print(f"job {job_id} will run again ({job.state.value})")
         elif args.target == "cancel":
-            await inspector.cancel_job(job_id)
+            await inspector.cancel_job(job_id, by="cli")
             err.print(f"job {job_id} cancelled")
         else:
             await inspector.delete_job(job_id)

@@ -24,8 +24,9 @@ and is importable from ``shoal``::
     └── UnsafeDurability      the NATS server may lose acknowledged messages (shoal.ingest.nats)
 
 Handlers may also raise :class:`Snooze` (or its :class:`RetryAfter`) or
-:class:`Cancel`: signals to the worker, not failures, so they derive from
-``Exception`` only.
+:class:`Cancel` (or its :class:`JobCancelled`, which ``job.raise_if_cancelled()``
+raises once someone cancelled the job): signals to the worker, not failures,
+so they derive from ``Exception`` only.
 
 The classes live here except the three defined next to the ingest code that
 raises them (named in brackets above); ``shoal`` exports them all.
@@ -146,3 +147,9 @@ class RetryAfter(Snooze):
 
 class Cancel(Exception):
     """Raised by a handler: stop this job for good, as cancelled, without retrying."""
+
+
+class JobCancelled(Cancel):
+    """Raised by ``job.raise_if_cancelled()`` (and ``item.raise_if_cancelled()``): someone
+    cancelled this run while its handler ran. The run ends as cancelled; a handler that
+    lets it propagate stops at that point."""

@@ -218,8 +218,12 @@ async def test_retry_cancel_delete_a_job(boss: Shoal, client: httpx.AsyncClient)
     assert (await boss.get_job(failed)).state is JobState.COMPLETED
 
     waiting = await boss.send("mail", {"to": "w"})
+    assert_error(await client.post(f"/v1/jobs/{waiting}/cancel?by="), 422, "by")
     r = await client.post(f"/v1/jobs/{waiting}/cancel")
     assert r.json()["state"] == "cancelled"
+    # Who cancelled it, and when, is on its history (the console sends by=console).
+    (note,) = r.json()["errors"]
+    assert (note["type"], note["message"]) == ("Cancelled", "cancelled by api") and note["at"]
     r = await client.post(f"/v1/jobs/{waiting}/retry")  # a cancelled job runs again too
     assert r.json()["state"] == "created"
     assert (await drain(boss, "mail", ok)).completed == 1

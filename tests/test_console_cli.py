@@ -90,7 +90,9 @@ def test_jobs_and_job_commands(db_url: str, capsys: pytest.CaptureFixture[str]) 
     state = with_boss(db_url, lambda boss: boss.get_job(job_id))
     assert state.state is JobState.RETRY
     assert shoal(db_url, "job", "cancel", str(job_id)) == 0
-    assert with_boss(db_url, lambda boss: boss.get_job(job_id)).state is JobState.CANCELLED
+    cancelled = with_boss(db_url, lambda boss: boss.get_job(job_id))
+    assert cancelled.state is JobState.CANCELLED
+    assert cancelled.errors[-1].message == "cancelled by cli"
     assert shoal(db_url, "job", "rm", str(job_id)) == 0
     capsys.readouterr()
     assert shoal(db_url, "job", str(job_id)) == 2

@@ -22,6 +22,7 @@ NOT_CALLER_ERRORS = {
     "shoal.errors.Snooze",
     "shoal.errors.RetryAfter",
     "shoal.errors.Cancel",
+    "shoal.errors.JobCancelled",
     # Raised and answered inside the HTTP API: callers see an HTTP error body.
     "shoal.api.errors.ApiError",
     "shoal.api.limits.LimitExceeded",

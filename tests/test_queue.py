@@ -239,7 +239,8 @@ async def test_cancel_resume_and_retry(boss: Shoal) -> None:
     assert await boss.complete(job, {"ok": True})
     record = await boss.get_job(waiting)
     assert record.state is JobState.COMPLETED and record.output == {"ok": True}
-    assert [e.message for e in record.errors] == ["x", "y", "z"]
+    # The cancel is on the history too, with who cancelled it.
+    assert [e.message for e in record.errors] == ["cancelled by python", "x", "y", "z"]
 
 
 async def test_cancelling_an_active_job_fences_out_its_worker(boss: Shoal) -> None:

@@ -52,12 +52,20 @@ from shoal.queue.history import (
 )
 from shoal.queue.inspect import DEFAULT_PAGE, MAX_PAGE, QueueInspector, QueueSummary, ScheduleInfo
 from shoal.queue.registry import WorkerRegistry
-from shoal.queue.store import JobRecord
+from shoal.queue.store import MAX_CANCELLED_BY, JobRecord
 
 # Job ids are Postgres bigints: a larger one would fail in the driver.
 MAX_ID = 2**63 - 1
 NAME = Annotated[str, Path(min_length=1, max_length=200)]
 JOB_ID = Annotated[int, Path(ge=1, le=MAX_ID)]
+CANCELLED_BY = Annotated[
+    str,
+    Query(
+        description="Who cancels the job, as noted on its history.",
+        min_length=1,
+        max_length=MAX_CANCELLED_BY,
+    ),
+]
 WINDOW = Annotated[str, Query(description=f"One of {', '.join(WINDOWS)}.", max_length=10)]
 
 # What a topic redrive publishes on: built (and started) on first use.
@@ -267,9 +275,10 @@ def jobs_router(queues: QueueInspector) -> APIRouter:
     @router.post(
         "/jobs/{job_id}/cancel", response_model=JobOut, responses=_errors(401, 403, 404, 409)
     )
-    async def cancel_job(job_id: JOB_ID) -> dict[str, Any]:
-        """A waiting or active job is cancelled (409 once it finished)."""
-        return job_detail(await queues.cancel_job(job_id))
+    async def cancel_job(job_id: JOB_ID, by: CANCELLED_BY = "api") -> dict[str, Any]:
+        """A waiting or active job is cancelled (409 once it finished); an active one's
+        handler is stopped. ``by`` (who cancelled it) goes on the job's history."""
+        return job_detail(await queues.cancel_job(job_id, by=by))
 
     @router.delete("/jobs/{job_id}", response_model=Deleted, responses=_errors(401, 403, 404, 409))
     async def delete_job(job_id: JOB_ID) -> dict[str, Any]:

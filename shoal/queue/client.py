@@ -42,6 +42,7 @@ from shoal.queue.results import UnstorableResult, callable_name
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import (
+    DEFAULT_CANCELLED_BY,
     Failure,
     JobRecord,
     JobStore,
@@ -90,7 +91,9 @@ class Shoal:
         self.defaults = self.builder.defaults
         self.store = JobStore(db)
         self.notifier: Notifier | None = (
-            Notifier(db, self.store.channel, clock=clock) if listen else None
+            Notifier(db, self.store.channel, clock=clock, cancel_channel=self.store.cancel_channel)
+            if listen
+            else None
         )
         self._workers: list[Worker] = []
         # This process's row in the worker registry, kept while it has
@@ -441,9 +444,18 @@ class Shoal:
 
     # -- control -----------------------------------------------------------
 
-    async def cancel(self, ids: JobId | Sequence[JobId]) -> set[JobId]:
-        """Cancel waiting or active jobs; returns those that were cancelled now."""
-        return await self.store.cancel(_ids(ids), now=self.clock.sql_now())
+    async def cancel(
+        self, ids: JobId | Sequence[JobId], *, by: str = DEFAULT_CANCELLED_BY
+    ) -> set[JobId]:
+        """Cancel waiting or active jobs; returns those that were cancelled now.
+
+        Each job's history notes ``by`` (who cancelled it) and when. The
+        worker holding an active job is told in the same transaction and
+        stops its handler (docs/queue.md, "Cancelling a job")::
+
+            await boss.cancel(job_id, by="ops: duplicate order")
+        """
+        return await self.store.cancel(_ids(ids), by=by, now=self.clock.sql_now())
 
     async def resume(self, ids: JobId | Sequence[JobId]) -> set[JobId]:
         """Put cancelled jobs back to wait."""

@@ -398,10 +398,10 @@ class QueueInspector:
             )
         return await self.job(job_id)
 
-    async def cancel_job(self, job_id: int) -> JobRecord:
-        """A waiting or running job cancelled (a running one loses its final write)."""
+    async def cancel_job(self, job_id: int, *, by: str) -> JobRecord:
+        """A waiting or running job cancelled, noting ``by``; a running one's handler is stopped."""
         await self.job(job_id)
-        if not await self.boss.cancel(JobId(job_id)):
+        if not await self.boss.cancel(JobId(job_id), by=by):
             current = await self.job(job_id)
             raise Conflict(
                 f"job {job_id} is {current.state.value}; only waiting or active jobs can be "

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from shoal.errors import Cancel, InvalidInput, PermanentError, RetryAfter, Snooze
+from shoal.errors import Cancel, InvalidInput, JobCancelled, PermanentError, RetryAfter, Snooze
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
 from shoal.tracing import TRACE_KEY
@@ -22,9 +22,20 @@ class Job:
     deadline) by another ``expire_in``; it returns False when the job is no
     longer theirs (cancelled, or expired and handed to another worker), in
     which case the handler should stop.
+
+    When someone cancels the job while its handler runs, ``cancelled``
+    becomes True and the worker stops an async handler (cancelling its task).
+    A plain ``def`` handler runs in a thread, which cannot be interrupted: it
+    checks ``job.cancelled``, or calls ``job.raise_if_cancelled()`` between
+    steps::
+
+        def handler(job):
+            for page in pages(job.data):
+                job.raise_if_cancelled()
+                convert(page)
     """
 
-    __slots__ = ("_claim", "_data", "_heartbeat", "_trace", "reported_cost")
+    __slots__ = ("_cancelled", "_claim", "_data", "_heartbeat", "_trace", "reported_cost")
 
     def __init__(
         self, claim: ClaimedJob, heartbeat: Callable[[Job], Awaitable[bool]] | None = None
@@ -35,6 +46,10 @@ class Job:
         self._trace: dict[str, str] | None = None
         # Set by the handler (report_cost), read by the worker after the run.
         self.reported_cost: int | None = None
+        # Set by the worker (a cancel notification, or a heartbeat that found
+        # the job cancelled), read by the handler, maybe from its own thread:
+        # a bool written once, False to True.
+        self._cancelled = False
 
     @property
     def id(self) -> JobId:
@@ -100,6 +115,24 @@ class Job:
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
             raise InvalidInput("cost", f"must be an integer >= 0, got {cost!r}")
         self.reported_cost = cost
+
+    @property
+    def cancelled(self) -> bool:
+        """True once someone cancelled this job while its handler ran."""
+        return self._cancelled
+
+    def mark_cancelled(self) -> None:
+        """Called by the worker when it learns the job was cancelled."""
+        self._cancelled = True
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~shoal.JobCancelled` once someone cancelled this job; else nothing.
+
+        For handlers that cannot be interrupted (a plain ``def`` in its
+        thread): the run then ends as cancelled at that point.
+        """
+        if self._cancelled:
+            raise JobCancelled(f"job {self.id} was cancelled while its handler ran")
 
     async def heartbeat(self) -> bool:
         if self._heartbeat is None:
@@ -174,7 +207,19 @@ class Interrupted:
     """Stopped by shutdown: handed back without costing an attempt."""
 
 
-Outcome = Completed | Failed | Cancelled | Snoozed | Interrupted
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """Someone cancelled the job while this run held it: the job is ``cancelled`` already.
+
+    ``started``: whether its handler had started (and was stopped), or the
+    run was dropped before its handler began. The worker notes it on the
+    job's history; whatever the handler returned is dropped.
+    """
+
+    started: bool
+
+
+Outcome = Completed | Failed | Cancelled | Snoozed | Interrupted | Stopped
 
 
 def outcome_of(error: Exception) -> Outcome:

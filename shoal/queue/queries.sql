@@ -185,12 +185,53 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
 -- name: cancel_jobs
--- created | retry | active -> cancelled. A worker still running a cancelled job
--- loses its final write to the attempt fence.
-UPDATE {schema}.job
-SET state = 'cancelled', finished_at = coalesce(%(now)s::timestamptz, now()), lease_expires_at = NULL
-WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('created', 'retry', 'active')
-RETURNING id
+-- created | retry | active -> cancelled, with a note on the job's history that
+-- says who cancelled it and when. The process holding an active job is told in
+-- the same transaction: a NOTIFY on the cancel channel naming the job's queue,
+-- id and attempt, on which its worker stops the handler. A worker that misses
+-- it learns at its next heartbeat, and loses its final write to the attempt
+-- fence. The rows are locked first to read the state they had: only active
+-- jobs have a handler to stop.
+WITH before AS (
+    SELECT id, state FROM {schema}.job
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('created', 'retry', 'active')
+    FOR UPDATE
+), cancelled AS (
+    UPDATE {schema}.job j
+    SET state = 'cancelled',
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        lease_expires_at = NULL,
+        errors = j.errors || jsonb_build_array(
+            %(note)s::jsonb || jsonb_build_object(
+                'attempt', j.attempt, 'at', coalesce(%(now)s::timestamptz, now())))
+    FROM before b
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = b.id
+      AND j.state IN ('created', 'retry', 'active')
+    RETURNING j.id, j.queue, j.attempt, b.state AS was
+)
+SELECT id, CASE WHEN was = 'active' THEN pg_notify(
+    %(channel)s, json_build_object('queue', queue, 'id', id, 'attempt', attempt)::text) END
+FROM cancelled
+
+-- name: note_stopped_runs
+-- A run whose job was cancelled while its handler ran: the handler was
+-- stopped, and the job's history says so. Fenced by the cancelled state and the
+-- attempt the run was handed.
+UPDATE {schema}.job j
+SET errors = j.errors || jsonb_build_array(u.note)
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(notes)s::jsonb[]) AS u(id, attempt, note)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'cancelled'
+  AND j.attempt = u.attempt
+RETURNING j.id
+
+-- name: cancelled_runs
+-- Which of these runs (job id, attempt) had their job cancelled: asked when a
+-- heartbeat found a job no longer held, or when the listen connection came
+-- back (a cancel sent meanwhile was lost).
+SELECT j.id
+FROM {schema}.job j
+JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt) ON u.id = j.id
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = 'cancelled' AND j.attempt = u.attempt
 
 -- name: resume_jobs
 -- cancelled -> created. Skips a job whose singleton key an unfinished job now holds.

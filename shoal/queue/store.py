@@ -24,6 +24,7 @@ from psycopg import sql
 from shoal.db.pool import AsyncConn, Database, Pending
 from shoal.db.queries import fetch_named, fetch_named_timed, int_array, parse_queries, positions
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
+from shoal.errors import InvalidInput
 from shoal.queue.cursor import Position
 from shoal.queue.limits import Limits, LimitState, Rate
 from shoal.queue.options import JobOptions
@@ -39,6 +40,28 @@ T = TypeVar("T")
 # stamps what is left.
 STAMP_WAIT = timedelta(seconds=5)
 STAMP_POLL_S = 0.05
+# The longest label a cancel accepts for who cancelled a job, and the label a
+# cancel from Python code notes when it names no one.
+MAX_CANCELLED_BY = 200
+DEFAULT_CANCELLED_BY = "python"
+
+
+def cancel_channel(schema: str) -> str:
+    """The channel that tells workers a job they may hold was cancelled (one per schema)."""
+    return f"{schema}_cancels"
+
+
+def cancel_note(by: str) -> dict[str, Any]:
+    """The history entry a cancel appends to each job (the statement adds attempt and time).
+
+    ``by`` names who cancelled it (``"api"``, ``"cli"``, ``"console"``, or the
+    caller's own label); a blank or over-long label is refused.
+    """
+    if not isinstance(by, str) or not by.strip() or len(by) > MAX_CANCELLED_BY:
+        raise InvalidInput(
+            "by", f"must be a non-blank string of at most {MAX_CANCELLED_BY} characters, got {by!r}"
+        )
+    return {"type": "Cancelled", "message": f"cancelled by {by}", "traceback": None, "by": by}
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,6 +539,7 @@ class JobStore:
         # One notification channel per schema, so two shoal installs in one
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
+        self.cancel_channel = cancel_channel(db.schema)
 
     async def _rows(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
@@ -823,8 +847,40 @@ class JobStore:
 
     # -- control ---------------------------------------------------------
 
-    async def cancel(self, ids: Sequence[JobId], *, now: datetime | None) -> set[JobId]:
-        rows = await self._rows("cancel_jobs", {"ids": list(ids), "now": now})
+    async def cancel(self, ids: Sequence[JobId], *, by: str, now: datetime | None) -> set[JobId]:
+        """Cancel waiting or active jobs, noting ``by``; the holders of active ones are told."""
+        rows = await self._rows("cancel_jobs", self._cancel_params(ids, by, now))
+        return {JobId(r[0]) for r in rows}
+
+    def _cancel_params(self, ids: Sequence[JobId], by: str, now: datetime | None) -> dict[str, Any]:
+        note = json.dumps(cancel_note(by))
+        return {"ids": list(ids), "note": note, "channel": self.cancel_channel, "now": now}
+
+    async def note_stopped_runs(
+        self,
+        conn: AsyncConn,
+        runs: Sequence[tuple[JobId, int, Mapping[str, Any]]],
+        *,
+        now: datetime | None,
+    ) -> set[JobId]:
+        """Append a note to cancelled jobs whose handler was stopped; fenced by attempt."""
+        if not runs:
+            return set()
+        params = {
+            "ids": [r[0] for r in runs],
+            "attempts": [r[1] for r in runs],
+            "notes": [json.dumps(r[2]) for r in runs],
+            "now": now,
+        }
+        rows = await self._rows("note_stopped_runs", params, conn)
+        return {JobId(r[0]) for r in rows}
+
+    async def cancelled_runs(self, runs: Sequence[tuple[JobId, int]]) -> set[JobId]:
+        """Which of these runs (job id, attempt) had their job cancelled."""
+        if not runs:
+            return set()
+        params = {"ids": [r[0] for r in runs], "attempts": [r[1] for r in runs]}
+        rows = await self._rows("cancelled_runs", params)
         return {JobId(r[0]) for r in rows}
 
     async def resume(self, ids: Sequence[JobId], *, now: datetime | None) -> set[JobId]:
@@ -1018,6 +1074,7 @@ class SyncJobStore:
         self.db = db
         self.sql = queue_queries(db.schema)
         self.channel = f"{db.schema}_jobs"
+        self.cancel_channel = cancel_channel(db.schema)
 
     def _rows(
         self, name: str, params: Mapping[str, Any], conn: SyncConn | None = None
@@ -1061,9 +1118,21 @@ class SyncJobStore:
         return _record(rows[0]) if rows else None
 
     def cancel(
-        self, ids: Sequence[JobId], *, now: datetime | None, conn: SyncConn | None = None
+        self,
+        ids: Sequence[JobId],
+        *,
+        by: str,
+        now: datetime | None,
+        conn: SyncConn | None = None,
     ) -> set[JobId]:
-        rows = self._rows("cancel_jobs", {"ids": list(ids), "now": now}, conn)
+        """Cancel waiting or active jobs, noting ``by``; the holders of active ones are told."""
+        params = {
+            "ids": list(ids),
+            "note": json.dumps(cancel_note(by)),
+            "channel": self.cancel_channel,
+            "now": now,
+        }
+        rows = self._rows("cancel_jobs", params, conn)
         return {JobId(r[0]) for r in rows}
 
     def set_queue_default(self, queue: str, options: Mapping[str, Any]) -> None:

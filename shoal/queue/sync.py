@@ -32,7 +32,7 @@ from shoal.queue.options import (
     parse_queue_defaults,
 )
 from shoal.queue.states import JobId
-from shoal.queue.store import JobRecord, SyncJobStore
+from shoal.queue.store import DEFAULT_CANCELLED_BY, JobRecord, SyncJobStore
 from shoal.tracing import carrier
 
 
@@ -146,7 +146,16 @@ class SyncClient:
             raise NotFound(f"job {job_id} does not exist")
         return record
 
-    def cancel(self, ids: JobId | Sequence[JobId], *, conn: SyncConn | None = None) -> set[JobId]:
-        """Cancel waiting or active jobs; returns those that were cancelled now."""
+    def cancel(
+        self,
+        ids: JobId | Sequence[JobId],
+        *,
+        by: str = DEFAULT_CANCELLED_BY,
+        conn: SyncConn | None = None,
+    ) -> set[JobId]:
+        """Cancel waiting or active jobs, noting ``by``; returns those cancelled now.
+
+        The workers holding active ones are told when the transaction commits.
+        """
         listed = [ids] if isinstance(ids, int) else list(ids)
-        return self.store.cancel(listed, now=self.clock.sql_now(), conn=conn)
+        return self.store.cancel(listed, by=by, now=self.clock.sql_now(), conn=conn)

@@ -17,6 +17,14 @@ Three kinds of task cooperate, all in one process:
 Every final write names the attempt the runner was handed, so a runner that
 lost its lease can never overwrite the outcome of the job's next attempt.
 
+A job cancelled while this worker holds it is stopped here: the cancel's
+NOTIFY (job id and attempt) reaches the worker through the process's
+notifier, and the runner's task is cancelled (a buffered job is dropped
+unrun). A heartbeat that finds the job cancelled does the same, for a
+notification that never came; so does the notifier's reconnection, for all
+running jobs at once. The job is ``cancelled`` already; the worker only notes
+on its history that the handler was stopped.
+
 A job's lease runs from its claim, not from the start of its handler: a job
 that waited in the buffer has less of it left. So a runner never starts a
 handler on trust. A job whose lease is half spent (by the worker's own clock,
@@ -54,11 +62,13 @@ from shoal.queue.job import (
     Job,
     Outcome,
     Snoozed,
+    Stopped,
     error_entry,
+    event_entry,
     outcome_of,
 )
 from shoal.queue.limits import Limits
-from shoal.queue.notifier import Notifier
+from shoal.queue.notifier import CancelNote, Notifier
 from shoal.queue.registry import this_process
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import Jitter, after_failure
@@ -94,6 +104,11 @@ ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # run stopped by our own shutdown, which costs no attempt, from one cut off by
 # its execution timeout, which does.
 SHUTDOWN = "shoal: worker shutdown"
+# The message of the cancellation that stops a handler whose job someone
+# cancelled. The job is cancelled already: the run costs nothing more.
+CANCELLED_RUN = "shoal: job cancelled"
+STOPPED_NOTE = "handler stopped: the job was cancelled while it ran"
+DROPPED_NOTE = "not started: the job was cancelled while it waited in a worker's buffer"
 
 
 def smooth(average: float, sample: float) -> float:
@@ -122,6 +137,24 @@ def handed_back_note(claim: ClaimedJob, at: str) -> dict[str, Any]:
 def is_shutdown(error: BaseException) -> bool:
     """Whether ``error`` is the cancellation of a run by the worker's shutdown."""
     return isinstance(error, asyncio.CancelledError) and SHUTDOWN in error.args
+
+
+def stop_run(task: asyncio.Task[Any]) -> None:
+    """Stop a run someone cancelled: cancel its task, unless it is the caller's own.
+
+    A task that cancels itself would take the cancellation at its next await,
+    wherever that is (after its handler returned, in the runner's loop); it
+    raises it at once instead (see the heartbeats).
+    """
+    if task is asyncio.current_task():
+        raise asyncio.CancelledError(CANCELLED_RUN)
+    task.cancel(CANCELLED_RUN)
+
+
+def take_cancel(task: asyncio.Task[Any]) -> None:
+    """Withdraw the cancel request stop_run made on ``task``, once its run has ended."""
+    if task.cancelling():
+        task.uncancel()
 
 
 class Claim(Protocol):
@@ -241,6 +274,14 @@ class Worker:
         self._outcomes: list[tuple[ClaimedJob, Outcome]] = []
         self._outcomes_ready = asyncio.Event()
         self._running: dict[JobId, asyncio.Task[Any]] = {}
+        # Jobs whose handler runs now. Written by runners, read by the cancel
+        # listener and the reconnection check, which stop those cancelled.
+        self._handling: dict[JobId, Job] = {}
+        # Buffered jobs someone cancelled: dropped unrun when a runner takes
+        # them. Written by the cancel listener, taken by runners.
+        self._cancelled_in_buffer: set[JobId] = set()
+        # The lookup of cancels missed while the listen connection was down.
+        self._cancel_check: asyncio.Task[None] | None = None
         # Execution deadlines on the clock's monotonic time. Written by runners
         # (and heartbeats), read by the watchdog, which cancels overdue runners
         # after adding them to _expired.
@@ -289,6 +330,8 @@ class Worker:
         self._wake = (
             self.notifier.subscribe(self.queue) if self.notifier is not None else asyncio.Event()
         )
+        if self.notifier is not None:
+            self.notifier.listen_cancels(self.queue, self)
         self._fetcher = asyncio.create_task(self._fetch_loop(), name=f"shoal-fetch:{self.queue}")
         self._watchdog = asyncio.create_task(self._watch_deadlines(), name="shoal-deadlines")
         self._tasks = [
@@ -342,6 +385,12 @@ class Worker:
         await self._completer
         if self.notifier is not None and self._wake is not None:
             self.notifier.unsubscribe(self.queue, self._wake)
+            self.notifier.unlisten_cancels(self.queue, self)
+        if self._cancel_check is not None:
+            self._cancel_check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cancel_check
+        self._cancelled_in_buffer.clear()
 
     def hurry(self) -> None:
         """End a stop's grace now: running handlers are cancelled and their jobs handed back.
@@ -636,6 +685,9 @@ class Worker:
         self, claim: ClaimedJob, task: asyncio.Task[Any], leased_at: float
     ) -> Outcome | None:
         """Run the handler on a claimed job; None when the job is no longer ours to run."""
+        if claim.id in self._cancelled_in_buffer:
+            self._cancelled_in_buffer.discard(claim.id)
+            return Stopped(started=False)
         started = self.clock.monotonic()
         if claim.lease_expires_at is None:
             # Taken without a lease: the execution deadline runs from the start.
@@ -652,6 +704,7 @@ class Worker:
         self._deadline_at[claim.id] = leased_at + claim.expire_in_s
         outcome: Outcome
         stored = None
+        self._handling[claim.id] = job
         try:
             output = await self.handler(job)
             if self.store_output and output is not None:
@@ -660,7 +713,10 @@ class Worker:
                 # recording a whole batch of outcomes.
                 stored = encode_result(output, returned_by=self._returned_by)
         except asyncio.CancelledError:
-            if claim.id in self._expired and not self._stopping:
+            if job.cancelled:
+                take_cancel(task)
+                outcome = Stopped(started=True)
+            elif claim.id in self._expired and not self._stopping:
                 task.uncancel()
                 outcome = Failed(
                     ExpiredError(f"handler ran past expire_in={claim.expire_in}"), False
@@ -672,10 +728,16 @@ class Worker:
         else:
             outcome = Completed(output, stored)
         finally:
+            self._handling.pop(claim.id, None)
             self._deadline_at.pop(claim.id, None)
             self._expired.discard(claim.id)
             if job.reported_cost is not None:
                 self._costs[claim.id] = job.reported_cost
+        if job.cancelled and not isinstance(outcome, Stopped):
+            # Cancelled as it ended (or its handler caught the cancellation):
+            # the job is cancelled whatever the handler made of it.
+            take_cancel(task)
+            outcome = Stopped(started=True)
         run_s = self.clock.monotonic() - started
         self._ran += 1
         self._ran_s += run_s
@@ -766,7 +828,65 @@ class Worker:
             held = job.id in leases
         if held and job.id in self._deadline_at:
             self._deadline_at[job.id] = self.clock.monotonic() + job.claim.expire_in_s
+        if not held and await self.store.cancelled_runs([(job.id, job.attempt)]):
+            # Cancelled, and its notification never came (or not yet): the
+            # heartbeat is the backstop.
+            self._stop_cancelled(job)
         return held
+
+    # -- cancels -----------------------------------------------------------
+
+    def cancelled(self, note: CancelNote) -> None:
+        """A job was cancelled (the notifier calls this): stop its run if this worker holds it.
+
+        A job of this queue held elsewhere costs two dictionary lookups; a
+        buffered one (rare: the buffer holds what runners start soon) a pass
+        over the buffer.
+        """
+        if note.item:
+            return
+        job = self._handling.get(JobId(note.id))
+        if job is not None:
+            if job.attempt == note.attempt:
+                self._stop_cancelled(job)
+            return
+        if any(c.id == note.id and c.attempt == note.attempt for c, _ in self._buffer):
+            self._cancelled_in_buffer.add(JobId(note.id))
+
+    def cancels_missed(self) -> None:
+        """The listen connection was down: look up whether a running job was cancelled."""
+        if self._handling and (self._cancel_check is None or self._cancel_check.done()):
+            self._cancel_check = asyncio.create_task(
+                self._check_cancels(), name=f"shoal-cancels:{self.queue}"
+            )
+
+    async def _check_cancels(self) -> None:
+        """Stop every running job found cancelled, in one statement."""
+        runs = [(job.id, job.attempt) for job in self._handling.values()]
+        try:
+            cancelled = await self.store.cancelled_runs(runs)
+        except Exception:  # loop boundary: a missed cancel is still caught by heartbeats
+            log.exception("looking up cancels of running jobs failed", extra={"queue": self.queue})
+            return
+        for job_id in cancelled:
+            job = self._handling.get(job_id)
+            if job is not None and (job.id, job.attempt) in runs:
+                self._stop_cancelled(job)
+
+    def _stop_cancelled(self, job: Job) -> None:
+        """Flag a running job as cancelled and stop its handler's task (once)."""
+        if job.cancelled:
+            return
+        job.mark_cancelled()
+        task = self._running.get(job.id)
+        log.info(
+            "job %s (attempt %d) was cancelled; stopping its handler",
+            job.id,
+            job.attempt,
+            extra={"queue": self.queue, "job_id": job.id},
+        )
+        if task is not None:
+            stop_run(task)
 
     def _finish(self, claim: ClaimedJob, outcome: Outcome) -> None:
         self._running.pop(claim.id, None)
@@ -842,6 +962,7 @@ class Worker:
         pauses: list[tuple[JobId, timedelta]] = []
         costs = [(c.id, self._costs[c.id]) for c, _ in batch if c.id in self._costs]
         cancels: list[tuple[ClaimedJob, BaseException]] = []
+        stopped: list[tuple[JobId, int, dict[str, Any]]] = []
         for claim, outcome in batch:
             if isinstance(outcome, Completed):
                 completed.append((claim, outcome))
@@ -871,6 +992,11 @@ class Worker:
                         pauses.append((claim.id, outcome.delay))
                 else:
                     released.append((claim, timedelta(0)))
+            elif isinstance(outcome, Stopped):
+                note = STOPPED_NOTE if outcome.started else DROPPED_NOTE
+                stopped.append(
+                    (claim.id, claim.attempt, event_entry(claim.attempt, "Stopped", note, at))
+                )
             else:
                 cancels.append((claim, outcome.error))
 
@@ -962,6 +1088,11 @@ class Worker:
                     {c.id for c, _ in released},
                     {i: "snoozed" if i in snoozed else "released" for i in back},
                 )
+            if stopped:
+                # The job is cancelled already (by whoever cancelled it); its
+                # history says what became of this run.
+                noted = await self.store.note_stopped_runs(conn, stopped, now=now_sql)
+                recorded({s[0] for s in stopped}, dict.fromkeys(noted, "cancelled"))
             for claim, error in cancels:
                 await self.store.cancel_active(
                     claim.id,
