@@ -8,6 +8,7 @@ from typing import Any
 from shoal._deprecation import warn_renamed
 from shoal.batch.states import ItemId, TaskId
 from shoal.batch.store import GuardedItem
+from shoal.errors import JobCancelled
 from shoal.queue.job import Job
 
 
@@ -19,9 +20,14 @@ class Item:
     is the fencing token of this claim, not a run number. The worker keeps the item's sign of
     life fresh on its own while the handler runs; a handler that may run past
     its kind's ``expire_in`` calls ``await item.heartbeat()`` to extend it.
+
+    When the item's task is cancelled while the handler runs, ``cancelled``
+    becomes True and an async handler is stopped (its task cancelled); a plain
+    ``def`` handler, in a thread that cannot be interrupted, checks
+    ``item.cancelled`` or calls ``item.raise_if_cancelled()`` between steps.
     """
 
-    __slots__ = ("_guarded", "_heartbeat", "job")
+    __slots__ = ("_cancelled", "_guarded", "_heartbeat", "job")
 
     def __init__(
         self, guarded: GuardedItem, job: Job, heartbeat: Callable[[Item], Awaitable[bool]]
@@ -29,6 +35,10 @@ class Item:
         self._guarded = guarded
         self._heartbeat = heartbeat
         self.job = job
+        # Set by the item runner (a cancel notification, or a heartbeat that
+        # found the item cancelled), read by the handler, maybe from its own
+        # thread: a bool written once, False to True.
+        self._cancelled = False
 
     @property
     def id(self) -> ItemId:
@@ -96,6 +106,20 @@ class Item:
         >>> item.report_cost(4_120)  # doctest: +SKIP
         """
         self.job.report_cost(cost)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the item's task was cancelled while this run held it."""
+        return self._cancelled
+
+    def mark_cancelled(self) -> None:
+        """Called by the item runner when it learns the item was cancelled."""
+        self._cancelled = True
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~shoal.JobCancelled` once the item's task was cancelled; else nothing."""
+        if self._cancelled:
+            raise JobCancelled(f"item {self.id}: its task was cancelled while it ran")
 
     async def heartbeat(self) -> bool:
         """Extend the job's execution deadline and the item's sign of life.

@@ -26,6 +26,14 @@ While the handler runs, a heartbeat loop refreshes the item's ``updated_at``
 every quarter of the zombie timeout, so only a dead or frozen process lets an
 item go stale.
 
+Cancelling a task cancels its running items in the same transaction and
+notifies the processes running them (item id and fence, on the queue layer's
+cancel channel). The runner holding such an item stops its handler (cancels
+its task; a thread only sees ``item.cancelled``) and writes nothing: the item
+is ``cancelled`` already. A buffered one is skipped as a cancelled skip. A
+heartbeat that no longer finds a running item looks whether it was cancelled,
+which catches a notification that never came.
+
 A claimed item waits in the worker's buffer until a runner is free. If the
 process stops giving signs of life meanwhile (paused, or its heartbeats failed
 through a database restart), the aggregator reaps the item and another worker
@@ -64,12 +72,13 @@ from shoal.errors import TransientError
 from shoal.hooks import Hooks
 from shoal.queue.cursor import ClaimCursor, ItemPosition, item_order
 from shoal.queue.job import Completed, Job, Outcome, error_entry
+from shoal.queue.notifier import CancelNote
 from shoal.queue.registry import this_process
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
-from shoal.queue.worker import is_shutdown
+from shoal.queue.worker import is_shutdown, stop_run, take_cancel
 
 log = logging.getLogger("shoal.batch")
 
@@ -180,6 +189,15 @@ class ItemRunner:
         # Items whose handler runs now, with their fence and the clock's
         # monotonic start. Written by runs, read by the mark loop.
         self._in_handler: dict[ItemId, tuple[int, float]] = {}
+        # Items whose handler runs now, with the task running it. Written by
+        # runs, read by the cancel listener and the heartbeats, which stop
+        # those cancelled.
+        self._running_items: dict[ItemId, tuple[Item, asyncio.Task[Any]]] = {}
+        # Buffered items someone cancelled (their task): skipped when their
+        # job runs. Written by the cancel listener, taken by runs.
+        self._cancelled_buffered: set[ItemId] = set()
+        # The lookup of cancels missed while the listen connection was down.
+        self._cancel_check: asyncio.Task[None] | None = None
         # Items marked in_handler in the database, with their fence. Written
         # and read by the mark loop only.
         self._marked: dict[ItemId, int] = {}
@@ -373,6 +391,11 @@ class ItemRunner:
     async def __call__(self, job: Job) -> Any:
         guarded = self._prepared.pop(job.id, _UNCLAIMED)
         buffered = guarded is not _UNCLAIMED
+        if buffered and guarded is not None and guarded.id in self._cancelled_buffered:
+            # Its task was cancelled while it waited here: skipped, as cancelled.
+            self._cancelled_buffered.discard(guarded.id)
+            self._held.pop(guarded.id, None)
+            guarded = None
         if not buffered:  # a job this runner did not claim (no claim=self.claim)
             guarded = await self._guard.submit(ItemId(int(job.data["item"])))
         if guarded is None:
@@ -419,7 +442,10 @@ class ItemRunner:
         # that ends without a result sends its item a new job. Any other job
         # is retried, or handed back, by the queue.
         taken = job.claim.lease_expires_at is None
+        task = asyncio.current_task()
+        assert task is not None
         self._in_handler[guarded.id] = (guarded.fence, self.clock.monotonic())
+        self._running_items[guarded.id] = (item, task)
         try:
             result = await self.kind.handler(item)
             # A result that cannot be stored fails this run like an error of
@@ -427,6 +453,9 @@ class ItemRunner:
             stored = encode_result(result, returned_by=self._returned_by)
         except asyncio.CancelledError as cancel:
             self._held.pop(guarded.id, None)
+            if item.cancelled:
+                take_cancel(task)
+                return self._stopped(item)
             if is_shutdown(cancel):
                 # Our own shutdown stopped it: no attempt spent, no error.
                 await self._hand_back(item, resend=taken)
@@ -445,6 +474,9 @@ class ItemRunner:
             raise
         except Exception as exc:
             self._held.pop(guarded.id, None)
+            if item.cancelled:
+                take_cancel(task)
+                return self._stopped(item)
             last = guarded.run >= guarded.max_attempts
             if self.kind.is_permanent(exc) or last:
                 await self._final(item, ItemStatus.ERROR, exc)
@@ -462,8 +494,67 @@ class ItemRunner:
             raise
         finally:
             del self._in_handler[guarded.id]
+            del self._running_items[guarded.id]
+        if item.cancelled:
+            # Cancelled as it ended: its result would be refused anyway.
+            self._held.pop(guarded.id, None)
+            take_cancel(task)
+            return self._stopped(item)
         # Still held (heartbeats continue) until finalize records the result.
         return ItemDone(guarded.id, guarded.fence, guarded.task_id, stored)
+
+    def _stopped(self, item: Item) -> dict[str, str]:
+        """A run whose item was cancelled: nothing to write, the item is cancelled already."""
+        log.info("item %s: its task was cancelled; its handler was stopped", item.id)
+        if self.hooks:
+            self._report(item.id, "cancelled")
+        return {"item": "cancelled"}
+
+    # -- cancels -----------------------------------------------------------
+
+    def cancelled(self, note: CancelNote) -> None:
+        """An item was cancelled (the notifier calls this): stop its run if held here."""
+        if not note.item:
+            return
+        item_id = ItemId(note.id)
+        running = self._running_items.get(item_id)
+        if running is not None:
+            if running[0].fence == note.attempt:
+                self._stop_cancelled(*running)
+            return
+        held = self._held.get(item_id)
+        if held is not None and held.fence == note.attempt:
+            self._cancelled_buffered.add(item_id)
+
+    def cancels_missed(self) -> None:
+        """The listen connection was down: look up whether a running item was cancelled."""
+        if self._running_items and (self._cancel_check is None or self._cancel_check.done()):
+            runs = [(i, item.fence) for i, (item, _) in self._running_items.items()]
+            self._cancel_check = asyncio.create_task(
+                self._check_cancels(runs), name=f"shoal-cancels:{self.kind.name}"
+            )
+
+    async def _check_cancels(self, runs: Sequence[tuple[ItemId, int]]) -> None:
+        try:
+            await self._stop_if_cancelled(runs)
+        except Exception:  # loop boundary: a missed cancel is still caught by heartbeats
+            log.exception("looking up cancels of running %s items failed", self.kind.name)
+
+    async def _stop_if_cancelled(self, runs: Sequence[tuple[ItemId, int]]) -> None:
+        """Stop the handlers of these runs (item id, fence) whose item was cancelled."""
+        cancelled = await self.store.cancelled_items(runs)
+        for item_id, fence in runs:
+            running = self._running_items.get(item_id)
+            if item_id in cancelled and running is not None and running[0].fence == fence:
+                self._stop_cancelled(*running)
+
+    def _stop_cancelled(self, item: Item, task: asyncio.Task[Any]) -> None:
+        """Flag a running item as cancelled and stop its handler's task (once)."""
+        if item.cancelled:
+            return
+        item.mark_cancelled()
+        log.info("item %s: its task was cancelled; stopping its handler", item.id)
+        stop_run(task)
 
     def _report(self, item_id: ItemId, outcome: str) -> None:
         self.hooks.emit(
@@ -562,8 +653,13 @@ class ItemRunner:
         sent = self.clock.monotonic()
         held = await self.store.heartbeat_items(asked, now=self.clock.sql_now())
         self._heard(asked, held, sent)
+        if item.id not in held:
+            # The backstop of a lost cancel notification: raises in the
+            # handler's own task when the item was cancelled.
+            await self._stop_if_cancelled(asked)
+            return False
         await item.job.heartbeat()
-        return item.id in held
+        return True
 
     async def mark_handlers(self) -> int:
         """Mark items whose handler has run for ``MARK_AFTER``; unmark ended ones.
@@ -625,6 +721,17 @@ class ItemRunner:
         sent = self.clock.monotonic()
         still = await self.store.heartbeat_items(asked, now=self.clock.sql_now())
         dropped = self._heard(asked, still, sent)
+        gone = [
+            (item_id, fence)
+            for item_id, fence in asked
+            if item_id not in still
+            and item_id in self._running_items
+            and self._running_items[item_id][0].fence == fence
+        ]
+        if gone:
+            # Handlers of items no longer running: stopped if cancelled (the
+            # backstop of a lost notification); reaped ones run on, as before.
+            await self._stop_if_cancelled(gone)
         if dropped:
             log.warning(
                 "%d %s items were taken from this worker (no sign of life for %s, "

@@ -16,6 +16,9 @@ class KindWorker:
     def __init__(self, worker: Worker, runner: ItemRunner) -> None:
         self.worker = worker
         self.runner = runner
+        # The runner stops the handlers of items whose task is cancelled.
+        if worker.notifier is not None:
+            worker.notifier.listen_cancels(worker.queue, runner)
         self._heartbeats = asyncio.create_task(
             runner.heartbeat_loop(), name=f"shoal-heartbeat:{runner.kind.name}"
         )
@@ -26,6 +29,8 @@ class KindWorker:
     async def stop(self, grace: timedelta = DEFAULT_SHUTDOWN_GRACE) -> None:
         """Stop claiming, let running items finish within ``grace``, hand back the rest."""
         await self.worker.stop(grace)
+        if self.worker.notifier is not None:
+            self.worker.notifier.unlisten_cancels(self.worker.queue, self.runner)
         for loop in (self._heartbeats, self._marks):
             loop.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -316,6 +316,42 @@ SET status = 'cancelled',
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE task_id = ANY(%(task_ids)s::uuid[]) AND status = 'pending'
 
+-- name: cancel_running_items
+-- Running items of a task being cancelled: cancelled now, with a note on their
+-- history. The process running each is told in the same transaction (a NOTIFY
+-- on the queue layer's cancel channel naming the item's queue, id and fence)
+-- and stops its handler; one that missed it finds the item gone at its next
+-- heartbeat. A handler that runs on (a thread cannot be stopped) loses its
+-- result to the fence: the item is no longer running. Items are locked after
+-- the task row, as cancel_pending_items.
+WITH cancelled AS (
+    UPDATE {schema}.item i
+    SET status = 'cancelled',
+        in_handler = false,
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        updated_at = coalesce(%(now)s::timestamptz, now()),
+        errors = i.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', i.attempt, 'run', i.attempt - i.attempt_base, 'started_at', i.started_at,
+            'at', coalesce(%(now)s::timestamptz, now()),
+            'type', 'Cancelled', 'message', 'its task was cancelled while it ran',
+            'traceback', NULL))
+    FROM {schema}.task t
+    WHERE i.task_id = ANY(%(task_ids)s::uuid[]) AND i.status = 'running' AND t.id = i.task_id
+    RETURNING i.id, i.attempt, t.item_queue
+)
+SELECT count(pg_notify(
+    %(channel)s, json_build_object('queue', item_queue, 'item', id, 'fence', attempt)::text))
+FROM cancelled
+
+-- name: cancelled_items
+-- Which of these runs (item id, fence) had their item cancelled: asked for
+-- items a heartbeat no longer found running, and when the listen connection
+-- came back (a cancel sent meanwhile was lost).
+SELECT i.id
+FROM {schema}.item i
+JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt) ON u.id = i.id
+WHERE i.id = ANY(%(ids)s::bigint[]) AND i.status = 'cancelled' AND i.attempt = u.attempt
+
 -- name: reopen_failed_items
 -- error -> pending for retry-failed, with a fresh allowance of attempts on top
 -- of those spent (attempt stays monotonic: it is the fencing token).

@@ -293,7 +293,12 @@ class Batches:
         return ItemsPage(page, page[-1].id if more and page else None)
 
     async def cancel(self, task_id: str) -> TaskView:
-        """Stop a task: pending items never start, running ones finish, then it closes."""
+        """Stop a task: pending items never start, running ones are stopped, then it closes.
+
+        One transaction: the task is marked, its pending and running items
+        are cancelled, and the processes running its items are told (they
+        stop the handlers; docs/batch.md, "Cancelling a task").
+        """
         row = await self._row(task_id)
         now = self.clock.sql_now()
 
@@ -301,6 +306,7 @@ class Batches:
             check_cancellable(row.id, await self.store.lock_task(conn, row.id))
             if await self.store.request_cancel(conn, row.id, TaskOutcome.CANCELLED, now=now):
                 await self.store.cancel_pending_items(conn, [row.id], now=now)
+                await self.store.cancel_running_items(conn, [row.id], now=now)
 
         await self.boss.db.run(cancel)
         return await self.get(row.id)

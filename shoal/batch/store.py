@@ -20,7 +20,7 @@ from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.cursor import ItemPosition, item_order
 from shoal.queue.results import encode_result
 from shoal.queue.states import JobId
-from shoal.queue.store import ClaimedJob, JobSettings, claim_reader
+from shoal.queue.store import ClaimedJob, JobSettings, cancel_channel, claim_reader
 
 T = TypeVar("T")
 
@@ -280,6 +280,7 @@ class BatchStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.sql = load_queries("shoal.batch", db.schema)
+        self.cancel_channel = cancel_channel(db.schema)
 
     async def _rows(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
@@ -547,6 +548,21 @@ class BatchStore:
             "cancel_pending_items", {"task_ids": list(task_ids), "now": now}, conn
         )
 
+    async def cancel_running_items(
+        self, conn: AsyncConn, task_ids: Sequence[TaskId], *, now: datetime | None
+    ) -> int:
+        """Cancel the running items of stopped tasks; their processes are told on commit."""
+        params = {"task_ids": list(task_ids), "channel": self.cancel_channel, "now": now}
+        rows = await self._rows("cancel_running_items", params, conn)
+        return int(rows[0][0])
+
+    async def cancelled_items(self, runs: Sequence[tuple[ItemId, int]]) -> set[ItemId]:
+        """Which of these runs (item id, fence) had their item cancelled."""
+        if not runs:
+            return set()
+        params = {"ids": [r[0] for r in runs], "attempts": [r[1] for r in runs]}
+        return {ItemId(r[0]) for r in await self._rows("cancelled_items", params)}
+
     async def reap_zombies(
         self, conn: AsyncConn, *, limit: int, now: datetime | None
     ) -> list[Dispatch]:
@@ -711,6 +727,7 @@ class SyncBatchStore:
     def __init__(self, db: SyncDatabase) -> None:
         self.db = db
         self.sql = load_queries("shoal.batch", db.schema)
+        self.cancel_channel = cancel_channel(db.schema)
 
     def run(self, conn: SyncConn | None, work: Callable[[SyncCursor], T]) -> T:
         """``work`` in one transaction: the caller's when ``conn`` is in one, as a
@@ -800,3 +817,10 @@ class SyncBatchStore:
     ) -> int:
         cur.execute(self.sql["cancel_pending_items"], {"task_ids": list(task_ids), "now": now})
         return cur.rowcount
+
+    def cancel_running_items(
+        self, cur: SyncCursor, task_ids: Sequence[TaskId], *, now: datetime | None
+    ) -> int:
+        """As :meth:`BatchStore.cancel_running_items`."""
+        params = {"task_ids": list(task_ids), "channel": self.cancel_channel, "now": now}
+        return int(self._rows(cur, "cancel_running_items", params)[0][0])

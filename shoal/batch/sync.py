@@ -134,7 +134,7 @@ class SyncBatches:
         return self.store.run(conn, get)
 
     def cancel(self, task_id: str, *, conn: SyncConn | None = None) -> TaskView:
-        """Stop a task: pending items never start, running ones finish, then it closes.
+        """Stop a task: pending items never start, running ones are stopped, then it closes.
 
         :class:`~shoal.Conflict` when the task has closed already.
         """
@@ -145,6 +145,7 @@ class SyncBatches:
             check_cancellable(row.id, self.store.lock_task(cur, row.id))
             if self.store.request_cancel(cur, row.id, TaskOutcome.CANCELLED, now=now):
                 self.store.cancel_pending_items(cur, [row.id], now=now)
+                self.store.cancel_running_items(cur, [row.id], now=now)
             return self._view(cur, task_id)
 
         return self.store.run(conn, cancel)
