@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shoal import InvalidInput, Job, JobCancelled, JobState, Shoal
+from shoal import FakeClock, InvalidInput, Job, JobCancelled, JobState, Shoal
 from shoal.db import Database
+from shoal.queue.notifier import RECONNECT_DELAY_S
 from shoal.queue.states import JobId
 from shoal.queue.store import JobError
 
@@ -177,3 +179,36 @@ async def test_a_waiting_job_cancel_notes_who_and_when(boss: Shoal) -> None:
     assert (note.type, note.message, note.attempt) == ("Cancelled", "cancelled by console", 0)
     with pytest.raises(InvalidInput, match="by"):
         await boss.cancel(job_id, by=" ")
+
+
+async def test_a_cancel_sent_while_the_listen_connection_was_down_stops_the_handler(
+    fake_boss: Shoal, clock: FakeClock, observer: Shoal, db_url: str
+) -> None:
+    started = asyncio.Event()
+    side_effects: list[int] = []
+
+    async def handler(job: Job) -> None:
+        started.set()
+        await asyncio.Event().wait()  # never heartbeats: only the reconnection can tell it
+        side_effects.append(job.id)
+
+    worker = fake_boss.work("q", handler, concurrency=1)
+    notifier = fake_boss.notifier
+    assert notifier is not None
+    await asyncio.wait_for(notifier.listening.wait(), STOP_TIMEOUT_S)
+    job_id = await fake_boss.send("q", None)  # due on the fake clock
+    assert job_id is not None
+    await asyncio.wait_for(started.wait(), STOP_TIMEOUT_S)
+    # Cut the listen connection; it reconnects only when the clock moves.
+    (terminated,) = await rows(
+        observer,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND query LIKE 'LISTEN %%'",
+    )
+    assert terminated == (True,)
+    await wait_for(lambda: not notifier.listening.is_set(), timeout_s=STOP_TIMEOUT_S)
+    await observer.cancel(job_id, by="test")  # its NOTIFY reaches no one
+    clock.advance(timedelta(seconds=RECONNECT_DELAY_S))
+    errors = await wait_stopped(observer, job_id)
+    assert [e.type for e in errors] == ["Cancelled", "Stopped"] and side_effects == []
+    await worker.stop()
