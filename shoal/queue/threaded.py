@@ -7,11 +7,12 @@ executor's size), in a copy of the caller's context variables. What it returns
 is the job's output and what it raises is classified exactly as for an async
 handler (``PermanentError`` fails at once, anything else retries).
 
-A thread cannot be interrupted: when a run passes ``expire_in``, or a
-shutdown's grace ends, the job's outcome is recorded as for an async handler
-(expired, or handed back), while the thread itself runs on to its end and its
-result is dropped. Handlers that may hang should bound their own calls
-(timeouts on sockets and HTTP clients).
+A thread cannot be interrupted: when a run passes ``expire_in``, a shutdown's
+grace ends, or someone cancels the job, the job's outcome is recorded as for
+an async handler (expired, handed back, or stopped), while the thread itself
+runs on to its end and its result is dropped. Handlers that may hang should
+bound their own calls (timeouts on sockets and HTTP clients); long ones check
+``job.cancelled`` or call ``job.raise_if_cancelled()`` between steps.
 """
 
 from __future__ import annotations
