@@ -62,6 +62,7 @@ from shoal.errors import InvalidInput, MissingExtra, ShoalError
 from shoal.extras import require
 from shoal.logs import LOG_FORMATS
 from shoal.logs import configure as configure_logging
+from shoal.queue.registry import DEFAULT_RESCUE_AFTER, MIN_RESCUE_AFTER
 
 if TYPE_CHECKING:
     from shoal.app import App
@@ -290,6 +291,7 @@ async def cmd_worker(args: argparse.Namespace, url: str) -> int:
             url,
             max_size=worker_pool_size(args, app),
             write_stall_after=timedelta(seconds=args.write_stall_after),
+            rescue_after=timedelta(seconds=args.rescue_after),
         )
         if metrics is not None:
             metrics.attach(boss)
@@ -655,6 +657,14 @@ def seconds_or_zero(text: str) -> float:
     return _argument(text, float, lambda s: 0 <= s < math.inf, "a number of seconds >= 0")
 
 
+def rescue_seconds(text: str) -> float:
+    """An argparse type: ``--rescue-after``, seconds of at least MIN_RESCUE_AFTER."""
+    least = MIN_RESCUE_AFTER.total_seconds()
+    return _argument(
+        text, float, lambda s: least <= s < math.inf, f"a number of seconds >= {least:g}"
+    )
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1."""
     return _argument(text, int, lambda n: n >= 1, "a whole number >= 1")
@@ -713,6 +723,7 @@ def log_level(text: str) -> str:
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_GRACE_S = 30.0
+DEFAULT_RESCUE_AFTER_S = DEFAULT_RESCUE_AFTER.total_seconds()
 DEFAULT_PORT = 8000
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_LOG_LEVEL = "INFO"
@@ -732,6 +743,7 @@ ENV_SETTINGS: list[tuple[str, tuple[str, ...], str, Callable[[str], object], obj
     ("grace", ("worker",), "SHOAL_GRACE", seconds_or_zero, DEFAULT_GRACE_S),
     ("queues", ("worker",), "SHOAL_QUEUES", name_list, None),
     ("exclude_queues", ("worker",), "SHOAL_EXCLUDE_QUEUES", name_list, None),
+    ("rescue_after", ("worker",), "SHOAL_RESCUE_AFTER", rescue_seconds, DEFAULT_RESCUE_AFTER_S),
     ("host", ("api",), "SHOAL_HOST", str, DEFAULT_HOST),
     ("port", ("api",), "SHOAL_PORT", port_number, DEFAULT_PORT),
     ("allowed_hosts", ("api",), ALLOWED_HOSTS_ENV, host_names, []),
@@ -797,7 +809,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         epilog="Environment variables: DATABASE_URL, SHOAL_DATA_DIR, SHOAL_SCHEMA, "
         "SHOAL_LOG_LEVEL, SHOAL_LOG_FORMAT, SHOAL_POOL_SIZE, SHOAL_GRACE, SHOAL_HOST, "
-        "SHOAL_PORT, SHOAL_API_TOKEN, SHOAL_METRICS_PORT, SHOAL_METRICS_HOST, "
+        "SHOAL_PORT, SHOAL_RESCUE_AFTER, SHOAL_API_TOKEN, SHOAL_METRICS_PORT, SHOAL_METRICS_HOST, "
         "SHOAL_WRITE_STALL_AFTER, "
         "SHOAL_INGEST_TRANSPORT, SHOAL_NATS_URL, SHOAL_NATS_MONITOR_URL, SHOAL_NATS_REPLICAS, "
         "SHOAL_PREPARE_THRESHOLD (a flag wins over its variable).",
@@ -873,6 +885,13 @@ def parser() -> argparse.ArgumentParser:
         type=seconds_or_zero,
         help="seconds running jobs get to finish on SIGTERM/SIGINT "
         f"(env SHOAL_GRACE; default: {DEFAULT_GRACE_S:g})",
+    )
+    worker.add_argument(
+        "--rescue-after",
+        type=rescue_seconds,
+        help="seconds this process may go without a registry heartbeat before maintenance "
+        "hands back the jobs it holds, when it died or froze "
+        f"(env SHOAL_RESCUE_AFTER; default: {DEFAULT_RESCUE_AFTER_S:g})",
     )
     worker.add_argument(
         "--pool-size",

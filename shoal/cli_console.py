@@ -164,9 +164,10 @@ async def cmd_schedule(args: argparse.Namespace, boss: Shoal) -> int:
 
 async def cmd_workers(args: argparse.Namespace, boss: Shoal) -> int:
     table = Table(title="worker processes")
-    for column in ("host", "pid", "app", "queues", "started", "heartbeat", "running", "done"):
+    columns = ("host", "pid", "app", "queues", "started", "heartbeat", "running", "done", "rescued")
+    for column in columns:
         table.add_column(
-            column, justify="right" if column in ("pid", "running", "done") else "left"
+            column, justify="right" if column in ("pid", "running", "done", "rescued") else "left"
         )
     for w in await WorkerRegistry(boss).workers():
         queues = ", ".join(f"{q} ({n})" for q, n in sorted(w.queues.items()))
@@ -180,6 +181,8 @@ async def cmd_workers(args: argparse.Namespace, boss: Shoal) -> int:
             beat,
             str(w.running),
             str(w.done),
+            # Jobs maintenance handed back because this process went silent.
+            str(w.rescued) if w.rescued else "-",
         )
     _wide().print(table)
     return 0

@@ -158,6 +158,7 @@ def job_detail(job: JobRecord) -> dict[str, Any]:
         ],
         "start_after": job.start_after.isoformat(),
         "lease_expires_at": _iso(job.lease_expires_at),
+        "holder": job.holder,
         "dead_letter": job.dead_letter,
         "origin_queue": job.origin_queue,
         "origin_id": job.origin_id,
@@ -415,6 +416,8 @@ def workers_router(registry: WorkerRegistry) -> APIRouter:
                     "running": w.running,
                     "done": w.done,
                     "gone": w.gone,
+                    "rescued": w.rescued,
+                    "rescued_at": _iso(w.rescued_at),
                 }
                 for w in await registry.workers()
             ]

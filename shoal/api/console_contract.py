@@ -75,6 +75,10 @@ class JobOut(JobSummary):
     errors: list[JobErrorOut]
     start_after: str
     lease_expires_at: str | None
+    holder: str | None = Field(
+        description="The worker process that claimed it last (its id on the Workers page); "
+        "null once the job went back to waiting."
+    )
     dead_letter: str | None
     origin_queue: str | None
     origin_id: int | None
@@ -174,7 +178,13 @@ class WorkerOut(BaseModel):
     heartbeat_at: str
     running: int = Field(description="Jobs claimed and not yet finished.")
     done: int = Field(description="Jobs completed or failed since the process started.")
-    gone: bool = Field(description="No heartbeat for longer than the gone timeout.")
+    gone: bool = Field(
+        description="No heartbeat for longer than the gone timeout (or its rescue_after)."
+    )
+    rescued: int = Field(
+        description="Its jobs handed back by maintenance because its heartbeat stopped."
+    )
+    rescued_at: str | None = Field(description="When maintenance last handed some back.")
 
 
 class WorkerList(BaseModel):

@@ -11,6 +11,7 @@ from shoal._deprecation import warn_renamed
 from shoal.errors import InvalidInput, PermanentError
 from shoal.queue.limits import HOOK_QUEUE_SUFFIX, ITEM_QUEUE_PREFIX, Limits, Rate
 from shoal.queue.options import MAX_DURATION, check_queue_name, parse_options
+from shoal.queue.registry import DEFAULT_RESCUE_AFTER
 from shoal.queue.threaded import as_async
 
 if TYPE_CHECKING:
@@ -29,9 +30,11 @@ DEFAULT_RETRY_DELAY = timedelta(seconds=1)
 DEFAULT_EXPIRE_IN = timedelta(minutes=30)
 # How long a running item may go without a sign of life before the aggregator
 # reaps it. Workers send one every quarter of this while the handler runs, so
-# only a dead or frozen process misses it, and a crash is noticed in a couple
-# of minutes.
-DEFAULT_ZOMBIE_TIMEOUT = timedelta(minutes=2)
+# only a dead or frozen process misses it. The same as the queue's
+# rescue_after (60 s), so a dead process's items come back as soon as its jobs
+# do; it was 2 minutes, and a running item has no job left to rescue (its
+# one-shot delivery is deleted at the claim).
+DEFAULT_ZOMBIE_TIMEOUT = DEFAULT_RESCUE_AFTER
 
 
 def check_kind_limits(

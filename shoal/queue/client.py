@@ -37,7 +37,7 @@ from shoal.queue.options import (
     parse_options,
     parse_queue_defaults,
 )
-from shoal.queue.registry import WorkerRegistry
+from shoal.queue.registry import DEFAULT_RESCUE_AFTER, WorkerRegistry, check_rescue_after
 from shoal.queue.results import UnstorableResult, callable_name
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
 from shoal.queue.states import JobId, JobState
@@ -78,8 +78,12 @@ class Shoal:
         hooks: Hooks | None = None,
         register: bool = True,
         write_stall_after: timedelta = STALL_ERROR_AFTER,
+        rescue_after: timedelta = DEFAULT_RESCUE_AFTER,
     ) -> None:
         self.db = db
+        # How long this process may go without a registry heartbeat before
+        # maintenance (in any process) hands back the jobs it holds.
+        self.rescue_after = check_rescue_after(rescue_after)
         # Observers of everything this client's workers, aggregator and
         # consumers do (shoal.testing.Probe registers here).
         self.hooks = hooks if hooks is not None else Hooks()
@@ -104,6 +108,8 @@ class Shoal:
         # A registered process also watches its commits (WriteStallWatch):
         # one ERROR once they have stalled this long.
         self.write_stall_after = write_stall_after
+        # The maintenance of maintain()'s passes (made by the first).
+        self._maintenance: Maintenance | None = None
 
     @classmethod
     async def connect(
@@ -341,7 +347,15 @@ class Shoal:
         after its App and adds the topics its consumers serve.
         """
         if self._registry is None:
-            self._registry = WorkerRegistry(self, queues=self._served, counters=self._counters)
+            self._registry = WorkerRegistry(
+                self,
+                queues=self._served,
+                counters=self._counters,
+                rescue_after=self.rescue_after,
+            )
+            # Every job this client claims from now on names the row: when
+            # its heartbeat stops, maintenance hands them back.
+            self.store.holder = self._registry.id
         return self._registry
 
     def register_process(self) -> None:
@@ -627,8 +641,16 @@ class Shoal:
         return Maintenance(self.store, clock=self.clock, jitter=self.jitter, **kwargs)
 
     async def maintain(self) -> MaintenanceReport:
-        """One maintenance pass: expire dead leases, archive, prune."""
-        return await self.maintenance().run_once()
+        """One maintenance pass: hand back the jobs of silent processes, expire dead
+        leases, archive, prune.
+
+        The passes share one :class:`Maintenance`: a process's silence counts
+        only from this client's first pass that reached the database, so the
+        first call never hands back a silent process's jobs.
+        """
+        if self._maintenance is None:
+            self._maintenance = self.maintenance()
+        return await self._maintenance.run_once()
 
 
 def _ids(ids: JobId | Sequence[JobId]) -> list[JobId]:

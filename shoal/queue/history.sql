@@ -161,11 +161,14 @@ ORDER BY at
 SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))
 
 -- name: register_worker
-INSERT INTO {schema}.worker (id, host, pid, app, queues, started_at, heartbeat_at)
+INSERT INTO {schema}.worker (id, host, pid, app, queues, started_at, heartbeat_at,
+                             rescue_after_s)
 VALUES (%(id)s, %(host)s, %(pid)s, %(app)s, %(queues)s::jsonb,
-        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        %(rescue_after_s)s)
 ON CONFLICT (id) DO UPDATE
-SET queues = excluded.queues, heartbeat_at = excluded.heartbeat_at
+SET queues = excluded.queues, heartbeat_at = excluded.heartbeat_at,
+    rescue_after_s = excluded.rescue_after_s
 
 -- name: heartbeat_worker
 -- Returns nothing when the row was dropped (the process stalled past the drop
@@ -186,6 +189,10 @@ DELETE FROM {schema}.worker WHERE id = %(id)s
 
 -- name: list_workers
 SELECT id, host, pid, app, queues, started_at, heartbeat_at, running, done,
-       heartbeat_at < coalesce(%(now)s::timestamptz, now()) - %(gone_s)s * interval '1 second'
+       -- gone: silent past the gone timeout, or past its own rescue_after when
+       -- shorter (its jobs are handed back by then)
+       heartbeat_at < coalesce(%(now)s::timestamptz, now())
+                      - least(%(gone_s)s, rescue_after_s) * interval '1 second',
+       rescued, rescued_at
 FROM {schema}.worker
 ORDER BY host, pid, started_at

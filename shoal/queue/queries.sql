@@ -76,22 +76,25 @@ ON CONFLICT DO NOTHING RETURNING id, queue, singleton_key
 
 -- name: claim_limited_jobs
 -- Claims up to %(limit)s waiting jobs of a limited queue within its limits
--- (claim_limited_jobs_v1 in migrations/0010_limits.sql): the claim row.
+-- (claim_limited_jobs_v2 in migrations/0031_rescue_jobs_of_silent_workers.sql),
+-- recording %(holder)s (this process's registry id, or NULL) on them: the claim row.
 SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
        retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
        lease_expires_at
-FROM {schema}.claim_limited_jobs_v1(%(queue)s, %(limit)s, %(now)s::timestamptz)
+FROM {schema}.claim_limited_jobs_v2(%(queue)s, %(limit)s, %(now)s::timestamptz,
+                                    %(holder)s::text)
 
 -- name: claim_jobs
 -- Claims up to %(limit)s waiting jobs of one queue, from the head of the claim
 -- index or after the position (%(after_priority)s, %(after_id)s) in it
--- (claim_jobs_v3 in migrations/0025_claim_durations_as_float.sql): the claim
--- row, read by name.
+-- (claim_jobs_v4 in migrations/0031_rescue_jobs_of_silent_workers.sql),
+-- recording %(holder)s (this process's registry id, or NULL) on them: the
+-- claim row, read by name.
 SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
        retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
        lease_expires_at
-FROM {schema}.claim_jobs_v3(%(queue)s, %(limit)s, %(now)s::timestamptz,
-                            %(after_priority)s::int, %(after_id)s::bigint)
+FROM {schema}.claim_jobs_v4(%(queue)s, %(limit)s, %(now)s::timestamptz,
+                            %(after_priority)s::int, %(after_id)s::bigint, %(holder)s::text)
 
 -- name: complete_jobs
 -- active -> completed, each fenced by the attempt its worker was handed
@@ -105,6 +108,9 @@ SELECT id FROM {schema}.complete_jobs_v2(
 -- error. With %(expired_only)s the row must also still be past its lease: a
 -- heartbeat that landed after the rescuer read the row wins. A job that fails
 -- for good with a dead_letter queue leaves a copy there, in this statement.
+-- A job back to retry loses its holder: a claim by a process of the previous
+-- release (claim_jobs_v3) would not replace it, and the rescue of that
+-- holder's jobs would then take a job another process runs.
 WITH u AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::{schema}.job_state[],
                          %(retry_in_s)s::float8[], %(errors)s::jsonb[])
@@ -117,6 +123,7 @@ WITH u AS (
             ELSE j.start_after END,
         finished_at = CASE WHEN u.state = 'failed' THEN coalesce(%(now)s::timestamptz, now()) END,
         lease_expires_at = NULL,
+        holder = CASE WHEN u.state = 'retry' THEN NULL ELSE j.holder END,
         errors = j.errors || jsonb_build_array(u.error)
     FROM u
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
@@ -138,12 +145,14 @@ SELECT id, state::text FROM failed
 -- name: release_jobs
 -- active -> created without costing an attempt: a snooze, or a job handed back
 -- at shutdown, whose note (which process, when its run began) is appended to
--- its history. Fenced by attempt. An empty notes array: no notes at all.
+-- its history. Fenced by attempt. An empty notes array: no notes at all. The
+-- holder goes too (see fail_jobs).
 UPDATE {schema}.job j
 SET state = 'created',
     attempt = j.attempt - 1,
     started_at = NULL,
     lease_expires_at = NULL,
+    holder = NULL,
     start_after = coalesce(%(now)s::timestamptz, now()) + u.delay_s * interval '1 second',
     errors = CASE WHEN u.note IS NULL THEN j.errors
                   ELSE j.errors || jsonb_build_array(u.note) END
@@ -154,11 +163,13 @@ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = u.id AND j.state = 'active'
 RETURNING j.id
 
 -- name: cancel_active_job
--- active -> cancelled by the handler's own Cancel, fenced by attempt.
+-- active -> cancelled by the handler's own Cancel, fenced by attempt. A
+-- cancelled job can be resumed: the holder goes (see fail_jobs).
 UPDATE {schema}.job
 SET state = 'cancelled',
     finished_at = coalesce(%(now)s::timestamptz, now()),
     lease_expires_at = NULL,
+    holder = NULL,
     errors = errors || jsonb_build_array(%(error)s::jsonb)
 WHERE id = %(id)s AND state = 'active' AND attempt = %(attempt)s
 RETURNING id
@@ -184,6 +195,48 @@ ORDER BY lease_expires_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
+-- name: silent_workers
+-- The time now, and the registered processes silent for longer than their
+-- own rescue_after: the holders whose active jobs maintenance hands back. A
+-- process of the previous release (no rescue_after_s) is never one. Silence
+-- counts only from %(heard_since)s, when the asking process's passes began
+-- reaching the database (NULL: now, none is silent yet): after an outage of
+-- the database every process's heartbeat is old, and none of them is dead.
+SELECT coalesce(%(now)s::timestamptz, now()), array(
+    SELECT id FROM {schema}.worker
+    WHERE rescue_after_s IS NOT NULL
+      AND greatest(heartbeat_at, coalesce(%(heard_since)s::timestamptz, %(now)s::timestamptz, now()))
+          < coalesce(%(now)s::timestamptz, now()) - rescue_after_s * interval '1 second'
+    ORDER BY id)
+
+-- name: lock_jobs_of_silent_workers
+-- The active jobs those processes (%(holders)s) claimed while they still
+-- heartbeated, with who held them: locked, so two rescuers never judge the
+-- same job. The silence is checked again here (a process that came back
+-- between the two statements keeps its jobs; %(heard_since)s as in
+-- silent_workers). Reads every active job (job_lease): run only when some
+-- process went silent.
+SELECT j.id, j.attempt, j.retry_limit, extract(epoch FROM j.retry_delay)::float8,
+       j.retry_backoff, extract(epoch FROM j.retry_delay_max)::float8, j.queue,
+       w.id, w.host, w.pid, w.app, w.heartbeat_at, w.rescue_after_s
+FROM {schema}.worker w
+JOIN {schema}.job j ON j.holder = w.id
+WHERE w.id = ANY(%(holders)s::text[])
+  AND greatest(w.heartbeat_at, coalesce(%(heard_since)s::timestamptz, %(now)s::timestamptz, now()))
+      < coalesce(%(now)s::timestamptz, now()) - w.rescue_after_s * interval '1 second'
+  AND j.state = 'active'
+  AND j.started_at <= w.heartbeat_at + w.rescue_after_s * interval '1 second'
+ORDER BY j.id
+LIMIT %(limit)s
+FOR UPDATE OF j SKIP LOCKED
+
+-- name: count_rescued
+-- Adds to each silent process's row the jobs just handed back (the Workers page).
+UPDATE {schema}.worker w
+SET rescued = w.rescued + u.n, rescued_at = coalesce(%(now)s::timestamptz, now())
+FROM unnest(%(ids)s::text[], %(counts)s::int[]) AS u(id, n)
+WHERE w.id = u.id
+
 -- name: cancel_jobs
 -- created | retry | active -> cancelled, with a note on the job's history that
 -- says who cancelled it and when. The process holding an active job is told in
@@ -191,7 +244,8 @@ FOR UPDATE SKIP LOCKED
 -- id and attempt, on which its worker stops the handler. A worker that misses
 -- it learns at its next heartbeat, and loses its final write to the attempt
 -- fence. The rows are locked first to read the state they had: only active
--- jobs have a handler to stop.
+-- jobs have a handler to stop. A cancelled job can be resumed: the holder
+-- goes (see fail_jobs).
 WITH before AS (
     SELECT id, state FROM {schema}.job
     WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('created', 'retry', 'active')
@@ -201,6 +255,7 @@ WITH before AS (
     SET state = 'cancelled',
         finished_at = coalesce(%(now)s::timestamptz, now()),
         lease_expires_at = NULL,
+        holder = NULL,
         errors = j.errors || jsonb_build_array(
             %(note)s::jsonb || jsonb_build_object(
                 'attempt', j.attempt, 'at', coalesce(%(now)s::timestamptz, now())))
@@ -305,11 +360,11 @@ INSERT INTO {schema}.job_archive (
     id, queue, state, priority, data, attempt, retry_limit, retry_delay, retry_backoff,
     retry_delay_max, expire_in, singleton_key, dead_letter, origin_queue, origin_id,
     start_after, created_at, started_at, lease_expires_at, finished_at, output, errors,
-    partition_key, cost, archived_at)
+    partition_key, cost, holder, archived_at)
 SELECT id, queue, state, priority, data, attempt, retry_limit, retry_delay, retry_backoff,
        retry_delay_max, expire_in, singleton_key, dead_letter, origin_queue, origin_id,
        start_after, created_at, started_at, lease_expires_at, finished_at, output, errors,
-       partition_key, cost, coalesce(%(now)s::timestamptz, now())
+       partition_key, cost, holder, coalesce(%(now)s::timestamptz, now())
 FROM moved
 
 -- name: prune_archive
@@ -350,7 +405,7 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors, holder
 FROM {schema}.job WHERE id = %(id)s
 UNION ALL
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
@@ -358,7 +413,7 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors, holder
 FROM {schema}.job_archive WHERE id = %(id)s
 LIMIT 1
 
@@ -369,7 +424,7 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors, holder
 FROM {schema}.job
 WHERE queue = %(queue)s
   AND (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)

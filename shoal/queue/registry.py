@@ -8,6 +8,14 @@ sampler's running counts are these) and has done. A row whose
 heartbeat is older than :data:`GONE_S` is shown as gone; past :data:`DROP_S`
 any process's heartbeat deletes it. A process that stops cleanly deletes its
 own row.
+
+Each process also reports its ``rescue_after`` (:class:`~shoal.Shoal`'s
+option, default :data:`DEFAULT_RESCUE_AFTER`): once its heartbeat is older
+than that, maintenance hands back the jobs it holds (the claim records the
+row's id on each job; :mod:`shoal.queue.maintenance`), and its row counts
+them (``rescued``). The heartbeat comes at least :data:`BEATS_PER_RESCUE`
+times within ``rescue_after``, so a process that is alive is never taken for
+a silent one.
 """
 
 from __future__ import annotations
@@ -19,11 +27,11 @@ import socket
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from shoal.db.queries import load_queries
-from shoal.errors import TransientError
+from shoal.errors import InvalidInput, TransientError
 
 if TYPE_CHECKING:  # the client owns its process's registry (Shoal.work)
     from shoal.queue.client import Shoal
@@ -33,6 +41,27 @@ log = logging.getLogger("shoal.registry")
 HEARTBEAT_S = 5.0
 GONE_S = 30.0
 DROP_S = 300.0
+# A process whose heartbeat is older than this has its jobs handed back
+# (maintenance, every 5 s). The issue that brought it asked for at most 60 s;
+# a dead process's jobs used to wait for their expire_in (15 minutes).
+DEFAULT_RESCUE_AFTER = timedelta(seconds=60)
+# The least rescue_after accepted: a shorter one is within the noise of a
+# loaded event loop and pool (a heartbeat waiting for a connection).
+MIN_RESCUE_AFTER = timedelta(seconds=1)
+# Heartbeats within one rescue_after, at the least: a live process misses
+# that many in a row before its jobs are taken (12 at the defaults).
+BEATS_PER_RESCUE = 4
+
+
+def check_rescue_after(value: object) -> timedelta:
+    """``rescue_after`` as given, or InvalidInput naming it."""
+    if not isinstance(value, timedelta) or value < MIN_RESCUE_AFTER:
+        raise InvalidInput(
+            "rescue_after",
+            f"must be a timedelta of at least {MIN_RESCUE_AFTER.total_seconds():g}s, got {value!r}",
+        )
+    return value
+
 
 # (jobs running now per queue, jobs done) of this process, read at each heartbeat.
 Counters = Callable[[], tuple[Mapping[str, int], int]]
@@ -58,6 +87,10 @@ class WorkerInfo:
     running: int
     done: int
     gone: bool
+    # Jobs maintenance handed back because this process went silent, and when
+    # it last did (0 and None for a process that never did).
+    rescued: int = 0
+    rescued_at: datetime | None = None
 
 
 class WorkerRegistry:
@@ -73,6 +106,7 @@ class WorkerRegistry:
         heartbeat_s: float = HEARTBEAT_S,
         gone_s: float = GONE_S,
         drop_s: float = DROP_S,
+        rescue_after: timedelta = DEFAULT_RESCUE_AFTER,
     ) -> None:
         self.boss = boss
         self.clock = boss.clock
@@ -86,7 +120,8 @@ class WorkerRegistry:
         # Queues served by something other than the client's workers (an
         # App's ingest consumers), with their concurrency.
         self.also_served: dict[str, int] = {}
-        self.heartbeat_s = heartbeat_s
+        self.rescue_after = check_rescue_after(rescue_after)
+        self.heartbeat_s = min(heartbeat_s, rescue_after.total_seconds() / BEATS_PER_RESCUE)
         self.gone_s = gone_s
         self.drop_s = drop_s
 
@@ -106,6 +141,7 @@ class WorkerRegistry:
                 "pid": os.getpid(),
                 "app": self.app,
                 "queues": json.dumps(self.queues),
+                "rescue_after_s": self.rescue_after.total_seconds(),
                 "now": self.clock.sql_now(),
             },
         )
@@ -150,4 +186,14 @@ class WorkerRegistry:
             await self.clock.sleep(self.heartbeat_s)
 
 
-__all__ = ["DROP_S", "GONE_S", "HEARTBEAT_S", "WorkerInfo", "WorkerRegistry"]
+__all__ = [
+    "BEATS_PER_RESCUE",
+    "DEFAULT_RESCUE_AFTER",
+    "DROP_S",
+    "GONE_S",
+    "HEARTBEAT_S",
+    "MIN_RESCUE_AFTER",
+    "WorkerInfo",
+    "WorkerRegistry",
+    "check_rescue_after",
+]

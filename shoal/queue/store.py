@@ -256,6 +256,10 @@ class JobRecord:
     finished_at: datetime | None
     output: Any
     errors: tuple[JobError, ...]
+    # The registry id of the worker process that claimed it last (the
+    # Workers page's row); None once it went back to waiting, or when the
+    # claiming client keeps no registry row.
+    holder: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +280,22 @@ class ExpiredLease:
     policy: RetryPolicy
     lease_expires_at: datetime
     queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class OrphanedJob:
+    """An active job whose holding process stopped heartbeating, and who that was."""
+
+    id: JobId
+    attempt: int
+    policy: RetryPolicy
+    queue: str
+    holder: str  # the process's registry id
+    host: str
+    pid: int
+    app: str
+    heartbeat_at: datetime  # its last heartbeat
+    rescue_after_s: float  # its own setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +403,7 @@ def _record(row: Sequence[Any]) -> JobRecord:
             JobError(e["attempt"], e["at"], e["type"], e["message"], e.get("traceback"))
             for e in row[21]
         ),
+        holder=row[22],
     )
 
 
@@ -540,6 +561,10 @@ class JobStore:
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
         self.cancel_channel = cancel_channel(db.schema)
+        # Recorded on every job this store claims: the id of this process's
+        # registry row (set by the client when it creates the row; None: no
+        # row, the jobs are rescued by their lease only). Read by the claims.
+        self.holder: str | None = None
 
     async def _rows(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
@@ -606,6 +631,7 @@ class JobStore:
             "now": now,
             "after_priority": after_priority,
             "after_id": after_id,
+            "holder": self.holder,
         }
         columns, rows, cost_s = await self.db.run(
             lambda c: fetch_named_timed(c, query, params), transaction=False
@@ -622,7 +648,7 @@ class JobStore:
         database); a queue without limits is claimed as :meth:`claim` does.
         """
         query = self.sql["claim_limited_jobs"]
-        params = {"queue": queue, "limit": limit, "now": now}
+        params = {"queue": queue, "limit": limit, "now": now, "holder": self.holder}
         columns, rows = await self.db.run(
             lambda c: fetch_named(c, query, params), transaction=False
         )
@@ -822,6 +848,43 @@ class JobStore:
             ExpiredLease(JobId(r[0]), r[1], _policy(r[2], r[3], r[4], r[5]), r[6], r[7])
             for r in rows
         ]
+
+    async def silent_workers(
+        self, *, heard_since: datetime | None, now: datetime | None
+    ) -> tuple[datetime, list[str]]:
+        """The database's time, and the registry ids of the processes silent for longer
+        than their rescue_after since ``heard_since`` (None: none is, yet)."""
+        ((at, ids),) = await self._rows("silent_workers", {"heard_since": heard_since, "now": now})
+        return at, list(ids)
+
+    async def lock_jobs_of_silent_workers(
+        self,
+        conn: AsyncConn,
+        holders: Sequence[str],
+        *,
+        heard_since: datetime,
+        limit: int,
+        now: datetime | None,
+    ) -> list[OrphanedJob]:
+        """Lock (SKIP LOCKED) the active jobs ``holders`` claimed before they went silent."""
+        rows = await self._rows(
+            "lock_jobs_of_silent_workers",
+            {"holders": list(holders), "heard_since": heard_since, "limit": limit, "now": now},
+            conn,
+        )
+        return [
+            OrphanedJob(JobId(r[0]), r[1], _policy(r[2], r[3], r[4], r[5]), r[6], *r[7:13])
+            for r in rows
+        ]
+
+    async def count_rescued(
+        self, conn: AsyncConn, counts: Mapping[str, int], *, now: datetime | None
+    ) -> None:
+        """Add the jobs just handed back to each silent process's registry row."""
+        await conn.execute(
+            self.sql["count_rescued"],
+            {"ids": list(counts), "counts": list(counts.values()), "now": now},
+        )
 
     async def archive_finished(
         self, *, retention: timedelta, limit: int, now: datetime | None
