@@ -21,10 +21,10 @@ from shoal.db.pool import AsyncConn
 
 PID = os.getpid()
 BLOCK = os.environ.get("RESCUEAPP_BLOCK") == "1"
-# Short, as the workers' rescue_after in the test: the task row keeps the
+# Short, as the workers' rescue_after in the test (6 s): the task row keeps the
 # zombie timeout of the process that creates it (the test's), so it is fixed
 # here rather than read from the environment.
-ZOMBIE_TIMEOUT = timedelta(seconds=3)
+ZOMBIE_TIMEOUT = timedelta(seconds=6)
 JOB_QUEUE = "rescue.jobs"
 KIND = "rescue.items"
 # Serialises the CREATE TABLE of processes starting together.

@@ -19,11 +19,13 @@ from shoal import JobId, Shoal
 from shoal.api import create_api
 from shoal.batch.kinds import BatchKind
 from shoal.batch.service import Batches
+from shoal.cli import parser
 from shoal.clock import FakeClock
 from shoal.db import Database
 from shoal.db.pool import AsyncConn
 from shoal.errors import InvalidInput, TransientError
 from shoal.queue.registry import DEFAULT_RESCUE_AFTER, WorkerRegistry
+from tests.test_cli_env import resolved
 
 RESCUE_AFTER = timedelta(seconds=10)
 # Long enough that no lease runs out in these tests: only the rescue can act.
@@ -243,3 +245,19 @@ def test_batch_items_of_a_dead_process_are_reaped_within_the_default_rescue_afte
     # back, by default as soon as a dead process's jobs come back.
     kind = BatchKind("k", handler=lambda item: None)
     assert kind.zombie_timeout == DEFAULT_RESCUE_AFTER <= timedelta(seconds=60)
+
+
+def test_shoal_worker_takes_rescue_after_from_its_flag_or_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SHOAL_RESCUE_AFTER", raising=False)
+    assert resolved("worker", "--app", "m:a").rescue_after == 60.0
+    monkeypatch.setenv("SHOAL_RESCUE_AFTER", "20")
+    assert resolved("worker", "--app", "m:a").rescue_after == 20.0
+    assert resolved("worker", "--app", "m:a", "--rescue-after", "2.5").rescue_after == 2.5
+    with pytest.raises(SystemExit) as refused:
+        parser().parse_args(["worker", "--app", "m:a", "--rescue-after", "0.5"])
+    assert refused.value.code == 2
+    assert "argument --rescue-after: must be a number of seconds >= 1, got '0.5'" in (
+        capsys.readouterr().err
+    )

@@ -22,10 +22,12 @@ from tests.rescueapp import JOB_QUEUE, KIND, app
 from tests.test_processes import START_TIMEOUT_S, WorkerProcesses, rows
 
 JOBS = ITEMS = 10
-# Short, so the test does not wait out the 60 s default; set through the
-# worker's environment (SHOAL_RESCUE_AFTER, the --rescue-after flag's). The
-# items' zombie timeout is as short (tests/rescueapp.py).
-RESCUE_AFTER_S = "3"
+# Short, so the test does not wait out the 60 s default, yet a live process
+# still heartbeats four times within it (a loaded machine stalls it for
+# less). Set through the worker's environment (SHOAL_RESCUE_AFTER, the
+# --rescue-after flag's). The items' zombie timeout is as short
+# (tests/rescueapp.py).
+RESCUE_AFTER_S = "6"
 # The issue's bound: every job and item runs again within this after the kill.
 RESCUED_WITHIN_S = 90
 
