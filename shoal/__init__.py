@@ -32,6 +32,7 @@ from shoal.errors import (
     Snooze,
     StillCreating,
     TransientError,
+    UnstorableResult,
 )
 from shoal.ingest.message import Message, Topic
 from shoal.ingest.pipeline import Pipeline, PipelineClosed, Submitted
@@ -118,6 +119,7 @@ __all__ = [
     "Topic",
     "TransientError",
     "UnsafeDurability",
+    "UnstorableResult",
     "Worker",
     "migrate",
     "watch_task",

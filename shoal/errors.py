@@ -21,7 +21,9 @@ and is importable from ``shoal``::
     ├── MissingExtra          a feature needs an optional extra that is not installed
     │                         (also an ImportError); the message names the pip command
     ├── PipelineClosed        a held submit met its pipeline's close (shoal.ingest.pipeline)
-    └── UnsafeDurability      the NATS server may lose acknowledged messages (shoal.ingest.nats)
+    ├── UnsafeDurability      the NATS server may lose acknowledged messages (shoal.ingest.nats)
+    └── UnstorableResult      a handler returned a value that cannot be stored as JSON (recorded
+                              as its run's error; also a ValueError)
 
 Handlers may also raise :class:`Snooze` (or its :class:`RetryAfter`) or
 :class:`Cancel` (or its :class:`JobCancelled`, which ``job.raise_if_cancelled()``
@@ -91,6 +93,15 @@ class IdempotencyMismatch(Conflict):
 
 class StillCreating(Conflict):
     """A request with this idempotency key is still being created (HTTP 409)."""
+
+
+class UnstorableResult(ShoalError, ValueError):
+    """A handler returned a value that cannot be stored as JSON.
+
+    The run fails like any other failed attempt (retried by the job's
+    policy); the message names the handler, its queue, and the path and type
+    of the first bad value (shoal.queue.results).
+    """
 
 
 class ExpiredError(ShoalError, TimeoutError):

@@ -26,6 +26,7 @@ NOT_CALLER_ERRORS = {
     # Raised and answered inside the HTTP API: callers see an HTTP error body.
     "shoal.api.errors.ApiError",
     "shoal.api.limits.LimitExceeded",
+    "shoal.api.server.HeadTooLarge",
     # The demo's handler failing on purpose.
     "shoal.demo.FlakyGateway",
 }

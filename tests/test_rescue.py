@@ -224,7 +224,7 @@ async def test_the_job_page_names_its_holder_and_the_workers_page_what_was_rescu
     await holder.store.claim("work", 1, now=clock.sql_now())
     api = create_api(fake_boss, Batches(fake_boss, {}), token=None)
     transport = httpx.ASGITransport(app=api)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         job = (await client.get(f"/v1/jobs/{job_id}")).json()
         assert job["state"] == "active" and job["holder"] == registry.id
 

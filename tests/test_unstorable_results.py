@@ -18,9 +18,9 @@ import pytest
 from shoal import Shoal
 from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
-from shoal.errors import InvalidInput
+from shoal.errors import InvalidInput, UnstorableResult
 from shoal.queue.job import Job
-from shoal.queue.results import UnstorableResult, encode_result
+from shoal.queue.results import encode_result
 from shoal.testing import run_item, run_job
 
 from .batch_helpers import make_batches, running, settle

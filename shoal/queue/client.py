@@ -17,7 +17,7 @@ from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.db.migrate import migrate
 from shoal.db.pool import AsyncConn, Database
 from shoal.db.writes import STALL_ERROR_AFTER, WriteStallWatch
-from shoal.errors import InvalidInput, NotFound, ShoalError
+from shoal.errors import InvalidInput, NotFound, ShoalError, UnstorableResult
 from shoal.hooks import Hooks
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.cursor import ClaimCursor
@@ -38,7 +38,7 @@ from shoal.queue.options import (
     parse_queue_defaults,
 )
 from shoal.queue.registry import DEFAULT_RESCUE_AFTER, WorkerRegistry, check_rescue_after
-from shoal.queue.results import UnstorableResult, callable_name
+from shoal.queue.results import callable_name
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import (

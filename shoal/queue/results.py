@@ -13,7 +13,7 @@ the completer sends text that cannot fail to load.
 >>> encode_result({"at": [1, {2}]})
 Traceback (most recent call last):
 ...
-shoal.queue.results.UnstorableResult: result["at"][1]: set is not JSON serializable
+shoal.errors.UnstorableResult: result["at"][1]: set is not JSON serializable
 """
 
 from __future__ import annotations
@@ -23,22 +23,13 @@ import math
 import re
 from typing import Any
 
-from shoal.errors import ShoalError
+from shoal.errors import UnstorableResult
 
 # Built once: json.dumps with any non-default option builds an encoder per call.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 # A \u0000 escape (not an escaped backslash followed by "u0000"): jsonb refuses it.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _KEY_TYPES = (str, int, float, bool, type(None))
-
-
-class UnstorableResult(ShoalError, ValueError):
-    """A handler returned a value that cannot be stored as JSON.
-
-    The run fails like any other failed attempt (retried by the job's
-    policy); the message names the handler, its queue, and the path and type
-    of the first bad value.
-    """
 
 
 def encode_result(value: object, *, returned_by: str = "") -> str | None:
