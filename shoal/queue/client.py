@@ -353,15 +353,13 @@ class Shoal:
                 counters=self._counters,
                 rescue_after=self.rescue_after,
             )
-            # Every job this client claims from now on names the row: when
-            # its heartbeat stops, maintenance hands them back.
-            self.store.holder = self._registry.id
         return self._registry
 
     def register_process(self) -> None:
         """Register this process in the worker registry and heartbeat until its
         workers stop (:meth:`work` does it; a process with none calls it)."""
         if self._registry_task is None:
+            self.store.holder_known = asyncio.Event()
             self._registry_task = asyncio.create_task(self._keep_process(), name="shoal-registry")
 
     async def _keep_process(self) -> None:

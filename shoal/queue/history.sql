@@ -169,6 +169,7 @@ VALUES (%(id)s, %(host)s, %(pid)s, %(app)s, %(queues)s::jsonb,
 ON CONFLICT (id) DO UPDATE
 SET queues = excluded.queues, heartbeat_at = excluded.heartbeat_at,
     rescue_after_s = excluded.rescue_after_s
+RETURNING no
 
 -- name: heartbeat_worker
 -- Returns nothing when the row was dropped (the process stalled past the drop

@@ -1,7 +1,7 @@
 """Maintenance: rescue jobs whose lease expired or whose worker process went silent,
 archive finished jobs, prune the archive and the state of limited partitions that need none.
 
-A job records the process that claimed it (``holder``, the id of that
+A job records the process that claimed it (``holder``, the number of that
 process's registry row, :mod:`shoal.queue.registry`). When a process's
 registry heartbeat is older than its own ``rescue_after`` (it reports the
 setting when it registers), its active jobs are handed back as a lease expiry

@@ -77,24 +77,24 @@ ON CONFLICT DO NOTHING RETURNING id, queue, singleton_key
 -- name: claim_limited_jobs
 -- Claims up to %(limit)s waiting jobs of a limited queue within its limits
 -- (claim_limited_jobs_v2 in migrations/0031_rescue_jobs_of_silent_workers.sql),
--- recording %(holder)s (this process's registry id, or NULL) on them: the claim row.
+-- recording %(holder)s (this process's registry number, or NULL) on them: the claim row.
 SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
        retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
        lease_expires_at
 FROM {schema}.claim_limited_jobs_v2(%(queue)s, %(limit)s, %(now)s::timestamptz,
-                                    %(holder)s::text)
+                                    %(holder)s::int)
 
 -- name: claim_jobs
 -- Claims up to %(limit)s waiting jobs of one queue, from the head of the claim
 -- index or after the position (%(after_priority)s, %(after_id)s) in it
 -- (claim_jobs_v4 in migrations/0031_rescue_jobs_of_silent_workers.sql),
--- recording %(holder)s (this process's registry id, or NULL) on them: the
+-- recording %(holder)s (this process's registry number, or NULL) on them: the
 -- claim row, read by name.
 SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
        retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
        lease_expires_at
 FROM {schema}.claim_jobs_v4(%(queue)s, %(limit)s, %(now)s::timestamptz,
-                            %(after_priority)s::int, %(after_id)s::bigint, %(holder)s::text)
+                            %(after_priority)s::int, %(after_id)s::bigint, %(holder)s::int)
 
 -- name: complete_jobs
 -- active -> completed, each fenced by the attempt its worker was handed
@@ -220,7 +220,7 @@ SELECT j.id, j.attempt, j.retry_limit, extract(epoch FROM j.retry_delay)::float8
        j.retry_backoff, extract(epoch FROM j.retry_delay_max)::float8, j.queue,
        w.id, w.host, w.pid, w.app, w.heartbeat_at, w.rescue_after_s
 FROM {schema}.worker w
-JOIN {schema}.job j ON j.holder = w.id
+JOIN {schema}.job j ON j.holder = w.no
 WHERE w.id = ANY(%(holders)s::text[])
   AND greatest(w.heartbeat_at, coalesce(%(heard_since)s::timestamptz, %(now)s::timestamptz, now()))
       < coalesce(%(now)s::timestamptz, now()) - w.rescue_after_s * interval '1 second'
@@ -405,7 +405,8 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors, holder
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
+       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job WHERE id = %(id)s
 UNION ALL
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
@@ -413,7 +414,8 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors, holder
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
+       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job_archive WHERE id = %(id)s
 LIMIT 1
 
@@ -424,7 +426,8 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors, holder
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
+       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job
 WHERE queue = %(queue)s
   AND (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)

@@ -112,6 +112,8 @@ class WorkerRegistry:
         self.clock = boss.clock
         self.sql = load_queries("shoal.queue", boss.db.schema, file="history.sql")
         self.id = uuid.uuid4().hex
+        # The row's number (worker.no), known once it is written (register).
+        self.no: int | None = None
         self.app = app
         # The queues served and their concurrency: read at each heartbeat when
         # a callable (a client whose workers come and go).
@@ -133,7 +135,8 @@ class WorkerRegistry:
         return dict(self._queues() if callable(self._queues) else self._queues)
 
     async def register(self) -> None:
-        await self._run(
+        """Write this process's row; from now on its client's claims name the row's number."""
+        rows = await self._run(
             "register_worker",
             {
                 "id": self.id,
@@ -145,6 +148,13 @@ class WorkerRegistry:
                 "now": self.clock.sql_now(),
             },
         )
+        # Every job the client claims from now on names the row (job.holder):
+        # when its heartbeat stops, maintenance hands them back. A row written
+        # anew (dropped while this process stalled) has a new number.
+        self.no = int(rows[0][0])
+        self.boss.store.holder = self.no
+        if self.boss.store.holder_known is not None:
+            self.boss.store.holder_known.set()
 
     async def heartbeat(self) -> None:
         """Report this process alive with its counters; drop rows long gone."""

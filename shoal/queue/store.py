@@ -561,10 +561,15 @@ class JobStore:
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
         self.cancel_channel = cancel_channel(db.schema)
-        # Recorded on every job this store claims: the id of this process's
-        # registry row (set by the client when it creates the row; None: no
-        # row, the jobs are rescued by their lease only). Read by the claims.
-        self.holder: str | None = None
+        # Recorded on every job this store claims: the number of this
+        # process's registry row (set by the registry when it writes the row;
+        # None: no row yet, the jobs are rescued by their lease only). Read by
+        # the claims.
+        self.holder: int | None = None
+        # Set once the registry row this process's claims will name is
+        # written (None: no row is being written); awaited before a worker's
+        # first claim, so no job a registered process claims goes unnamed.
+        self.holder_known: asyncio.Event | None = None
 
     async def _rows(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None

@@ -99,6 +99,8 @@ LIMITED_POLL_INTERVAL = timedelta(milliseconds=100)
 LIMITS_RECHECK = timedelta(seconds=30)
 # Backoff of the fetcher and completer after a failed database call.
 ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+# How long a worker's first claim waits for its process's registry row.
+REGISTRY_WAIT_S = 5.0
 # The message of the cancellation that stop() sends to handlers still running
 # after the grace period. A handler (the batch layer's ItemRunner) tells by it a
 # run stopped by our own shutdown, which costs no attempt, from one cut off by
@@ -479,7 +481,23 @@ class Worker:
         return target
 
     async def _prepare(self) -> None:
-        """Before the first claim: declare this worker's limits, or learn if the queue has any."""
+        """Before the first claim: declare this worker's limits, or learn if the queue has any.
+
+        And wait (a few seconds at most) for this process's registry row, so
+        that the jobs it claims name their holder (shoal.queue.maintenance
+        rescues them when the process dies; without a holder only their lease
+        does).
+        """
+        known = self.store.holder_known
+        if known is not None and not known.is_set():
+            try:
+                await asyncio.wait_for(known.wait(), REGISTRY_WAIT_S)
+            except TimeoutError:
+                log.warning(
+                    "claiming before this process's registry row is written: jobs claimed "
+                    "until it is are rescued by their lease only",
+                    extra={"queue": self.queue},
+                )
         if self.limits is not None:
             await self.store.declare_limits(self.queue, self.limits, now=self.clock.sql_now())
         else:
