@@ -305,3 +305,34 @@ async def test_a_kinds_global_concurrency_holds_across_two_worker_processes(
         " ON t.id = i.task_id WHERE t.kind = 'lim.shared'",
     )
     assert pids == 2
+
+
+async def test_a_task_created_from_sql_is_held_by_its_kinds_limits_from_the_start(
+    boss: Shoal, db_url: str
+) -> None:
+    now_running = peak = 0
+    release = asyncio.Event()
+
+    async def handler(item: Item) -> None:
+        nonlocal now_running, peak
+        now_running += 1
+        peak = max(peak, now_running)
+        await release.wait()
+        now_running -= 1
+
+    batches = make_batches(boss, handler, concurrency=10, global_concurrency=2)
+    async with running(batches):
+        await batches.store_kinds()
+        # shoal.create_task() in SQL, as a trigger or psql would call it.
+        ((task_id,),) = await sql(
+            db_url, "SELECT shoal.create_task('test.kind', %s::jsonb)", '["a", "b", "c", "d"]'
+        )
+        # Its item jobs carry their key at once: the limited claim counts them.
+        assert await sql(
+            db_url, "SELECT count(*) FROM shoal.job WHERE queue = %s AND partition_key = ''", QUEUE
+        ) == [(4,)]
+        await wait_for(lambda: now_running == 2)
+        assert (await item_job_states(db_url)).get("active") == 2
+        release.set()
+        await settle(batches, str(task_id))
+    assert peak == 2
