@@ -15,11 +15,24 @@ paper's words in the paper's order, nothing looser.
 An extractor that gives no quote for a value has the value itself looked
 for; when found there, that occurrence is the evidence, with the confidence
 the extractor gave (or :data:`DEFAULT_CONFIDENCE`).
+
+**Verified against an independent extraction.** The parse is the
+workbench's own reading of the page, and a quote found in it proves only that
+the parse produced it (words it glued, a margin it mixed in). A PDF's
+evidence is therefore verified against PDFium's text of the cited page
+(``ParsedText.signals.pages``, read apart from pdfplumber's parse): the quote
+must be there, compared with whitespace, hyphens (a word broken at a line
+end), PDFium's hyphenation marks, ligatures (NFKC) and case set aside. A
+quote the parse has but PDFium's page does not is flagged. A quote PDFium's
+text has but the parse lost (a margin, a footer) is verified, on PDFium's
+page. A page read by OCR has no second extraction: its parse is the check.
+A text or Markdown document is its own source.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +54,7 @@ class Evidence:
     page: int | None
     quote: str | None
     confidence: float
-    verified: bool  # the quote was found in the parsed text
+    verified: bool  # the quote was found in the source (a PDF's: PDFium's text of the page)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -58,14 +71,42 @@ class SourceText:
     def __init__(self, document: ParsedText) -> None:
         self.document = document
         self.flat, self.offsets = _normalise(document.text)
+        signals = document.signals
+        pages = signals.pages if signals is not None else ()
+        # PDFium's text of each page, or None where there is no second extraction.
+        self.independent: list[str | None] = [
+            None
+            if not pages or number in document.ocr_pages or number > len(pages)
+            else _compact(pages[number - 1])
+            for number in range(1, document.pages + 1)
+        ]
 
     def find(self, quote: str) -> int | None:
-        """The 1-based page where ``quote`` starts in the document, or None."""
+        """The 1-based page where ``quote`` starts in the parsed text, or None."""
         needle, _ = _normalise(quote)
         if not needle:
             return None
         at = self.flat.find(needle)
         return None if at < 0 else self.document.page_at(self.offsets[at])
+
+    def locate(self, quote: str) -> tuple[int | None, bool]:
+        """The quote's page and whether it is verified (see the module's docstring)."""
+        page = self.find(quote)
+        if not any(text is not None for text in self.independent):
+            return page, page is not None
+        needle = _compact(quote)
+        if not needle:
+            return page, False
+        if page is not None:
+            on_page = self.independent[page - 1]
+            if on_page is None:
+                return page, True  # an OCR page: the parse is the only extraction
+            if needle in on_page:
+                return page, True
+        for number, text in enumerate(self.independent, start=1):
+            if text is not None and needle in text:
+                return number, True
+        return page, False
 
 
 def _normalise(text: str) -> tuple[str, list[int]]:
@@ -93,6 +134,15 @@ def _normalise(text: str) -> tuple[str, list[int]]:
     return flat, offsets
 
 
+_HYPHENS = re.compile("[\\-\u00ad\u2010\u2011\ufffe\x02]")
+
+
+def _compact(text: str) -> str:
+    """Text for the independent check: NFKC, case folded, no whitespace and no hyphens."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return "".join(_HYPHENS.sub("", folded).split())
+
+
 def check_evidence(
     document: ParsedText | SourceText,
     values: Mapping[str, Any],
@@ -108,12 +158,11 @@ def check_evidence(
         sure = confidence.get(name, DEFAULT_CONFIDENCE)
         quote = quotes.get(name)
         if not quote:
-            page = source.find(str(value))
-            quote = str(value) if page is not None else None
+            page, verified = source.locate(str(value))
+            quote = str(value) if verified else None
         else:
-            page = source.find(quote)
+            page, verified = source.locate(quote)
         quote = None if quote is None else " ".join(quote.split())[:MAX_QUOTE_CHARS]
-        verified = page is not None
         out[name] = Evidence(
             page=page,
             quote=quote,

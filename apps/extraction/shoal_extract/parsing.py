@@ -34,10 +34,11 @@ import pypdfium2
 
 from shoal_extract.ocr import OcrUnavailable, ocr_page
 from shoal_extract.pdf_layout import page_layout, page_words
+from shoal_extract.pdf_signals import PdfSignals, read_signals
 
 # Bumped whenever the same bytes would parse to different text: parsed
 # output is stored per (document hash, parser version).
-PARSER_VERSION = 1
+PARSER_VERSION = 2
 # A page with fewer characters than this in its text layer is treated as a scan.
 MIN_TEXT_CHARS = 20
 DEFAULT_MAX_PAGES = 500
@@ -86,6 +87,8 @@ class ParsedText:
     page_starts: tuple[int, ...] = (0,)
     title_hint: str | None = None
     ocr_pages: tuple[int, ...] = ()  # 1-based numbers of the pages read by OCR
+    # A PDF's metadata, PDFium's text of each page, its front lines (pdf_signals).
+    signals: PdfSignals | None = None
 
     @property
     def pages(self) -> int:
@@ -107,6 +110,7 @@ class ParsedText:
             "page_starts": list(self.page_starts),
             "title_hint": self.title_hint,
             "ocr_pages": list(self.ocr_pages),
+            "signals": None if self.signals is None else self.signals.as_dict(),
         }
 
     @classmethod
@@ -117,6 +121,7 @@ class ParsedText:
             page_starts=tuple(raw["page_starts"]),
             title_hint=raw.get("title_hint"),
             ocr_pages=tuple(raw.get("ocr_pages", ())),
+            signals=PdfSignals.from_dict(raw["signals"]) if raw.get("signals") else None,
         )
 
 
@@ -126,6 +131,7 @@ def join_pages(
     *,
     title_hint: str | None = None,
     ocr: tuple[int, ...] = (),
+    signals: PdfSignals | None = None,
 ) -> ParsedText:
     # PostgreSQL's text and jsonb cannot hold NUL, and it carries no meaning in text.
     pages = [page.replace("\x00", "") for page in pages]
@@ -133,7 +139,7 @@ def join_pages(
     for page in pages:
         starts.append(offset)
         offset += len(page) + len(PAGE_SEPARATOR)
-    return ParsedText(PAGE_SEPARATOR.join(pages), fmt, tuple(starts), title_hint, ocr)
+    return ParsedText(PAGE_SEPARATOR.join(pages), fmt, tuple(starts), title_hint, ocr, signals)
 
 
 def parse_document(
@@ -198,7 +204,13 @@ def _parse_pdf(content: bytes, limits: ParseLimits) -> ParsedText:
         raise ParseError(
             f"the PDF has no text layer, and OCR found no text on its {len(texts)} page(s)"
         )
-    return join_pages(texts, DocumentFormat.PDF, title_hint=title, ocr=tuple(i + 1 for i in scans))
+    return join_pages(
+        texts,
+        DocumentFormat.PDF,
+        title_hint=title,
+        ocr=tuple(i + 1 for i in scans),
+        signals=read_signals(content),
+    )
 
 
 def _ocr(content: bytes, scans: list[int], texts: list[str], limits: ParseLimits) -> None:

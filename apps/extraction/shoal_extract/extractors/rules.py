@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from shoal_extract.extractors import front_matter
 from shoal_extract.extractors.base import CallContext, Extraction
 from shoal_extract.parsing import DocumentFormat, ParsedText
+from shoal_extract.pdf_signals import PdfSignals
 from shoal_extract.templates import Template
 
 NOT_FOUND = "not found"
@@ -244,7 +246,9 @@ def find_sample_size(s: Sections) -> Found | None:
         match = pattern.search(s.flat_body)
         if match:
             n = int(match.group("n").replace(",", ""))
-            return Found(n, match.group(0), USUAL if rank == 0 else FALLBACK)
+            # A table row is quoted as its cells read on the page, not as Markdown.
+            quote = " ".join(match.group(0).replace("|", " ").split())
+            return Found(n, quote, USUAL if rank == 0 else FALLBACK)
     return None
 
 
@@ -286,6 +290,25 @@ FINDERS: dict[str, Callable[[Sections], Found | None]] = {
 }
 
 
+# Fields a PDF's front page and metadata answer (pdf_signals): read there, not in the parse.
+FRONT_FINDERS: dict[str, Callable[[PdfSignals], front_matter.Signal | None]] = {
+    "title": front_matter.find_title,
+    "authors": front_matter.find_authors,
+    "year": front_matter.find_year,
+    "journal": front_matter.find_journal,
+    "doi": front_matter.find_doi,
+}
+
+
+def _find(name: str, sections: Sections) -> Found | None:
+    signals = sections.document.signals
+    if signals is not None and name in FRONT_FINDERS:
+        found = FRONT_FINDERS[name](signals)
+        return None if found is None else Found(found.value, found.quote, found.confidence)
+    finder = FINDERS.get(name)
+    return finder(sections) if finder else None
+
+
 def extract_fields(document: ParsedText, template: Template) -> Extraction:
     """Every field of ``template`` from ``document``: a pure function of its text."""
     sections = Sections(document)
@@ -295,7 +318,7 @@ def extract_fields(document: ParsedText, template: Template) -> Extraction:
     confidence: dict[str, float] = {}
     for spec in template.fields:
         finder = FINDERS.get(spec.name)
-        found = finder(sections) if finder else None
+        found = _find(spec.name, sections)
         if found is not None and spec.check_value(found.value) is not None:
             found = None  # found something, but not of the field's type: no guess
         values[spec.name] = None if found is None else found.value
