@@ -109,7 +109,9 @@ DOI_LABELLED = re.compile(
 _REFERENCE_LINE = re.compile(r"^\s*(?:\[\d+\]|\d{1,3}\.\s+[A-Z][\w\u2019'\-]+,?\s+[A-Z])|\bet al\b")
 _REFERENCES = re.compile(r"^\s*(?:References|Bibliography|Literature Cited)\s*$", re.IGNORECASE)
 
-_MARKERS = re.compile(r"(?<=[^\W\d_.]),?\s*(?:[\d\u2217*†‡§¶#‖\u204e]+[,\s]*)+")
+_MARKERS = re.compile(
+    r"(?<=[^\W\d_.]),?\s*(?:[\d\u00b9\u00b2\u00b3\u2070-\u2079\u2217*†‡§¶#‖\u204e]+[,\s]*)+"
+)
 # Letter markers set close: "Lanea,c,*" is Lane with affiliations a and c.
 _LETTER_MARKS = re.compile(r"(?<=[a-z])[a-h](?:,\s?[a-h*])+(?=[,\s]|$)")
 _LONE_LETTER = re.compile(r"(?<=[^\W\d_]{2})\s+[a-h](?=\s*(?:,|\band\b|$))")

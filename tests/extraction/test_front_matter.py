@@ -1,0 +1,198 @@
+"""Bibliographic fields from the page's layout and the file's metadata, one layout habit each.
+
+Every PDF here is written by the test (fpdf2, as the synthetic corpus is):
+a running header, a label or a logo line above the title, a DOI in the
+footer or cut by a line break, a reference's DOI, a received date, metadata
+that agrees or disagrees with the page. The development set of real papers
+is read by the last test, when present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from fpdf import FPDF
+
+from shoal_extract.devset import Scores, load_papers, papers_dir, score_paper, summary
+from shoal_extract.evidence import UNVERIFIED_CONFIDENCE, check_evidence
+from shoal_extract.extractors.rules import extract_fields
+from shoal_extract.parsing import DocumentFormat, ParsedText, parse_document
+from shoal_extract.templates import METADATA
+
+TITLE = "Breathing retraining for adults with moderate asthma in primary care"
+BODY = (
+    "We enrolled adults with moderate asthma from twelve practices and followed them for "
+    "a year. The programme was delivered by physiotherapists in three sessions. "
+) * 3
+
+
+def pdf_of(draw: Callable[[FPDF], None], *, title: str | None = None) -> ParsedText:
+    pdf = FPDF(format="A4")
+    if title is not None:
+        pdf.set_title(title)
+    pdf.set_margins(20, 18, 20)
+    pdf.set_auto_page_break(True, margin=10)
+    pdf.add_page()
+    draw(pdf)
+    return parse_document(bytes(pdf.output()), DocumentFormat.PDF)
+
+
+def line(pdf: FPDF, text: str, size: float, style: str = "", after: float = 2) -> None:
+    pdf.set_font("Helvetica", style, size)
+    pdf.multi_cell(0, size * 0.5, text, new_x="LMARGIN", new_y="NEXT")
+    pdf.ln(after)
+
+
+def paper(pdf: FPDF, *, header: str = "", footer: str = "") -> None:
+    """A front page: a small header, the title set large, authors, an abstract, a footer."""
+    if header:
+        line(pdf, header, 8)
+    line(pdf, TITLE, 18, "B", 4)
+    line(pdf, "Anna Berg, Carl Dahl and Eva Fors", 11)
+    line(pdf, "Department of Medicine, University of Northport", 9, after=6)
+    line(pdf, "Abstract", 11, "B")
+    line(pdf, BODY, 10)
+    if footer:
+        pdf.set_font("Helvetica", "", 8)
+        pdf.text(20, 285, footer)
+
+
+def values(parsed: ParsedText) -> dict[str, object]:
+    return extract_fields(parsed, METADATA).values
+
+
+def test_a_doi_in_the_page_footer_is_found() -> None:
+    parsed = pdf_of(lambda p: paper(p, footer="doi: 10.5555/jrs.2019.0412  Page 1 of 9"))
+    assert values(parsed)["doi"] == "10.5555/jrs.2019.0412"
+
+
+def test_a_doi_org_url_in_the_margin_is_found() -> None:
+    def draw(pdf: FPDF) -> None:
+        paper(pdf)
+        pdf.set_font("Helvetica", "", 7)
+        with pdf.rotation(90, x=10, y=200):
+            pdf.text(10, 200, "Available at https://doi.org/10.5555/margin.77")
+
+    assert values(pdf_of(draw))["doi"] == "10.5555/margin.77"
+
+
+def test_a_doi_cut_by_a_line_break_is_joined() -> None:
+    def draw(pdf: FPDF) -> None:
+        line(pdf, "Open Access  doi:10.1136/bmjopen-2016-", 8, after=0)
+        line(pdf, "012335", 8)
+        paper(pdf)
+
+    assert values(pdf_of(draw))["doi"] == "10.1136/bmjopen-2016-012335"
+
+
+def test_a_references_doi_is_never_the_papers() -> None:
+    """A short letter without an Abstract heading, its references on the front page."""
+
+    def draw(pdf: FPDF) -> None:
+        line(pdf, TITLE, 18, "B", 4)
+        line(pdf, "Anna Berg and Carl Dahl", 11)
+        line(pdf, BODY, 10)
+        # A footnote reference, no "References" heading above it.
+        line(pdf, "1. Smith J, Jones K. Asthma in adults. Chest. 2010;3:4. doi:10.1000/ref.1", 8)
+
+    assert values(pdf_of(draw))["doi"] is None
+
+
+def test_the_year_is_the_citation_lines_not_the_received_date() -> None:
+    def draw(pdf: FPDF) -> None:
+        paper(
+            pdf,
+            header="Received 3 March 2018; accepted 9 November 2018",
+            footer="Journal of Respiratory Studies 12 (2019) 45-67",
+        )
+
+    found = values(pdf_of(draw))
+    assert (found["year"], found["journal"]) == (2019, "Journal of Respiratory Studies")
+
+
+def test_the_title_is_the_large_text_below_a_running_header_and_a_logo() -> None:
+    def draw(pdf: FPDF) -> None:
+        line(pdf, "Respiratory Letters", 24, "B")  # the journal's name set as a logo
+        line(pdf, "RESPIRATORY LETTERS Berg et al. Breathing retraining in asthma", 8)
+        line(pdf, "ORIGINAL RESEARCH", 9, "B")
+        line(pdf, TITLE, 12, "B", 4)  # larger than the body, not by much
+        line(pdf, "Anna Berg, Carl Dahl and Eva Fors", 10)
+        line(pdf, BODY, 10)
+
+    assert values(pdf_of(draw))["title"] == TITLE
+
+
+def test_authors_lose_their_affiliation_markers() -> None:
+    def draw(pdf: FPDF) -> None:
+        line(pdf, TITLE, 18, "B", 4)
+        line(pdf, "Anna Berg\u00b9* Carl Dahl\u00b2 Eva Fors\u00b9\u00b3", 11)
+        line(pdf, "\u00b9 Department of Medicine, University of Northport", 9)
+        line(pdf, "Abstract", 11, "B")
+        line(pdf, BODY, 10)
+
+    assert values(pdf_of(draw))["authors"] == "Anna Berg, Carl Dahl, Eva Fors"
+
+
+def test_metadata_agreeing_with_the_page_gives_the_printed_title_with_top_confidence() -> None:
+    def draw(pdf: FPDF) -> None:
+        line(pdf, TITLE.upper(), 10, "B")  # set no larger than the body: layout cannot tell
+        line(pdf, "Anna Berg and Carl Dahl", 10)
+        line(pdf, BODY, 10)
+
+    found = extract_fields(pdf_of(draw, title=TITLE), METADATA)
+    assert found.values["title"] == TITLE.upper()
+    assert found.confidence["title"] >= 0.9
+
+
+def test_metadata_disagreeing_with_the_page_is_not_taken_nor_confident() -> None:
+    parsed = pdf_of(paper, title="Notes on the migration of eels in northern rivers")
+    found = extract_fields(parsed, METADATA)
+    assert found.values["title"] == TITLE
+    assert found.confidence["title"] < 0.9, "one signal alone is not the top band"
+
+
+def test_a_quote_only_the_parse_has_is_flagged_not_verified() -> None:
+    """A margin word mixed into a sentence by the parse is not a passage of the PDF."""
+    parsed = pdf_of(paper)
+    mixed = "We enrolled adults with moderate asthma from twelve practices"
+    assert mixed in " ".join(parsed.text.split())
+    glued = " ".join(parsed.text.split()).replace(mixed, "We enrolled adults Northport with")
+    broken = dataclasses.replace(parsed, text=glued, page_starts=(0,))
+    evidence = check_evidence(
+        broken,
+        {"sample_size": 12, "title": TITLE},
+        {"sample_size": "We enrolled adults Northport with", "title": TITLE},
+        {"sample_size": 0.85, "title": 0.97},
+    )
+    assert not evidence["sample_size"].verified
+    assert evidence["sample_size"].confidence == UNVERIFIED_CONFIDENCE
+    assert evidence["title"].verified and evidence["title"].page == 1
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_development_set_meets_the_figures_reached() -> None:
+    """The rules on the real papers of shared/corpus/papers (bench/papers_bench.py prints them)."""
+    folder = papers_dir(ROOT)
+    if folder is None:
+        pytest.skip("no development set (shared/corpus/papers or SHOAL_PAPERS_DIR)")
+    scores = Scores()
+    for entry in load_papers(folder):
+        parsed = parse_document((folder / "pdfs" / entry.file).read_bytes(), DocumentFormat.PDF)
+        found = extract_fields(parsed, METADATA)
+        evidence = check_evidence(parsed, found.values, found.quotes, found.confidence)
+        score_paper(scores, entry, found.values, {k: e.as_dict() for k, e in evidence.items()})
+    got = summary(scores)
+    assert scores.doi_invented == 0, scores.wrong_list
+    assert got["doi_printed"] >= 0.95, scores.wrong_list
+    assert got["top_band_precision"] >= 0.98, scores.wrong_list
+    assert got["wrong_share"] <= 0.03, scores.wrong_list
+    # Reached with today's parse; the issue's targets are higher (docs/extraction.md).
+    assert got["title"] >= 0.85
+    assert got["year"] >= 0.8
+    assert got["journal"] >= 0.6
+    assert got["first_author"] >= 0.55
