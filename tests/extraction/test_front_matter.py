@@ -101,6 +101,14 @@ def test_a_references_doi_is_never_the_papers() -> None:
     assert values(pdf_of(draw))["doi"] is None
 
 
+def test_a_doi_cited_for_another_item_is_not_the_papers() -> None:
+    def draw(pdf: FPDF) -> None:
+        line(pdf, "See page 512 for the editorial comment on this article (doi:10.5555/ed.9)", 8)
+        paper(pdf, footer="doi:10.5555/own.42")
+
+    assert values(pdf_of(draw))["doi"] == "10.5555/own.42"
+
+
 def test_the_year_is_the_citation_lines_not_the_received_date() -> None:
     def draw(pdf: FPDF) -> None:
         paper(

@@ -24,6 +24,7 @@ import ctypes
 import io
 import re
 import threading
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,14 +61,26 @@ class TextLine:
     top: float
     x1: float
     bottom: float
+    # The text with each run of superscript characters (smaller, raised) as " ^ ":
+    # where an author's affiliation markers were.
+    marked: str = ""
 
     def as_list(self) -> list[Any]:
-        return [self.page, self.text, self.size, self.x0, self.top, self.x1, self.bottom]
+        return [
+            self.page,
+            self.text,
+            self.size,
+            self.x0,
+            self.top,
+            self.x1,
+            self.bottom,
+            self.marked,
+        ]
 
     @classmethod
     def from_list(cls, raw: list[Any]) -> TextLine:
-        page, text, size, x0, top, x1, bottom = raw
-        return cls(int(page), str(text), float(size), x0, top, x1, bottom)
+        page, text, size, x0, top, x1, bottom, *marked = raw
+        return cls(int(page), str(text), float(size), x0, top, x1, bottom, "".join(marked))
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,15 +151,17 @@ def _lines(text_page: Any, number: int, height: float) -> list[TextLine]:
         text = "".join(c[0] for c in chars).strip()
         sizes = sorted(c[4] - c[2] for c in chars if not c[0].isspace())
         if text and sizes:
+            size = sizes[len(sizes) // 2]
             out.append(
                 TextLine(
                     page=number,
                     text=" ".join(text.split()),
-                    size=round(sizes[len(sizes) // 2], 1),
+                    size=round(size, 1),
                     x0=round(min(c[1] for c in chars), 1),
                     top=round(min(c[2] for c in chars), 1),
                     x1=round(max(c[3] for c in chars), 1),
                     bottom=round(max(c[4] for c in chars), 1),
+                    marked=" ".join(_marked(chars, size).split()),
                 )
             )
         chars.clear()
@@ -161,6 +176,28 @@ def _lines(text_page: Any, number: int, height: float) -> list[TextLine]:
         chars.append((char, box.left, height - box.top, box.right, height - box.bottom))
     close()
     return out
+
+
+# A superscript: set at most this share of the line's size, its foot raised by a fifth of it.
+SUPERSCRIPT_SIZE, SUPERSCRIPT_RAISE = 0.8, 0.2
+
+
+def _marked(chars: list[tuple[str, float, float, float, float]], size: float) -> str:
+    """The line's text with runs of superscript characters replaced by " ^ "."""
+    feet = sorted(c[4] for c in chars if not c[0].isspace())
+    foot = feet[len(feet) // 2]
+    out: list[str] = []
+    for char, _, top, _, bottom in chars:
+        raised = foot - bottom > SUPERSCRIPT_RAISE * size
+        accent = (
+            unicodedata.category(char) == "Sk"
+        )  # a spacing accent (an acute, a diaeresis) is set high too
+        if not char.isspace() and not accent and bottom - top < SUPERSCRIPT_SIZE * size and raised:
+            if not out or out[-1] != " ^ ":
+                out.append(" ^ ")
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 def _xmp(content: bytes) -> dict[str, str]:

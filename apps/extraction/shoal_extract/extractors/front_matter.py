@@ -24,6 +24,7 @@ band; one signal alone is in the middle band.
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -38,7 +39,7 @@ MIN_TITLE_WORDS, MAX_TITLE_WORDS = 4, 45
 # The title sits in the upper part of the front page.
 TITLE_ZONE = 0.6
 # A title is set larger than the page's body text by at least this ratio.
-TITLE_OVER_BODY = 1.12
+TITLE_OVER_BODY = 1.1
 SAME_SIZE = 0.06  # sizes within 6% are one style
 MAX_AUTHOR_LINES = 4
 # More words than this between two separators: names set without one, not one name.
@@ -107,6 +108,11 @@ DOI_LABELLED = re.compile(
 )
 # A line of a reference list: "[12] ...", "12. Smith J, ...", or with "et al." and a year.
 _REFERENCE_LINE = re.compile(r"^\s*(?:\[\d+\]|\d{1,3}\.\s+[A-Z][\w\u2019'\-]+,?\s+[A-Z])|\bet al\b")
+_CROSS_REFERENCE = re.compile(
+    r"\b(?:see|comment\w*|editorial|erratum|correction|retraction|linked|related|"
+    r"accompany\w*|companion|refers? to|reply to|response to)\b",
+    re.IGNORECASE,
+)
 _REFERENCES = re.compile(r"^\s*(?:References|Bibliography|Literature Cited)\s*$", re.IGNORECASE)
 
 _MARKERS = re.compile(
@@ -269,16 +275,40 @@ def find_title(signals: PdfSignals) -> Signal | None:
     return Signal(block.text, block.text, PRINTED)
 
 
+# Spacing accents some fonts set as a glyph of their own, after the letter.
+_SPACING_ACCENTS = {
+    "\u00b4": "\u0301",
+    "`": "\u0300",
+    "\u00a8": "\u0308",
+    "\u02dc": "\u0303",
+    "\u02c6": "\u0302",
+    "\u02c7": "\u030c",
+    "\u00b8": "\u0327",
+}
+_LOOSE_ACCENT = re.compile("([^\\W\\d_])([" + "".join(_SPACING_ACCENTS) + "]) ?(?=[^\\W\\d_]|\\b)")
+
+
+def _composed(text: str) -> str:
+    """ "Jose\u00b4 Lo\u00b4pez" (an accent set as a glyph of its own) as "José López"."""
+
+    def join(match: re.Match[str]) -> str:
+        letter = "i" if match.group(1) == "\u0131" else match.group(1)
+        return unicodedata.normalize("NFC", letter + _SPACING_ACCENTS[match.group(2)])
+
+    return _LOOSE_ACCENT.sub(join, text)
+
+
 def split_names(text: str) -> list[str]:
     """Personal names from an author line, markers and degrees dropped; [] if any part is not."""
-    text = re.sub(r"\([^)]*\)", " ", clean(text))
+    text = re.sub(r"\([^)]*\)", " ", _composed(clean(text)))
     text = re.split(r"\bon behalf of\b|\bfor the\b", text, maxsplit=1, flags=re.IGNORECASE)[0]
     text = re.sub(r"\S+@\S+", " ", text)
     text = _LETTER_MARKS.sub(", ", text)
     text = _MARKERS.sub(", ", text)
+    text = re.sub(r"(?<![^\W\d_])[*\u2217\u204e\u2020\u2021\u00a7\u00b6#]+", " ", text)
     text = _LONE_LETTER.sub(",", text)
     names: list[str] = []
-    for part in re.split(r"\s*(?:,|;|&|\band\b)\s*", text):
+    for part in re.split(r"\s*(?:,|;|&|\^|\band\b)\s*", text):
         kept = [w for w in part.split() if not _DEGREES.match(w)]
         if not kept:
             continue
@@ -291,8 +321,8 @@ def split_names(text: str) -> list[str]:
     return names
 
 
-def _rows(lines: Iterable[TextLine]) -> list[TextLine]:
-    """Pieces of one printed row (a superscript shifts a piece's top) as one line, top down."""
+def _rows(lines: Iterable[TextLine]) -> list[list[TextLine]]:
+    """Pieces of one printed row (a superscript shifts a piece's top), left to right, top down."""
     rows: list[list[TextLine]] = []
     for line in sorted(lines, key=lambda ln: ln.top):
         centre = (line.top + line.bottom) / 2
@@ -301,49 +331,77 @@ def _rows(lines: Iterable[TextLine]) -> list[TextLine]:
             rows[-1].append(line)
         else:
             rows.append([line])
-    out = []
     for row in rows:
         row.sort(key=lambda ln: ln.x0)
-        out.append(
-            TextLine(
-                page=row[0].page,
-                text=" ".join(ln.text for ln in row),
-                size=max(ln.size for ln in row),
-                x0=row[0].x0,
-                top=min(ln.top for ln in row),
-                x1=max(ln.x1 for ln in row),
-                bottom=max(ln.bottom for ln in row),
-            )
-        )
-    return out
+    return rows
+
+
+def _row_text(row: Sequence[TextLine]) -> str:
+    """A row's text with superscripts marked; pieces far apart (author groups side by side)
+    kept apart by a comma."""
+    text = row[0].marked or row[0].text
+    for left, right in itertools.pairwise(row):
+        glue = " , " if right.x0 - left.x1 > right.size else " "
+        text += glue + (right.marked or right.text)
+    return text
+
+
+def title_anchor(signals: PdfSignals) -> TitleBlock | None:
+    """The title's lines: those printing the metadata's title where they agree, else the
+    largest text of the front page."""
+    meta = _metadata_title(signals)
+    if meta is not None:
+        target = words(meta)
+        for page in (1, 2):
+            lines = sorted(_page_lines(signals, page), key=lambda ln: (ln.top, ln.x0))
+            for i, first in enumerate(lines):
+                got: list[str] = []
+                for j in range(i, len(lines)):
+                    more = words(lines[j].text)
+                    if not more or got + more != target[: len(got) + len(more)]:
+                        break
+                    got += more
+                    if got == target:
+                        block = tuple(lines[i : j + 1])
+                        text = clean(" ".join(ln.text for ln in block))
+                        return TitleBlock(text, block, first.size)
+    return title_block(signals)
 
 
 def find_authors(signals: PdfSignals) -> Signal | None:
-    """The names printed under the title, before the affiliations."""
-    block = title_block(signals)
+    """The names printed under the title (in its column, not a sidebar), before the
+    affiliations."""
+    block = title_anchor(signals)
     if block is None:
         return None
     page = block.lines[0].page
-    below = _rows(ln for ln in _page_lines(signals, page) if ln.top >= block.lines[-1].bottom - 1)
+    left, right = min(ln.x0 for ln in block.lines), max(ln.x1 for ln in block.lines)
+    below = _rows(
+        ln
+        for ln in _page_lines(signals, page)
+        if ln.top >= block.lines[-1].bottom - 1 and ln.x1 > left and ln.x0 < right
+    )
     names: list[str] = []
-    quote: list[str] = []
+    quote = ""
     last_bottom = block.lines[-1].bottom
-    for line in below:
-        if line.top - last_bottom > 3 * line.size or len(quote) == MAX_AUTHOR_LINES:
+    for lines, row in enumerate(below):
+        # The space under a title is the title's; between author rows, the rows'.
+        size = max(ln.size for ln in row) if names else block.size
+        if row[0].top - last_bottom > 3 * size or lines == MAX_AUTHOR_LINES:
             break
-        found = split_names(line.text)
+        found = split_names(_row_text(row))
         if not found:
-            if names or re.fullmatch(r"[\W\d\s]*", line.text):
-                if names:
-                    break
+            if names:
+                break
+            if re.fullmatch(r"[\W\d\s]*", _row_text(row)):
                 continue
             break
         names.extend(found)
-        quote.append(line.text)
-        last_bottom = line.bottom
+        quote = quote or row[0].text
+        last_bottom = max(ln.bottom for ln in row)
     if not names:
         return None
-    return Signal(", ".join(names), " ".join(quote), PRINTED)
+    return Signal(", ".join(names), quote, PRINTED)
 
 
 def _lines_before_references(text: str) -> list[str]:
@@ -370,6 +428,8 @@ def _joined_dois(lines: Sequence[str]) -> list[tuple[str, str, bool]]:
                 if rest:
                     doi += rest.group(1)
                     passage += " " + rest.group(1)
+            if _CROSS_REFERENCE.search(line[max(0, match.start() - 60) : match.start()]):
+                continue  # "see the editorial comment (doi:...)": another item's DOI
             doi = _trim_doi(doi)
             labelled = bool(DOI_LABELLED.search(line[max(0, match.start() - 30) : match.end()]))
             found.append((doi, clean(passage), labelled))
