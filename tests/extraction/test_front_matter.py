@@ -20,7 +20,7 @@ from shoal_extract.devset import Scores, load_papers, papers_dir, score_paper, s
 from shoal_extract.evidence import UNVERIFIED_CONFIDENCE, check_evidence
 from shoal_extract.extractors.rules import extract_fields
 from shoal_extract.parsing import DocumentFormat, ParsedText, parse_document
-from shoal_extract.templates import METADATA
+from shoal_extract.templates import CLINICAL_TRIAL, METADATA
 
 TITLE = "Breathing retraining for adults with moderate asthma in primary care"
 BODY = (
@@ -121,6 +121,31 @@ def test_the_year_is_the_citation_lines_not_the_received_date() -> None:
     assert (found["year"], found["journal"]) == (2019, "Journal of Respiratory Studies")
 
 
+def test_journal_and_year_from_a_masthead_set_line_by_line() -> None:
+    def draw(pdf: FPDF) -> None:
+        line(pdf, "ISSN 2039-2117", 8, after=0)
+        line(pdf, "Northern Journal of Respiratory Care", 9, after=0)
+        line(pdf, "Northport Academic Publishing, Northport", 8, after=0)
+        line(pdf, "Vol 4 No 13", 8, after=0)
+        line(pdf, "November 2013", 8)
+        paper(pdf)
+
+    found = values(pdf_of(draw))
+    assert (found["journal"], found["year"]) == ("Northern Journal of Respiratory Care", 2013)
+
+
+def test_the_sample_size_from_a_structured_abstracts_label() -> None:
+    def draw(pdf: FPDF) -> None:
+        line(pdf, TITLE, 18, "B", 4)
+        line(pdf, "Anna Berg and Carl Dahl", 11)
+        line(pdf, "Abstract", 11, "B")
+        line(pdf, "Design: Double blind, randomised study. Setting: 43 hospitals.", 10)
+        line(pdf, "Patients: 308 patients (mean age 60 years, 70% men).", 10)
+        line(pdf, BODY, 10)
+
+    assert extract_fields(pdf_of(draw), CLINICAL_TRIAL).values["sample_size"] == 308
+
+
 def test_the_title_is_the_large_text_below_a_running_header_and_a_logo() -> None:
     def draw(pdf: FPDF) -> None:
         line(pdf, "Respiratory Letters", 24, "B")  # the journal's name set as a logo
@@ -191,16 +216,18 @@ def test_the_development_set_meets_the_figures_reached() -> None:
     scores = Scores()
     for entry in load_papers(folder):
         parsed = parse_document((folder / "pdfs" / entry.file).read_bytes(), DocumentFormat.PDF)
-        found = extract_fields(parsed, METADATA)
+        found = extract_fields(parsed, CLINICAL_TRIAL)
         evidence = check_evidence(parsed, found.values, found.quotes, found.confidence)
         score_paper(scores, entry, found.values, {k: e.as_dict() for k, e in evidence.items()})
     got = summary(scores)
+    # The targets this reaches with today's parse ...
     assert scores.doi_invented == 0, scores.wrong_list
     assert got["doi_printed"] >= 0.95, scores.wrong_list
     assert got["top_band_precision"] >= 0.98, scores.wrong_list
-    assert got["wrong_share"] <= 0.03, scores.wrong_list
-    # Reached with today's parse; the targets are higher (docs/extraction.md).
-    assert got["title"] >= 0.85
-    assert got["year"] >= 0.8
-    assert got["journal"] >= 0.6
-    assert got["first_author"] >= 0.55
+    assert got["wrong_share"] <= 0.02, scores.wrong_list
+    assert got["year"] >= 0.9
+    assert got["journal"] >= 0.85
+    assert got["sample_size"] >= 0.75
+    # ... and the two it comes close to (targets 95% and 90%; docs/extraction.md says why).
+    assert got["title"] >= 0.9
+    assert got["first_author"] >= 0.85

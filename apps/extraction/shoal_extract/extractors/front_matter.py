@@ -24,6 +24,7 @@ band; one signal alone is in the middle band.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import unicodedata
@@ -75,6 +76,11 @@ CITATION_LINES = [
     re.compile(
         rf"{_JOURNAL}\s+Vol(?:ume)?\.?\s*\d+,?\s*(?:No\.?\s*\d+,?\s*)?(?:[A-Z][a-z]+\s+)?{_YEAR}"
     ),
+    # a masthead in capitals after the name as set: "nature physics VOL 3 NOVEMBER 2007"
+    re.compile(
+        rf"(?P<journal>[A-Za-z][a-z&]+(?:\s+[a-z&]+){{0,4}})\s+VOL(?:UME)?\.?\s*\d+\s+"
+        rf"(?:NO\.?\s*\d+\s+)?[A-Z]{{3,9}}\s+{_YEAR}"
+    ),
     # the metadata's form: Journal 2019.12:45
     re.compile(rf"{_JOURNAL}\s+{_YEAR}\.\d+:"),
 ]
@@ -88,7 +94,8 @@ _MONTH = (
     r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
 )
 _DAY = r"\d{1,2}(?:st|nd|rd|th)?"
-_DATE = rf"(?:{_DAY}\s+{_MONTH},?\s+|{_MONTH}\s+(?:{_DAY},?\s+)?){_YEAR}"
+_DAYS = rf"{_DAY}(?:\s*[-\u2013]+\s*{_DAY})?"  # a day, or a conference's days
+_DATE = rf"(?:{_DAYS}\s+{_MONTH},?\s+|{_MONTH}\s+(?:{_DAYS},?\s+)?){_YEAR}"
 # Dates that say when a paper came out, most telling first (each: a label, a date).
 PUBLISHED_LINES = [
     re.compile(rf"\bPublished(?: online)?(?: on)?\s*:?\s*{_DATE}", re.IGNORECASE),
@@ -185,7 +192,7 @@ def _blocks(lines: Sequence[TextLine]) -> list[list[TextLine]]:
 
 
 _LABEL = re.compile(
-    r"^\W*(?:Key\s*words?|Abstract|Summary|Background|Correspond\w*|Received|Citation|Cite)\b",
+    r"^\W*(?:Key\s*words?|Index\s+terms|Abstract|Summary|Background|Correspond\w*|Received|Citation|Cite)\b",
     re.IGNORECASE,
 )
 
@@ -208,6 +215,41 @@ class TitleBlock:
     size: float
 
 
+def _joined_pieces(lines: Sequence[TextLine]) -> list[TextLine]:
+    """Pieces of one row set close together in one size, as one line (PDFium can cut a
+    line where the text's font or position changes)."""
+    out: list[TextLine] = []
+    for row in _rows(lines):
+        current = row[0]
+        for piece in row[1:]:
+            gap = piece.x0 - current.x1
+            same = abs(piece.size - current.size) <= SAME_SIZE * max(piece.size, current.size)
+            if same and -0.1 * piece.size <= gap <= piece.size:
+                glue = "" if gap < 0.15 * piece.size else " "
+                current = dataclasses.replace(
+                    current,
+                    text=current.text + glue + piece.text,
+                    x1=piece.x1,
+                    top=min(current.top, piece.top),
+                    bottom=max(current.bottom, piece.bottom),
+                    marked="",
+                )
+            else:
+                out.append(current)
+                current = piece
+        out.append(current)
+    return out
+
+
+def _without_author_list(block: list[TextLine]) -> list[TextLine]:
+    """A block cut where a list of "Surname, Given; Surname, Given" begins (a cover page sets
+    the authors in the title's style)."""
+    for i, line in enumerate(block[1:], start=1):
+        if line.text.count(";") >= 2:
+            return block[:i]
+    return block
+
+
 def title_block(signals: PdfSignals) -> TitleBlock | None:
     """The largest text in the upper part of the first page that has one."""
     for page in (1, 2) if _is_cover(signals) else (1,):
@@ -217,7 +259,7 @@ def title_block(signals: PdfSignals) -> TitleBlock | None:
             continue
         body = _body_size(lines)
         best: TitleBlock | None = None
-        for block in _blocks(lines):
+        for block in map(_without_author_list, _blocks(_joined_pieces(lines))):
             text = clean(" ".join(line.text for line in block))
             size = block[0].size
             count = len(text.split())
@@ -480,7 +522,7 @@ def find_doi(signals: PdfSignals) -> Signal | None:
 @dataclass(frozen=True, slots=True)
 class Citation:
     journal: str
-    year: int
+    year: int | None
     quote: str
     confirmed: bool  # printed twice (a running header, the metadata)
 
@@ -496,34 +538,141 @@ def _citation_in(text: str) -> tuple[str, int, str] | None:
     return None
 
 
+# "Health Psychology © 2012 ..." over "2012, Vol. 31, No. 4, 433-440": the journal a line above.
+_YEAR_VOLUME_LINE = re.compile(rf"^{_YEAR},\s*Vol\.?\s*\d+")
+_LEADING_NAME = re.compile(rf"^{_JOURNAL}(?=\s*(?:©|\(c\)|\d|$))")
+# An APA reference to the paper itself (a repository's cover):
+# "... (2019). Title. Journal, 380(16)".
+_APA = re.compile(
+    rf"\({_YEAR}\)\.\s+[^()]{{10,400}}?\.\s+(?P<journal>[A-Z][\w&.'\u2019 \-]+?),\s+\d+\s*\(\d+\)"
+)
+# A proceedings' running header: "Proceedings of Machine Learning for Healthcare 2017".
+_PROCEEDINGS = re.compile(rf"^(?P<journal>Proceedings of (?:the )?[A-Z][\w&,:\- ]*?\s{_YEAR})\b")
+# A conference's short name: "CCS\u201915, October 12-16, 2015, Denver" or "IPAC2018, Vancouver".
+_VENUE_CODE = re.compile(
+    r"(?:^|(?<=\s))(?P<journal>[A-Z][A-Za-z]{1,9}['\u2019\-]?(?:\d{2}|(?:19|20)\d{2}))(?:,\s+(?P<rest>[A-Z].*))?$"
+)
+
+
+# A masthead set line by line: the name, a publisher, "Vol 4 No 13", "November 2013".
+_VOLUME_ONLY = re.compile(
+    rf"^Vol(?:ume)?\.?\s*\d+,?(?:\s*(?:No|Issue)\.?\s*\d+)?,?(?:\s+(?:{_MONTH}\s+)?{_YEAR})?$"
+)
+_MONTH_YEAR = re.compile(rf"^(?:{_MONTH}\s+)?{_YEAR}$")
+MASTHEAD_LINES = 3
+
+
+def _masthead(lines: Sequence[str], i: int) -> tuple[str, int, str] | None:
+    volume = _VOLUME_ONLY.match(clean(lines[i]))
+    assert volume is not None
+    year = volume.group("year")
+    if year is None and i + 1 < len(lines):
+        after = _MONTH_YEAR.match(clean(lines[i + 1]))
+        year = after.group("year") if after else None
+    if year is None:
+        return None
+    for above in reversed(lines[max(0, i - MASTHEAD_LINES) : i]):
+        name = re.fullmatch(_JOURNAL, clean(above))
+        if name and len(name.group(0).split()) >= 2 and not _NOT_JOURNAL.search(name.group(0)):
+            return name.group(0), int(year), clean(lines[i])
+    return None
+
+
+def _citation_near(lines: Sequence[str], i: int) -> tuple[str, int, str] | None:
+    """A citation line at ``lines[i]``, or one its neighbours complete."""
+    found = _citation_in(lines[i])
+    if found is not None:
+        return found
+    line = clean(lines[i])
+    if i > 0 and _YEAR_VOLUME_LINE.match(line):
+        name = _LEADING_NAME.match(clean(lines[i - 1]))
+        if name and not _NOT_JOURNAL.search(name.group("journal")):
+            return name.group("journal").strip(" .,"), int(line[:4]), line
+    if _VOLUME_ONLY.match(line):
+        found = _masthead(lines, i)
+        if found is not None:
+            return found
+    if "(" in line:
+        joined = clean(" ".join(lines[i : i + 4]))
+        apa = _APA.search(joined)
+        if apa and _APA.search(clean(" ".join(lines[i + 1 : i + 4]))) is None:
+            return apa.group("journal").strip(" .,"), int(apa.group("year")), apa.group(0)
+    return None
+
+
+def _citations(signals: PdfSignals) -> Iterable[tuple[str, int, str]]:
+    """Citation lines of the front page, then of the running headers and footers after it."""
+    pages = signals.pages[:2] if _is_cover(signals) else signals.pages[:1]
+    for page in pages:
+        lines = _lines_before_references(page)
+        for i, line in enumerate(lines):
+            if not _UNPUBLISHED_DATE.search(line):
+                found = _citation_near(lines, i)
+                if found is not None:
+                    yield found
+    for page in signals.pages[len(pages) : len(pages) + 2]:
+        lines = page.splitlines()
+        for line in lines[:3] + lines[-3:]:
+            found = _citation_in(line)
+            if found is not None:
+                yield found
+
+
 def find_citation(signals: PdfSignals) -> Citation | None:
-    """The front page's citation line (or the metadata's), with its journal and year."""
+    """The paper's citation line (or the metadata's), with its journal and year."""
     if not signals.pages:
         return None
-    pages = signals.pages[:2] if _is_cover(signals) else signals.pages[:1]
     later = [words(p) for p in signals.pages[1:4]]
     meta = [
         _citation_in(v) for k, v in signals.metadata.items() if k in ("Subject", "dc:identifier")
     ]
     meta_found = [m for m in meta if m is not None]
-    for page in pages:
-        for line in _lines_before_references(page):
-            if _UNPUBLISHED_DATE.search(line):
-                continue
-            found = _citation_in(line)
-            if found is None:
-                continue
-            journal, year, quote = found
-            key = words(journal)
-            again = any(_contains(p, key) for p in later)
-            in_meta = any(m[1] == year and words(m[0]) == key for m in meta_found)
-            return Citation(journal, year, quote, again or in_meta)
+    for journal, year, quote in _citations(signals):
+        key = words(journal)
+        again = any(_contains(p, key) for p in later)
+        in_meta = any(m[1] == year and words(m[0]) == key for m in meta_found)
+        return Citation(journal, year, quote, again or in_meta)
+    pages = signals.pages[:2] if _is_cover(signals) else signals.pages[:1]
     for journal, year, _ in meta_found:
         for page in pages:
             printed = _printed(words(journal), page)
             if printed and str(year) in page:
                 return Citation(printed, year, printed, False)
+    return find_venue(signals)
+
+
+def find_venue(signals: PdfSignals) -> Citation | None:
+    """A proceedings' or a conference's name where no citation line is printed.
+
+    A conference's short name counts with a full date on its line, or when the
+    running headers repeat it; a two-digit year gives no year.
+    """
+    pages = signals.pages[:2] if _is_cover(signals) else signals.pages[:1]
+    later = [{clean(x) for x in p.splitlines()} for p in signals.pages[1:4]]
+    for page in pages:
+        for raw in _lines_before_references(page):
+            line = clean(raw)
+            match = _PROCEEDINGS.match(line)
+            if match:
+                return Citation(
+                    match.group("journal"), int(match.group("year")), match.group(0), False
+                )
+            code = _VENUE_CODE.search(line)
+            if code is None:
+                continue
+            repeated = sum(line in p for p in later) >= 1
+            date = re.search(_DATE, code.group("rest") or "")
+            if not (repeated or date):
+                continue
+            journal = code.group("journal")
+            year = int(date.group("year")) if date else _four_digit_year(journal)
+            return Citation(journal, year, line, repeated)
     return None
+
+
+def _four_digit_year(code: str) -> int | None:
+    match = re.search(r"(?:19|20)\d{2}$", code)
+    return int(match.group(0)) if match else None
 
 
 def _contains(haystack: list[str], needle: list[str]) -> bool:
@@ -541,7 +690,7 @@ def _is_cover(signals: PdfSignals) -> bool:
 
 def find_year(signals: PdfSignals) -> Signal | None:
     citation = find_citation(signals)
-    if citation is not None:
+    if citation is not None and citation.year is not None:
         return Signal(citation.year, citation.quote, AGREED if citation.confirmed else PRINTED)
     pages = signals.pages[:2] if _is_cover(signals) else signals.pages[:1]
     for rank, pattern in enumerate(PUBLISHED_LINES):

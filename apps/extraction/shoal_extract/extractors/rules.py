@@ -65,6 +65,12 @@ AFFILIATION_MARKS = re.compile(r"(?<=[^\W\d_])[\d,]*\d\*?|\*|†|‡")
 POPULATION = r"(?:adults|patients|participants|outpatients|inpatients|children|women|men|people|subjects|volunteers)"  # noqa: E501 - one alternation
 COUNT = r"(?P<n>\d{1,3}(?:,\d{3})+|\d+)"
 SAMPLE_SIZE = [
+    # A structured abstract's label: "Patients—308 patients (mean age 60 years ...)"
+    re.compile(
+        rf"\b(?:Patients|Participants|Subjects)\s*[\u2014\u2013:]\s*{COUNT}\s+{POPULATION}\b"
+    ),
+    # "Of 180 patients included in this study": not "Of 900 patients screened"
+    re.compile(rf"\bOf\s+{COUNT}\s+{POPULATION}\s+(?:included|enrolled|randomi[sz]ed)\b"),
     re.compile(
         rf"\b(?:randomly assigned|randomi[sz]ed|enrolled|recruited|included|A total of)\s+"
         rf"{COUNT}\s+{POPULATION}\b"
@@ -73,7 +79,7 @@ SAMPLE_SIZE = [
         # Not across a comma: "Of 900 patients screened, 412 were randomized"
         # names two counts, and the first is not the sample size.
         rf"\b{COUNT}\s+{POPULATION}\b[^.,]{{0,120}}?\bwere\s+"
-        r"(?:randomly assigned|randomi[sz]ed|enrolled|allocated)"
+        r"(?:randomly assigned|randomi[sz]ed|enrolled|allocated|included)"
     ),
     re.compile(r"\b[Nn]\s*=\s*(?P<n>\d{1,3}(?:,\d{3})+|\d+)\s+(?:were\s+)?randomi[sz]ed"),
     # A table row (Markdown, as the parser writes tables): | Randomized | 416 |
@@ -81,6 +87,8 @@ SAMPLE_SIZE = [
         rf"\|\s*(?:Randomi[sz]ed|Randomly assigned)\b[^|\n]*\|\s*{COUNT}\s*\|", re.IGNORECASE
     ),
 ]
+# The first three patterns are the usual phrasings; the rest can mislead.
+SAMPLE_SIZE_USUAL = 2
 ARMS = re.compile(
     r"\b(?:randomly assigned|randomi[sz]ed|allocated)\b[^.]*?\bto\s+(?:receive\s+)?"
     r"(?P<intervention>[^.;]+?)\s+(?:or|versus|vs\.?)\s+(?P<comparator>[^.;]+?)\.(?:\s|$)"
@@ -120,6 +128,22 @@ class Sections:
         """The body on one line, words re-joined where a line break split a hyphenated word."""
         flat = " ".join(self.body.split())
         return re.sub(r"(?<=[a-z])- (?=[a-z])", "-", flat)
+
+    @cached_property
+    def independent_body(self) -> str:
+        """PDFium's text of a PDF's pages on one line, up to its references ("" if none)."""
+        signals = self.document.signals
+        if signals is None:
+            return ""
+        text = "\n".join(signals.pages)
+        match = REFERENCES.search(text)
+        flat = " ".join((text[: match.start()] if match else text).split())
+        return re.sub(r"(?<=[a-z])[\ufffe\x02] ?(?=[a-z])", "", flat)
+
+    @cached_property
+    def searched(self) -> tuple[str, ...]:
+        """Where the sentence patterns look: PDFium's text first (the printed words), the parse."""
+        return tuple(t for t in (self.independent_body, self.flat_body) if t)
 
     @cached_property
     def citation(self) -> re.Match[str] | None:
@@ -243,12 +267,12 @@ def find_authors(s: Sections) -> Found | None:
 
 def find_sample_size(s: Sections) -> Found | None:
     for rank, pattern in enumerate(SAMPLE_SIZE):
-        match = pattern.search(s.flat_body)
+        match = next((m for text in s.searched for m in [pattern.search(text)] if m), None)
         if match:
             n = int(match.group("n").replace(",", ""))
             # A table row is quoted as its cells read on the page, not as Markdown.
             quote = " ".join(match.group(0).replace("|", " ").split())
-            return Found(n, quote, USUAL if rank == 0 else FALLBACK)
+            return Found(n, quote, USUAL if rank <= SAMPLE_SIZE_USUAL else FALLBACK)
     return None
 
 
