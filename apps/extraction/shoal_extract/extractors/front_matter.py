@@ -213,6 +213,7 @@ class TitleBlock:
     text: str
     lines: tuple[TextLine, ...]
     size: float
+    by_size: bool = True  # set larger than the text (else: capitals over a row of names)
 
 
 def _joined_pieces(lines: Sequence[TextLine]) -> list[TextLine]:
@@ -275,6 +276,43 @@ def title_block(signals: PdfSignals) -> TitleBlock | None:
                 best = TitleBlock(text, tuple(block), size)
         if best is not None:
             return best
+        caps = _title_in_capitals(signals, lines, body, height)
+        if caps is not None:
+            return caps
+    return None
+
+
+def _capital_runs(block: list[TextLine]) -> list[list[TextLine]]:
+    """The block's runs of consecutive lines without a lower-case letter."""
+    runs: list[list[TextLine]] = [[]]
+    for line in block:
+        if any(c.islower() for c in line.text):
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    return [run for run in runs if run]
+
+
+def _title_in_capitals(
+    signals: PdfSignals, lines: Sequence[TextLine], body: float, height: float
+) -> TitleBlock | None:
+    """A title set in capitals at the text's size: the first such block in the upper page
+    that has a row of names right under it (so a capitalised label or header is not taken)."""
+    runs = [run for block in _blocks(_joined_pieces(lines)) for run in _capital_runs(block)]
+    for block in sorted(runs, key=lambda b: b[0].top):
+        text = clean(" ".join(line.text for line in block))
+        if (
+            block[0].top > TITLE_ZONE * height
+            or block[0].size < body * 0.95
+            or any(c.islower() for c in text)
+            or not MIN_TITLE_WORDS + 2 <= len(text.split()) <= MAX_TITLE_WORDS
+            or _looks_like_furniture(text)
+        ):
+            continue
+        candidate = TitleBlock(text, tuple(block), block[0].size, by_size=False)
+        rows = _rows_under(signals, candidate)
+        if rows and split_names(_row_text(rows[0])):
+            return candidate
     return None
 
 
@@ -314,7 +352,7 @@ def find_title(signals: PdfSignals) -> Signal | None:
                 return Signal(printed, printed, AGREED)
     if block is None:
         return None
-    return Signal(block.text, block.text, PRINTED)
+    return Signal(block.text, block.text, PRINTED if block.by_size else HABIT)
 
 
 # Spacing accents some fonts set as a glyph of their own, after the letter.
@@ -410,19 +448,23 @@ def title_anchor(signals: PdfSignals) -> TitleBlock | None:
     return title_block(signals)
 
 
+def _rows_under(signals: PdfSignals, block: TitleBlock) -> list[list[TextLine]]:
+    """The rows below the title, within its column."""
+    left, right = min(ln.x0 for ln in block.lines), max(ln.x1 for ln in block.lines)
+    return _rows(
+        ln
+        for ln in _page_lines(signals, block.lines[0].page)
+        if ln.top >= block.lines[-1].bottom - 1 and ln.x1 > left and ln.x0 < right
+    )
+
+
 def find_authors(signals: PdfSignals) -> Signal | None:
     """The names printed under the title (in its column, not a sidebar), before the
     affiliations."""
     block = title_anchor(signals)
     if block is None:
         return None
-    page = block.lines[0].page
-    left, right = min(ln.x0 for ln in block.lines), max(ln.x1 for ln in block.lines)
-    below = _rows(
-        ln
-        for ln in _page_lines(signals, page)
-        if ln.top >= block.lines[-1].bottom - 1 and ln.x1 > left and ln.x0 < right
-    )
+    below = _rows_under(signals, block)
     names: list[str] = []
     quote = ""
     last_bottom = block.lines[-1].bottom
