@@ -36,7 +36,7 @@ def extract_all(corpus_dir: Path) -> list[ResultRow]:
     return rows
 
 
-def test_rules_get_title_year_and_doi_right_on_every_sample_paper(
+def test_rules_get_title_year_journal_and_doi_right_on_every_sample_paper(
     corpus_dir: Path, key: dict[str, Any]
 ) -> None:
     from shoal_extract.evaluate import load_key
@@ -47,7 +47,7 @@ def test_rules_get_title_year_and_doi_right_on_every_sample_paper(
     by_field = {f.name: f for f in report.fields}
     papers = sum(1 for d in key["documents"] if d["fields"])
     assert papers >= 36, "a few dozen papers"
-    for name in ("title", "year", "doi"):
+    for name in ("title", "year", "journal", "doi"):
         assert (by_field[name].correct, by_field[name].total) == (papers, papers), [
             m for m in report.misses if m.field == name
         ]

@@ -96,6 +96,8 @@ _MONTH = (
 _DAY = r"\d{1,2}(?:st|nd|rd|th)?"
 _DAYS = rf"{_DAY}(?:\s*[-\u2013]+\s*{_DAY})?"  # a day, or a conference's days
 _DATE = rf"(?:{_DAYS}\s+{_MONTH},?\s+|{_MONTH}\s+(?:{_DAYS},?\s+)?){_YEAR}"
+# A header naming the journal and the date: "Journal | Published online 3 May 2019".
+CITATION_LINES.append(re.compile(rf"{_JOURNAL}\s*\|\s*Published(?: online)?:?\s+{_DATE}"))
 # Dates that say when a paper came out, most telling first (each: a label, a date).
 PUBLISHED_LINES = [
     re.compile(rf"\bPublished(?: online)?(?: on)?\s*:?\s*{_DATE}", re.IGNORECASE),

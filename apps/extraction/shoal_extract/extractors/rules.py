@@ -326,7 +326,9 @@ FRONT_FINDERS: dict[str, Callable[[PdfSignals], front_matter.Signal | None]] = {
 
 def _find(name: str, sections: Sections) -> Found | None:
     signals = sections.document.signals
-    if signals is not None and name in FRONT_FINDERS:
+    # A front page read by OCR has no text layer for PDFium: the text rules read the OCR.
+    scanned = 1 in sections.document.ocr_pages
+    if signals is not None and not scanned and name in FRONT_FINDERS:
         found = FRONT_FINDERS[name](signals)
         return None if found is None else Found(found.value, found.quote, found.confidence)
     finder = FINDERS.get(name)
