@@ -10,6 +10,7 @@ is read by the last test, when present.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,28 @@ def test_a_scanned_front_page_is_read_from_its_ocr_text(
         truth["journal"],
         truth["doi"],
     )
+
+
+def test_characters_beyond_the_basic_plane_are_stored_whole() -> None:
+    """PDFium gives such a character as two UTF-16 halves; the signals keep it as one."""
+    font = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+    if not font.is_file():
+        pytest.skip("no DejaVu Sans font (fonts-dejavu-core) to write the character with")
+    pdf = FPDF(format="A4")
+    pdf.add_page()
+    pdf.add_font("DejaVu", "", str(font))
+    pdf.set_font("DejaVu", size=18)
+    pdf.multi_cell(
+        0,
+        9,
+        "The \U0001d5a0-statistic of breathing retraining in asthma",
+        new_x="LMARGIN",
+        new_y="NEXT",
+    )
+    pdf.set_font("DejaVu", size=10)
+    pdf.multi_cell(0, 5, BODY)
+    parsed = parse_document(bytes(pdf.output()), DocumentFormat.PDF)
+    assert parsed.signals is not None
+    assert "\U0001d5a0-statistic" in parsed.signals.lines[0].text
+    stored = json.dumps(parsed.as_dict(), ensure_ascii=False).encode("utf-8")  # no lone half
+    assert ParsedText.from_dict(json.loads(stored)).signals == parsed.signals

@@ -108,6 +108,12 @@ class PdfSignals:
         )
 
 
+def storable(text: str) -> str:
+    """Text PostgreSQL stores: surrogate pairs joined, a lone half replaced, no NUL."""
+    joined = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return joined.replace("\x00", "")
+
+
 def read_signals(content: bytes) -> PdfSignals | None:
     """The metadata, PDFium's page texts and the front pages' lines, or None."""
     metadata = dict(_xmp(content))
@@ -119,7 +125,7 @@ def read_signals(content: bytes) -> PdfSignals | None:
         try:
             info = pdf.get_metadata_dict(skip_empty=True)
             for key in INFO_KEYS:
-                value = " ".join(str(info.get(key, "")).split())
+                value = storable(" ".join(str(info.get(key, "")).split()))
                 if value:
                     metadata[key] = value[:MAX_META_CHARS]
             pages: list[str] = []
@@ -128,7 +134,7 @@ def read_signals(content: bytes) -> PdfSignals | None:
             for index in range(len(pdf)):
                 page = pdf[index]
                 text_page = page.get_textpage()
-                pages.append(text_page.get_text_range().replace("\x00", ""))
+                pages.append(storable(text_page.get_text_range()))
                 if index < LINE_PAGES:
                     heights.append(float(page.get_height()))
                     lines.extend(_lines(text_page, index + 1, float(page.get_height())))
@@ -148,7 +154,7 @@ def _lines(text_page: Any, number: int, height: float) -> list[TextLine]:
     box = pdfium_c.FS_RECTF()
 
     def close() -> None:
-        text = "".join(c[0] for c in chars).strip()
+        text = storable("".join(c[0] for c in chars)).strip()
         sizes = sorted(c[4] - c[2] for c in chars if not c[0].isspace())
         if text and sizes:
             size = sizes[len(sizes) // 2]
@@ -161,7 +167,7 @@ def _lines(text_page: Any, number: int, height: float) -> list[TextLine]:
                     top=round(min(c[2] for c in chars), 1),
                     x1=round(max(c[3] for c in chars), 1),
                     bottom=round(max(c[4] for c in chars), 1),
-                    marked=" ".join(_marked(chars, size).split()),
+                    marked=" ".join(storable(_marked(chars, size)).split()),
                 )
             )
         chars.clear()
@@ -213,7 +219,7 @@ def _xmp(content: bytes) -> dict[str, str]:
         text = _XML_ELEMENT.sub(" ", match.group("body").decode("utf-8", "replace"))
         for entity, char in _XML_ENTITIES.items():
             text = text.replace(entity, char)
-        text = " ".join(text.split())
+        text = storable(" ".join(text.split()))
         tag = match.group("tag").decode()
         if text and tag not in found:
             found[tag] = text[:MAX_META_CHARS]
