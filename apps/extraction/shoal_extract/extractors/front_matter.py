@@ -4,22 +4,28 @@ Each field is read from the habit a printed paper follows, never from a
 paper or a journal by name:
 
 - **title**: the largest text in the upper part of the front page (a
-  running header, a logo word or a label is shorter than a title); the
-  metadata's title where the page prints the same words, in the page's form.
-- **authors**: the lines right under the title, affiliation markers
-  (digits, ``*``, daggers, a lone lower-case letter) and degrees dropped.
+  running header, a logo word, a label, a date or a citation line is not a
+  title); the metadata's title where the page prints the same words, in the
+  page's form; a cover page's title on page 2; where nothing is set larger
+  than the text, a run of capitals with a row of names under it.
+- **authors**: the rows right under the title, in its column (a sidebar is
+  not an author), superscript markers, digits, daggers, letter markers and
+  degrees dropped.
 - **DOI**: anywhere on the front page (header, footer, margin, a
   ``doi.org/`` URL), joined across a line break, and on the second page
-  only where labelled; never one from a reference list or a reference line.
-  The metadata's DOI counts where the page prints it.
+  only where labelled; never one from a reference list, a reference line or
+  a cross-reference ("see the editorial (doi:...)"). The metadata's DOI and
+  the running footers rank the candidates.
 - **year** and **journal**: from the citation line (``Journal. 2019;12:3``,
-  ``Journal 12 (2019) 45``, ``Journal (2019) 12, 45``...), else the year of
-  the "Published" line, the copyright line or a preprint's posting date;
-  never a received, revised or accepted date.
+  ``Journal 12 (2019) 45``, ``Journal (2019) 12, 45``, a masthead set line by
+  line...), on the front page or in the running headers; else a proceedings'
+  or conference's name; the year else from the "Published" line, a
+  preprint's posting date, an arXiv stamp or the copyright line; never a
+  received, revised or accepted date.
 
 Confidence says how many signals agree: a value the page prints and a second
-source confirms (the metadata, a running header, a label) is in the top
-band; one signal alone is in the middle band.
+source confirms (the metadata, a running header) is in the top band; one
+signal alone is in the middle band.
 """
 
 from __future__ import annotations
@@ -56,6 +62,13 @@ _LEAD_IN = re.compile(
     r"Published in final edited form as|Please cite this article as)\s*:\s*",
     re.IGNORECASE,
 )
+_MONTH = (
+    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|"
+    r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
+)
+_DAY = r"\d{1,2}(?:st|nd|rd|th)?"
+_DAYS = rf"{_DAY}(?:\s*[-\u2013]+\s*{_DAY})?"  # a day, or a conference's days
+_DATE = rf"(?:{_DAYS}\s+{_MONTH},?\s+|{_MONTH}\s+(?:{_DAYS},?\s+)?){_YEAR}"
 # A citation line: the journal, then year, volume and pages in one of the usual orders.
 CITATION_LINES = [
     # Journal. 2019;12(3):45 | Journal 2019, Vol. 12 | Journal, 2019, 12:45 | Journal. 2010 May 1; 3
@@ -81,6 +94,8 @@ CITATION_LINES = [
         rf"(?P<journal>[A-Za-z][a-z&]+(?:\s+[a-z&]+){{0,4}})\s+VOL(?:UME)?\.?\s*\d+\s+"
         rf"(?:NO\.?\s*\d+\s+)?[A-Z]{{3,9}}\s+{_YEAR}"
     ),
+    # a header naming the journal and the date: Journal | Published online 3 May 2019
+    re.compile(rf"{_JOURNAL}\s*\|\s*Published(?: online)?:?\s+{_DATE}"),
     # the metadata's form: Journal 2019.12:45
     re.compile(rf"{_JOURNAL}\s+{_YEAR}\.\d+:"),
 ]
@@ -89,15 +104,6 @@ _NOT_JOURNAL = re.compile(
     r"Correspond\w*|Email|et al|Table|Figure|Fig)\b|©",
     re.IGNORECASE,
 )
-_MONTH = (
-    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|"
-    r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
-)
-_DAY = r"\d{1,2}(?:st|nd|rd|th)?"
-_DAYS = rf"{_DAY}(?:\s*[-\u2013]+\s*{_DAY})?"  # a day, or a conference's days
-_DATE = rf"(?:{_DAYS}\s+{_MONTH},?\s+|{_MONTH}\s+(?:{_DAYS},?\s+)?){_YEAR}"
-# A header naming the journal and the date: "Journal | Published online 3 May 2019".
-CITATION_LINES.append(re.compile(rf"{_JOURNAL}\s*\|\s*Published(?: online)?:?\s+{_DATE}"))
 # Dates that say when a paper came out, most telling first (each: a label, a date).
 PUBLISHED_LINES = [
     re.compile(rf"\bPublished(?: online)?(?: on)?\s*:?\s*{_DATE}", re.IGNORECASE),
