@@ -136,6 +136,20 @@ def test_journal_and_year_from_a_masthead_set_line_by_line() -> None:
     assert (found["journal"], found["year"]) == ("Northern Journal of Respiratory Care", 2013)
 
 
+def test_a_conference_line_gives_the_venue_and_a_sentence_does_not() -> None:
+    def draw(pdf: FPDF, first: str) -> None:
+        line(pdf, TITLE, 18, "B", 4)
+        line(pdf, "Anna Berg and Carl Dahl", 11)
+        line(pdf, "Abstract", 11, "B")
+        line(pdf, first, 10)
+        line(pdf, BODY, 10)
+
+    venue = values(pdf_of(lambda p: draw(p, "RESP'19, October 12-16, 2019, Northport, USA.")))
+    assert (venue["journal"], venue["year"]) == ("RESP'19", 2019)
+    sentence = "Since the WHO named COVID-19, March 11, 2020, clinics closed."
+    assert values(pdf_of(lambda p: draw(p, sentence)))["journal"] is None
+
+
 def test_the_sample_size_from_a_structured_abstracts_label() -> None:
     def draw(pdf: FPDF) -> None:
         line(pdf, TITLE, 18, "B", 4)

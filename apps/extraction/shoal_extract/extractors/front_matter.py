@@ -694,8 +694,11 @@ def find_citation(signals: PdfSignals) -> Citation | None:
 def find_venue(signals: PdfSignals) -> Citation | None:
     """A proceedings' or a conference's name where no citation line is printed.
 
-    A conference's short name counts with a full date on its line, or when the
-    running headers repeat it; a two-digit year gives no year.
+    A conference's short name counts when it opens a line that gives the
+    conference's dates ("CCS'15, October 12-16, 2015, Denver"), or on a line
+    the running headers repeat ("... IPAC2018, Vancouver, BC, Canada"): a
+    name-like word with digits in a sentence ("COVID-19, March 11, 2020") is
+    neither. A two-digit year gives no year.
     """
     pages = signals.pages[:2] if _is_cover(signals) else signals.pages[:1]
     later = [{clean(x) for x in p.splitlines()} for p in signals.pages[1:4]]
@@ -711,7 +714,7 @@ def find_venue(signals: PdfSignals) -> Citation | None:
             if code is None:
                 continue
             repeated = sum(line in p for p in later) >= 1
-            date = re.search(_DATE, code.group("rest") or "")
+            date = re.search(_DATE, code.group("rest") or "") if code.start() == 0 else None
             if not (repeated or date):
                 continue
             journal = code.group("journal")
