@@ -136,6 +136,18 @@ def test_journal_and_year_from_a_masthead_set_line_by_line() -> None:
     assert (found["journal"], found["year"]) == ("Northern Journal of Respiratory Care", 2013)
 
 
+def test_an_author_year_citation_in_the_text_is_not_a_citation_line() -> None:
+    def draw(pdf: FPDF) -> None:
+        line(pdf, TITLE, 18, "B", 4)
+        line(pdf, "Anna Berg and Carl Dahl", 11)
+        line(pdf, "Introduction", 11, "B")
+        line(pdf, "Retraining helps (Mattick 2009, 2011; Lindqvist 2015, 2016).", 10)
+        line(pdf, BODY, 10)
+
+    found = values(pdf_of(draw))
+    assert (found["journal"], found["year"]) == (None, None)
+
+
 def test_a_conference_line_gives_the_venue_and_a_sentence_does_not() -> None:
     def draw(pdf: FPDF, first: str) -> None:
         line(pdf, TITLE, 18, "B", 4)

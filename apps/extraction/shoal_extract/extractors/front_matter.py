@@ -72,8 +72,10 @@ _DATE = rf"(?:{_DAYS}\s+{_MONTH},?\s+|{_MONTH}\s+(?:{_DAYS},?\s+)?){_YEAR}"
 # A citation line: the journal, then year, volume and pages in one of the usual orders.
 CITATION_LINES = [
     # Journal. 2019;12(3):45 | Journal 2019, Vol. 12 | Journal, 2019, 12:45 | Journal. 2010 May 1; 3
+    # (a volume with its pages or issue after the year: "Smith 2009, 2011" is a text citation)
     re.compile(
-        rf"{_JOURNAL}[.,]?\s+{_YEAR}\s*(?:[;,.:]\s*(?:Vol\.?\s*)?\d|\s[A-Z][a-z]+\s+\d{{1,2}};)"
+        rf"{_JOURNAL}[.,]?\s+{_YEAR}\s*(?:[;,.:]\s*(?:Vol\.?\s*\d|\d{{1,4}}\s*[:(,]\s*(?:[\de]|$))"
+        rf"|\s[A-Z][a-z]+\s+\d{{1,2}};)"
     ),
     # Journal (2019) 12, 45
     re.compile(rf"{_JOURNAL}[.,]?\s+\({_YEAR}\)\s*,?\s*\d"),
