@@ -8,35 +8,16 @@ there was no ``--version`` (issue 35, item 9).
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
 from shoal import Shoal
 from shoal.cli import main
-from shoal.db.pool import Database
 from shoal.ingest.message import new_envelope
 from shoal.ingest.store import IngestStore
-
-
-def with_boss(db_url: str, body: Callable[[Shoal], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        db = await Database(db_url, max_size=2).open()
-        boss = Shoal(db, listen=False)
-        try:
-            return await body(boss)
-        finally:
-            await boss.close()
-
-    return asyncio.run(run())
-
-
-def shoal(db_url: str, *argv: str) -> int:
-    return main(["--database-url", db_url, *argv])
+from tests.cli_helpers import shoal, with_boss
 
 
 async def dead_letter(boss: Shoal) -> None:

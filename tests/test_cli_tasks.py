@@ -20,8 +20,8 @@ from shoal.app import App
 from shoal.batch.item import Item
 from shoal.batch.service import Batches, TaskView
 from shoal.batch.states import TaskStatus
-from shoal.cli import main
-from shoal.db.pool import Database
+from tests.cli_helpers import shoal
+from tests.cli_helpers import with_boss as run_with_boss
 
 from .conftest import wait_for
 
@@ -43,19 +43,8 @@ async def other(item: Item) -> None:
 
 
 def with_boss(db_url: str, body: Callable[[Shoal], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        db = await Database(db_url, max_size=4).open()
-        boss = Shoal(db)
-        try:
-            return await body(boss)
-        finally:
-            await boss.close()
-
-    return asyncio.run(run())
-
-
-def shoal(db_url: str, *argv: str) -> int:
-    return main(["--database-url", db_url, *argv])
+    # Workers run here: a bigger pool, and LISTEN for their wake-ups.
+    return run_with_boss(db_url, body, max_size=4, listen=True)
 
 
 def view_of(db_url: str, task_id: str) -> TaskView:

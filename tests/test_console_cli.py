@@ -4,35 +4,16 @@ names by ``shoal queue`` and ``shoal config`` (exit 2, nothing stored)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 
 from shoal import PermanentError, Shoal
-from shoal.cli import main
-from shoal.db.pool import Database
 from shoal.ingest.config import RuntimeConfig
 from shoal.ingest.store import IngestStore
 from shoal.queue.job import Job
 from shoal.queue.states import JobState
 from shoal.testing import drain
-
-
-def with_boss(db_url: str, body: Callable[[Shoal], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        db = await Database(db_url, max_size=2).open()
-        boss = Shoal(db, listen=False)
-        try:
-            return await body(boss)
-        finally:
-            await boss.close()
-
-    return asyncio.run(run())
-
-
-def shoal(db_url: str, *argv: str) -> int:
-    return main(["--database-url", db_url, *argv])
+from tests.cli_helpers import shoal, with_boss
 
 
 async def _fail(job: Job) -> None:

@@ -78,7 +78,7 @@ from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
-from shoal.queue.worker import is_shutdown, stop_run, take_cancel
+from shoal.queue.worker import backoff_s, is_shutdown, stop_run, take_cancel
 
 log = logging.getLogger("shoal.batch")
 
@@ -93,8 +93,6 @@ HANDED_BACK = "handed back at shutdown of worker process {process} before it ran
 INTERRUPTED = (
     "stopped by the shutdown of worker process {process}; handed back without spending an attempt"
 )
-# Backoff between tries to confirm a stale buffered item's fence.
-CONFIRM_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 SUPERSEDED_SKIPS = "superseded_skips"
 # A handler is marked as running once it has run this long. Shorter runs are
 # never marked (the many marks of fast items would cost a write each); the
@@ -328,7 +326,7 @@ class ItemRunner:
             try:
                 still = await self.store.heartbeat_items(asked, now=self.clock.sql_now())
             except TransientError as exc:
-                delay = CONFIRM_BACKOFF_S[min(errors, len(CONFIRM_BACKOFF_S) - 1)]
+                delay = backoff_s(errors)
                 errors += 1
                 log.warning(
                     "item %s: confirming its claim before running it failed (%s); "

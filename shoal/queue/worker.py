@@ -113,6 +113,11 @@ STOPPED_NOTE = "handler stopped: the job was cancelled while it ran"
 DROPPED_NOTE = "not started: the job was cancelled while it waited in a worker's buffer"
 
 
+def backoff_s(errors: int) -> float:
+    """Seconds to wait after ``errors`` failed database calls in a row (0: the first)."""
+    return ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+
+
 def smooth(average: float, sample: float) -> float:
     """An exponential moving average that starts at its first sample, not at 0.0."""
     return sample if average == 0.0 else 0.7 * average + 0.3 * sample
@@ -544,7 +549,7 @@ class Worker:
             try:
                 await self._prepare()
             except TransientError as exc:
-                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                delay = backoff_s(errors)
                 errors += 1
                 log.warning(
                     "declaring the limits of %s failed (%s); retrying in %.1fs",
@@ -604,7 +609,7 @@ class Worker:
                     )
                 errors = 0
             except TransientError as exc:
-                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                delay = backoff_s(errors)
                 errors += 1
                 log.warning(
                     "claim from %s failed (%s); retrying in %.1fs",
@@ -787,7 +792,7 @@ class Worker:
                     [(claim.id, claim.attempt)], now=self.clock.sql_now()
                 )
             except TransientError as exc:
-                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                delay = backoff_s(errors)
                 errors += 1
                 log.warning(
                     "job %s: extending its lease before running it failed (%s); retrying in %.1fs",
@@ -942,7 +947,7 @@ class Worker:
                 errors = 0
             except TransientError as exc:
                 self._outcomes[:0] = batch  # keep order; try again
-                delay = ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
+                delay = backoff_s(errors)
                 errors += 1
                 log.warning(
                     "recording %d outcomes failed (%s); retrying",
