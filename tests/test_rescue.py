@@ -247,6 +247,30 @@ def test_batch_items_of_a_dead_process_are_reaped_within_the_default_rescue_afte
     assert kind.zombie_timeout == DEFAULT_RESCUE_AFTER <= timedelta(seconds=60)
 
 
+async def test_an_item_reaped_from_a_silent_process_names_it(
+    fake_boss: Shoal, holder: Shoal, clock: FakeClock
+) -> None:
+    registry = await registered(holder, app="papers")
+    kind = BatchKind("reaped.kind", handler=lambda item: None, zombie_timeout=RESCUE_AFTER)
+    created = await Batches(fake_boss, {kind.name: kind}).create(kind.name, ["a"])
+    # The holder's runner claims the item (it is running, named by its number)...
+    claimed = (
+        await Batches(holder, {kind.name: kind})
+        .runners[kind.name]
+        .claim(kind.queue, 10, now=clock.now())
+    )
+    assert len(claimed) == 1
+    # ... and goes silent past the zombie timeout; another process's aggregator reaps it.
+    clock.advance(RESCUE_AFTER + timedelta(seconds=1))
+    batches = Batches(fake_boss, {kind.name: kind})
+    assert (await batches.aggregator.run_once()).reaped_to_pending == 1
+    (item,) = (await batches.items(created.task_id)).items
+    note = item.errors[-1]
+    assert note["type"] == "Zombie"
+    named = f"from worker process {socket.gethostname()} pid {os.getpid()} (app papers)"
+    assert named in note["message"] and registry.id in note["message"]
+
+
 def test_shoal_worker_takes_rescue_after_from_its_flag_or_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

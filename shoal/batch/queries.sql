@@ -94,29 +94,31 @@ SELECT {schema}.insert_item_jobs_v2(
     %(now)s::timestamptz)
 
 -- name: guard_items
--- The phantom-retry guard for many items (guard_items_v1 in
--- migrations/0007_batch_functions_v1.sql): each passed item's new fencing
+-- The phantom-retry guard for many items (guard_items_v2 in
+-- migrations/0034_items_name_their_holder.sql: it records %(holder)s, this
+-- process's registry number, on each): each passed item's new fencing
 -- token and what its handler needs, under the names of the guard columns of
 -- claim_items below; an id missing from the result was a phantom. Payloads
 -- come back as text, parsed only when a handler reads them.
 SELECT id AS item_id, attempt AS fence, run, ref, data::text AS item_data, task_id::text, kind,
        params::text, max_attempts
-FROM {schema}.guard_items_v1(%(ids)s::bigint[], %(now)s::timestamptz)
+FROM {schema}.guard_items_v2(%(ids)s::bigint[], %(now)s::timestamptz, %(holder)s::int)
 
 -- name: claim_items
 -- A worker's claim of item jobs with the guard of their items, in one round
 -- trip, from the head of job_item_turn or after the position
--- (%(after_priority)s, %(after_turn)s, %(after_id)s) in it (claim_items_v2 in
--- migrations/0024_claim_items_from_a_position.sql): one row per job taken,
+-- (%(after_priority)s, %(after_turn)s, %(after_id)s) in it (claim_items_v3 in
+-- migrations/0034_items_name_their_holder.sql: claim_items_v2 of 0024 whose
+-- guard records %(holder)s on the items): one row per job taken,
 -- with the queue's claim row under its own names and the job's turn, then the
 -- guard columns for its item (all NULL for a phantom), in the claim's order
 -- (the take returns them by id), so the worker runs them in turns. Read by
 -- name. The function returns jobs and guarded items as rows of their own;
 -- they are paired here, where the planner may hash them.
 WITH c AS MATERIALIZED (
-    SELECT * FROM {schema}.claim_items_v2(%(queue)s, %(limit)s, %(now)s::timestamptz,
+    SELECT * FROM {schema}.claim_items_v3(%(queue)s, %(limit)s, %(now)s::timestamptz,
                                           %(after_priority)s::int, %(after_turn)s::bigint,
-                                          %(after_id)s::bigint)
+                                          %(after_id)s::bigint, %(holder)s::int)
 )
 SELECT j.job_id AS id, j.queue, j.job_data AS data, j.priority, j.job_attempt AS attempt,
        j.retry_limit, j.retry_delay_s, j.retry_backoff, j.retry_delay_max_s, j.expire_in_s,
@@ -234,7 +236,9 @@ SET status = CASE WHEN i.attempt - i.attempt_base < t.max_attempts AND t.cancel_
         'attempt', i.attempt, 'run', i.attempt - i.attempt_base, 'started_at', i.started_at,
         'at', coalesce(%(now)s::timestamptz, now()),
         'type', 'Zombie', 'message',
-        'no sign of life since ' || i.updated_at::text || '; reaped by the aggregator',
+        'no sign of life since ' || i.updated_at::text
+        || coalesce(' from worker process ' || {schema}.worker_named_v1(i.holder), '')
+        || '; reaped by the aggregator',
         'traceback', NULL)),
     finished_at = CASE WHEN i.attempt - i.attempt_base < t.max_attempts AND t.cancel_reason IS NULL
                        THEN NULL ELSE coalesce(%(now)s::timestamptz, now()) END,

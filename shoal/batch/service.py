@@ -75,7 +75,7 @@ class Batches:
         self.boss = boss
         self.kinds = dict(kinds)
         self.max_items = max_items
-        self.store = BatchStore(boss.db)
+        self.store = BatchStore(boss.db, holder=lambda: boss.store.holder)
         self.clock = boss.clock
         self.aggregator = Aggregator(self.store, boss, clock=boss.clock)
         self.runners = {

@@ -277,10 +277,14 @@ def _kind_settings(row: Sequence[Any]) -> KindSettings:
 class BatchStore:
     """Typed access to the batch tables of one schema."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, holder: Callable[[], int | None] = lambda: None) -> None:
         self.db = db
         self.sql = load_queries("shoal.batch", db.schema)
         self.cancel_channel = cancel_channel(db.schema)
+        # This process's registry number, recorded on each item it guards (the
+        # reaper names the process); None before the row is written, or with
+        # no registry row. Read at each guard and claim.
+        self.holder = holder
 
     async def _rows(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
@@ -353,7 +357,8 @@ class BatchStore:
         self, ids: Sequence[ItemId], *, now: datetime | None
     ) -> dict[ItemId, GuardedItem]:
         """pending -> running for each id; the ones that passed (absent = phantom)."""
-        query, params = self.sql["guard_items"], {"ids": list(ids), "now": now}
+        query = self.sql["guard_items"]
+        params = {"ids": list(ids), "now": now, "holder": self.holder()}
         columns, rows = await self.db.run(
             lambda c: fetch_named(c, query, params), transaction=False
         )
@@ -381,6 +386,7 @@ class BatchStore:
             "after_priority": after_priority,
             "after_turn": after_turn,
             "after_id": after_id,
+            "holder": self.holder(),
         }
         columns, rows, cost_s = await self.db.run(
             lambda c: fetch_named_timed(c, query, params), transaction=False
