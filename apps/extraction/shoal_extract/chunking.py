@@ -1,6 +1,7 @@
 """A long paper cut into chunks, and the chunks most likely to hold each field.
 
 Chunks respect the structure the parser kept: a chunk never spans two pages,
+page furniture (running headers and footers, page numbers, stamps) is left out,
 a heading (``#``/``##``) starts a new chunk, and paragraphs are not cut
 unless one alone is longer than a chunk. Each chunk knows its page and the
 section it is in.
@@ -89,6 +90,8 @@ def chunk_document(document: ParsedText, *, max_chars: int = CHUNK_CHARS) -> lis
         base = document.page_starts[number - 1]
         for match in re.finditer(r"[^\n]+(?:\n[^\n]+)*", document.page_text(number)):
             paragraph, offset = match.group(0), base + match.start()
+            if document.is_furniture(offset, offset + len(paragraph)):
+                continue  # a running header, a page number, a stamp: not the paper's text
             heading = _HEADING.match(paragraph)
             if heading:
                 # A heading starts a chunk, unless the chunk so far is headings only.

@@ -21,6 +21,7 @@ OCR_DPI = 200
 # times as long here as with one thread each. The tesseract processes inherit
 # this; an operator's own setting wins.
 os.environ.setdefault("OMP_THREAD_LIMIT", "1")
+TESSERACT_CONFIG = ""
 PACKAGES = "tesseract-ocr tesseract-ocr-eng"
 INSTALL_HINT = f"install Debian's {PACKAGES} (apt-get install {PACKAGES})"
 
@@ -29,11 +30,16 @@ class OcrUnavailable(Exception):
     """Tesseract (or its English data) is not installed on this machine."""
 
 
+def render_for_ocr(page: Any, *, dpi: int = OCR_DPI) -> Any:
+    """One pypdfium2 page as the greyscale PIL image Tesseract reads."""
+    return page.render(scale=dpi / 72, grayscale=True).to_pil()
+
+
 def ocr_page(page: Any, *, lang: str = "eng") -> str:
     """The text Tesseract reads on one pypdfium2 page, paragraphs separated by blank lines."""
-    image = page.render(scale=OCR_DPI / 72, grayscale=True).to_pil()
+    image = render_for_ocr(page)
     try:
-        text = str(pytesseract.image_to_string(image, lang=lang))
+        text = str(pytesseract.image_to_string(image, lang=lang, config=TESSERACT_CONFIG))
     except pytesseract.TesseractNotFoundError:
         raise OcrUnavailable(f"Tesseract is not installed: {INSTALL_HINT}") from None
     except pytesseract.TesseractError as exc:
@@ -42,4 +48,11 @@ def ocr_page(page: Any, *, lang: str = "eng") -> str:
     return re.sub(r"\n{3,}", "\n\n", text.replace("\x0c", "")).strip()
 
 
-__all__ = ["INSTALL_HINT", "OCR_DPI", "OcrUnavailable", "ocr_page"]
+__all__ = [
+    "INSTALL_HINT",
+    "OCR_DPI",
+    "TESSERACT_CONFIG",
+    "OcrUnavailable",
+    "ocr_page",
+    "render_for_ocr",
+]

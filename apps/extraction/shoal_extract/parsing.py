@@ -24,7 +24,7 @@ import io
 import logging
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -32,9 +32,11 @@ from typing import Any
 import pdfplumber
 import pypdfium2
 
+from shoal_extract.furniture import running_lines
 from shoal_extract.ocr import OcrUnavailable, ocr_page
-from shoal_extract.pdf_layout import page_layout, page_words
+from shoal_extract.pdf_layout import page_layout, page_signatures, page_words
 from shoal_extract.pdf_signals import PdfSignals, read_signals
+from shoal_extract.pdf_words import Resolver
 
 # Bumped whenever the same bytes would parse to different text: parsed
 # output is stored per (document hash, parser version).
@@ -89,6 +91,11 @@ class ParsedText:
     ocr_pages: tuple[int, ...] = ()  # 1-based numbers of the pages read by OCR
     # A PDF's metadata, PDFium's text of each page, its front lines (pdf_signals).
     signals: PdfSignals | None = None
+    # (start, end) offsets in ``text`` of page furniture (running headers and footers,
+    # page numbers, stamps, rotated margin lines): kept in the text, after each page's
+    # body, so fields and chunks can leave it out. Empty for a parse made before
+    # parser version 2, for text files and for OCRed pages.
+    furniture: tuple[tuple[int, int], ...] = ()
 
     @property
     def pages(self) -> int:
@@ -103,6 +110,11 @@ class ParsedText:
         end = self.page_starts[number] if number < self.pages else len(self.text)
         return self.text[start:end]
 
+    def is_furniture(self, start: int, end: int | None = None) -> bool:
+        """Whether the text from ``start`` (to ``end``) lies within page furniture."""
+        end = start + 1 if end is None else end
+        return any(a <= start and end <= b for a, b in self.furniture)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
@@ -111,6 +123,7 @@ class ParsedText:
             "title_hint": self.title_hint,
             "ocr_pages": list(self.ocr_pages),
             "signals": None if self.signals is None else self.signals.as_dict(),
+            "furniture": [list(span) for span in self.furniture],
         }
 
     @classmethod
@@ -122,6 +135,7 @@ class ParsedText:
             title_hint=raw.get("title_hint"),
             ocr_pages=tuple(raw.get("ocr_pages", ())),
             signals=PdfSignals.from_dict(raw["signals"]) if raw.get("signals") else None,
+            furniture=tuple((int(a), int(b)) for a, b in raw.get("furniture", ())),
         )
 
 
@@ -132,14 +146,34 @@ def join_pages(
     title_hint: str | None = None,
     ocr: tuple[int, ...] = (),
     signals: PdfSignals | None = None,
+    furniture: Sequence[tuple[tuple[int, int], ...]] = (),
 ) -> ParsedText:
-    # PostgreSQL's text and jsonb cannot hold NUL, and it carries no meaning in text.
-    pages = [page.replace("\x00", "") for page in pages]
+    """One text of the pages; ``furniture`` holds each page's spans in its page's text."""
+    if any("\x00" in page for page in pages):
+        # PostgreSQL's text and jsonb cannot hold NUL, and it carries no meaning in
+        # text; the spans would move with it, so a page holding one has none.
+        furniture = [
+            () if "\x00" in page else spans for page, spans in zip(pages, furniture, strict=True)
+        ]
+        pages = [page.replace("\x00", "") for page in pages]
     starts, offset = [], 0
     for page in pages:
         starts.append(offset)
         offset += len(page) + len(PAGE_SEPARATOR)
-    return ParsedText(PAGE_SEPARATOR.join(pages), fmt, tuple(starts), title_hint, ocr, signals)
+    spans = tuple(
+        (start + a, start + b)
+        for start, page_spans in zip(starts, furniture, strict=False)
+        for a, b in page_spans
+    )
+    return ParsedText(
+        PAGE_SEPARATOR.join(pages),
+        fmt,
+        tuple(starts),
+        title_hint,
+        ocr,
+        signals=signals,
+        furniture=spans,
+    )
 
 
 def parse_document(
@@ -164,6 +198,7 @@ def _parse_pdf(content: bytes, limits: ParseLimits) -> ParsedText:
     if b"%PDF-" not in content[:1024]:
         raise ParseError(f"not a PDF: the file begins {content[:24]!r} (invalid pdf header)")
     texts: list[str] = []
+    furniture: list[tuple[tuple[int, int], ...]] = []
     scans: list[int] = []
     title: str | None = None
     try:
@@ -175,22 +210,26 @@ def _parse_pdf(content: bytes, limits: ParseLimits) -> ParsedText:
                     "(SHOAL_EXTRACT_MAX_PAGES)"
                 )
             pages = []
-            for page in pdf.pages:
-                pages.append(page_words(page))
-                page.close()
+            with _Glyphs(content) as glyphs:
+                for page in pdf.pages:
+                    pages.append(page_words(page, resolve=glyphs.resolver(page)))
+                    page.close()
         sizes: Counter[float] = Counter()
         for words in pages:
             sizes.update(words.sizes())
         body = sizes.most_common(1)[0][0] if sizes else 0.0
+        running = running_lines([page_signatures(words) for words in pages])
         for index, words in enumerate(pages):
             if words.chars < MIN_TEXT_CHARS:
                 scans.append(index)
                 texts.append("")
+                furniture.append(())
                 continue
-            layout = page_layout(words, body=body, first=index == 0)
+            layout = page_layout(words, body=body, first=index == 0, running=running)
             if index == 0:
                 title = layout.largest_text
             texts.append(layout.markdown)
+            furniture.append(layout.furniture)
     except ParseError:
         raise
     except Exception as exc:  # pdfminer has its own errors; a damaged file may raise anything
@@ -210,7 +249,55 @@ def _parse_pdf(content: bytes, limits: ParseLimits) -> ParsedText:
         title_hint=title,
         ocr=tuple(i + 1 for i in scans),
         signals=read_signals(content),
+        furniture=furniture,
     )
+
+
+class _Glyphs:
+    """PDFium's reading of a glyph pdfminer cannot map to Unicode (a ``(cid:N)``).
+
+    The document is opened in PDFium only when the first such glyph turns up.
+    """
+
+    def __init__(self, content: bytes) -> None:
+        self._content = content
+        self._pdf: pypdfium2.PdfDocument | None = None
+        self._pages: dict[int, Any] = {}
+
+    def __enter__(self) -> _Glyphs:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with _pdfium:
+            for textpage in self._pages.values():
+                textpage.close()
+            if self._pdf is not None:
+                self._pdf.close()
+
+    def resolver(self, page: Any) -> Resolver:
+        index = int(page.page_number) - 1
+        height = float(page.height)
+        x_shift, y_shift = float(page.mediabox[0]), float(page.mediabox[1])
+
+        def resolve(x0: float, top: float, x1: float, bottom: float) -> str | None:
+            x = (x0 + x1) / 2 - x_shift + x_shift
+            y = height - (top + bottom) / 2 + y_shift
+            with _pdfium:
+                textpage = self._textpage(index)
+                at = textpage.get_index(x, y, (x1 - x0) / 2, (bottom - top) / 2)
+                if at is None or at < 0:
+                    return None
+                text = str(textpage.get_text_range(at, 1))
+            return text if text.strip() and "\ufffd" not in text else None
+
+        return resolve
+
+    def _textpage(self, index: int) -> Any:
+        if self._pdf is None:
+            self._pdf = pypdfium2.PdfDocument(self._content)
+        if index not in self._pages:
+            self._pages[index] = self._pdf[index].get_textpage()
+        return self._pages[index]
 
 
 def _ocr(content: bytes, scans: list[int], texts: list[str], limits: ParseLimits) -> None:

@@ -20,13 +20,16 @@ lines is larger than a line's usual spacing.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from pdfminer.layout import LTChar, LTContainer, LTCurve
-from pdfplumber.utils.text import WordExtractor
+
+from shoal_extract.furniture import banded_signatures, is_furniture
+from shoal_extract.pdf_words import Resolver, page_words_from_chars
 
 # A paragraph ends where the gap to the next line exceeds this share of the font size.
 PARAGRAPH_GAP = 0.7
@@ -40,6 +43,14 @@ MAX_HEADING_WORDS = 30
 MIN_COLUMN_LINES = 3
 # The narrowest gap between columns (points) that counts as a gutter.
 MIN_GUTTER = 6.0
+# A gap wider than this many font sizes between two words of a row is a column gap.
+SEGMENT_GAP = 1.5
+# Columns within columns: a margin column beside two body columns needs two levels.
+MAX_COLUMN_DEPTH = 3
+# A ruled table covers at most this share of its page; a larger frame is a page border.
+MAX_TABLE_AREA = 0.7
+# A line ending in a hyphen after a word (group 1: the word's letters; group 2: the hyphen).
+_LINE_END_HYPHEN = re.compile(r"(\w+)([-\u00ad\u2010])$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,52 +71,85 @@ class PageLayout:
     markdown: str
     chars: int  # non-space characters of the text layer
     largest_text: str | None
+    # (start, end) offsets in ``markdown`` of the page furniture: running headers and
+    # footers, page numbers, stamps, rotated margin lines. It is kept, after the body.
+    furniture: tuple[tuple[int, int], ...] = ()
 
 
-def _lines(words: list[dict[str, Any]]) -> list[Line]:
-    """Words grouped into lines by their top edge, each line's words left to right."""
+def _rows(words: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Words grouped into rows by their top edge."""
     rows: list[list[dict[str, Any]]] = []
     for word in sorted(words, key=lambda w: (round(float(w["top"]), 1), float(w["x0"]))):
         if rows and abs(float(rows[-1][0]["top"]) - float(word["top"])) <= LINE_TOLERANCE:
             rows[-1].append(word)
         else:
             rows.append([word])
+    return rows
+
+
+def _segments(row: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A row's words cut where a gap is wider than any word space: columns and margin
+    columns often share their baselines, and a row across them is not one line."""
+    row.sort(key=lambda w: float(w["x0"]))
+    segments = [[row[0]]]
+    for word in row[1:]:
+        prev = segments[-1][-1]
+        size = max(float(prev["size"]), float(word["size"]))
+        if float(word["x0"]) - float(prev["x1"]) > max(SEGMENT_GAP * size, MIN_GUTTER):
+            segments.append([word])
+        else:
+            segments[-1].append(word)
+    return segments
+
+
+def _lines(words: list[dict[str, Any]]) -> list[Line]:
+    """Words grouped into lines by their top edge (a row cut at column gaps), left to right."""
     lines = []
-    for row in rows:
-        row.sort(key=lambda w: float(w["x0"]))
-        sizes = Counter(round(float(w["size"]), 1) for w in row)
-        lines.append(
-            Line(
-                top=min(float(w["top"]) for w in row),
-                bottom=max(float(w["bottom"]) for w in row),
-                x0=float(row[0]["x0"]),
-                x1=max(float(w["x1"]) for w in row),
-                text=" ".join(str(w["text"]) for w in row),
-                size=sizes.most_common(1)[0][0],
-                bold=all("bold" in str(w.get("fontname", "")).lower() for w in row),
+    for row in _rows(words):
+        for seg in _segments(row):
+            sizes = Counter(round(float(w["size"]), 1) for w in seg)
+            lines.append(
+                Line(
+                    top=min(float(w["top"]) for w in seg),
+                    bottom=max(float(w["bottom"]) for w in seg),
+                    x0=float(seg[0]["x0"]),
+                    x1=max(float(w["x1"]) for w in seg),
+                    text=" ".join(str(w["text"]) for w in seg),
+                    size=sizes.most_common(1)[0][0],
+                    bold=all("bold" in str(w.get("fontname", "")).lower() for w in seg),
+                )
             )
-        )
     return lines
 
 
-def _gutter(words: list[dict[str, Any]], width: float) -> float | None:
-    """An x between the page's middle thirds that no line of two columns crosses."""
-    best: tuple[int, float] | None = None
-    x = width * 0.3
-    while x <= width * 0.7:
-        crossing = sum(1 for w in words if float(w["x0"]) < x < float(w["x1"]))
-        if best is None or crossing < best[0]:
-            best = (crossing, x)
-        x += 2.0
-    if best is None:
+def _gutter(lines: list[Line]) -> float | None:
+    """The x that fewest lines cross with ``MIN_COLUMN_LINES`` lines wholly on each side
+    (the middle-most of equals), or None."""
+    if len(lines) < 2 * MIN_COLUMN_LINES:
         return None
-    return best[1]
+    lo, hi = min(ln.x0 for ln in lines), max(ln.x1 for ln in lines)
+    middle = (lo + hi) / 2
+    best: tuple[int, float, float] | None = None
+    x = lo + MIN_GUTTER
+    while x <= hi - MIN_GUTTER:
+        left = sum(1 for ln in lines if ln.x1 <= x)
+        right = sum(1 for ln in lines if ln.x0 >= x)
+        if left >= MIN_COLUMN_LINES and right >= MIN_COLUMN_LINES:
+            crossing = len(lines) - left - right
+            key = (crossing, abs(x - middle), x)
+            if best is None or key < best:
+                best = key
+        x += 2.0
+    return None if best is None else best[2]
 
 
-def _ordered(words: list[dict[str, Any]], width: float) -> list[list[Line]]:
-    """The page's lines as reading-order runs: full-width bands, and columns left then right."""
-    lines = _lines(words)
-    gutter = _gutter(words, width)
+def _ordered(lines: list[Line], depth: int = 0) -> list[list[Line]]:
+    """Lines as reading-order runs: full-width bands, and columns left then right.
+
+    A column is ordered the same way in turn, so a margin column beside two body
+    columns is a run of its own, never read line by line into its neighbour.
+    """
+    gutter = _gutter(lines) if depth < MAX_COLUMN_DEPTH else None
     if gutter is None:
         return [lines]
     runs: list[list[Line]] = []
@@ -122,10 +166,10 @@ def _ordered(words: list[dict[str, Any]], width: float) -> list[list[Line]]:
             if flow:
                 runs.append(flow[:])
                 flow.clear()
-            runs.append(left)
-            runs.append(right)
+            runs.extend(_ordered(left, depth + 1))
+            runs.extend(_ordered(right, depth + 1))
         else:
-            flow.extend(band)
+            flow.extend(sorted(band, key=lambda ln: (ln.top, ln.x0)))
         band.clear()
 
     for line in lines:
@@ -171,6 +215,7 @@ class PageWords:
     tables: list[tuple[tuple[float, float, float, float], list[list[str | None]]]]
     width: float
     chars: int  # non-space characters of the text layer, tables included
+    height: float = 0.0
 
     def sizes(self) -> Counter[float]:
         """Characters per font size: the document's body size is the most common."""
@@ -180,11 +225,7 @@ class PageWords:
         return sizes
 
 
-# pdfplumber's word grouping, with the two attributes the layout reads.
-_WORDS = WordExtractor(extra_attrs=["size", "fontname"])
-
-
-def page_words(page: Any) -> PageWords:
+def page_words(page: Any, *, resolve: Resolver | None = None) -> PageWords:
     """The words and ruled tables of one pdfplumber page.
 
     A page that draws no lines, rectangles or curves can hold no ruled table,
@@ -196,12 +237,13 @@ def page_words(page: Any) -> PageWords:
     chars = _plain_chars(page)
     if chars is not None:
         return PageWords(
-            words=_WORDS.extract_words(chars),
+            words=page_words_from_chars(chars, resolve=resolve),
             tables=[],
             width=float(page.width),
             chars=sum(1 for c in chars if not str(c["text"]).isspace()),
+            height=float(page.height),
         )
-    tables = [t for t in page.find_tables() if len(t.rows) >= 2]
+    tables = [t for t in page.find_tables() if len(t.rows) >= 2 and _is_table_box(t.bbox, page)]
     boxes = [t.bbox for t in tables]
 
     def outside(word: dict[str, Any]) -> bool:
@@ -209,13 +251,23 @@ def page_words(page: Any) -> PageWords:
         cy = (float(word["top"]) + float(word["bottom"])) / 2
         return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
 
-    words = page.extract_words(extra_attrs=["size", "fontname"])
+    chars = [c for c in page.chars if outside(c)]
     return PageWords(
-        words=[w for w in words if outside(w)],
+        words=page_words_from_chars(chars, resolve=resolve),
         tables=[(t.bbox, t.extract()) for t in tables],
         width=float(page.width),
-        chars=sum(len(str(w["text"]).strip()) for w in words),
+        chars=sum(1 for c in page.chars if not str(c["text"]).isspace()),
+        height=float(page.height),
     )
+
+
+def _is_table_box(bbox: tuple[float, float, float, float], page: Any) -> bool:
+    """A ruled table lies on the page and leaves room beside it: a frame drawn round the
+    whole page (or past its edges) is a border, and its "cells" would swallow the text."""
+    x0, top, x1, bottom = bbox
+    width, height = float(page.width), float(page.height)
+    inside = x0 >= -2 and top >= -2 and x1 <= width + 2 and bottom <= height + 2
+    return inside and (x1 - x0) * (bottom - top) <= MAX_TABLE_AREA * width * height
 
 
 def _plain_chars(page: Any) -> list[dict[str, Any]] | None:
@@ -247,6 +299,7 @@ def _plain_chars(page: Any) -> list[dict[str, Any]] | None:
                     "upright": obj.upright,
                     "size": obj.size,
                     "fontname": obj.fontname,
+                    "matrix": obj.matrix,
                 }
             )
         elif isinstance(obj, LTCurve):
@@ -256,15 +309,77 @@ def _plain_chars(page: Any) -> list[dict[str, Any]] | None:
     return chars
 
 
-def page_layout(page: PageWords, *, body: float, first: bool) -> PageLayout:
-    """The Markdown of one page; ``body`` is the document's body font size."""
-    sizes = page.sizes()
+def page_signatures(page: PageWords) -> set[tuple[str, str]]:
+    """The page's lines in its top and bottom bands, for :func:`furniture.running_lines`."""
+    return banded_signatures(_rows([w for w in page.words if w["upright"]]), page.height)
+
+
+def _split_furniture(
+    page: PageWords, running: frozenset[tuple[str, str]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The page's body words, and its furniture lines' texts (rotated ones last)."""
+    body: list[dict[str, Any]] = []
+    furniture: list[str] = []
+    for row in _rows([w for w in page.words if w["upright"]]):
+        if is_furniture(row, page.height, running):
+            row.sort(key=lambda w: float(w["x0"]))
+            furniture.append(" ".join(str(w["text"]) for w in row))
+        else:
+            body.extend(row)
+    # Rotated words, one line per x position (a vertical line of text), left to right.
+    rotated: dict[int, list[dict[str, Any]]] = {}
+    for word in (w for w in page.words if not w["upright"]):
+        rotated.setdefault(round(float(word["x0"]) / 4), []).append(word)
+    for _, line in sorted(rotated.items()):
+        line.sort(key=lambda w: float(w["top"]))
+        furniture.append(" ".join(str(w["text"]) for w in line))
+    return body, furniture
+
+
+def _joined(para: list[Line]) -> list[str]:
+    """The paragraph's lines, a word hyphenated at a line's end joined on the first line.
+
+    ``inter-`` + ``action`` gives ``interaction``; a hyphen before a digit is kept
+    (``bmjopen-2016-`` + ``012335``: a DOI or an identifier, joined whole).
+    """
+    texts = [ln.text for ln in para]
+    for i in range(len(texts) - 1):
+        match = _LINE_END_HYPHEN.search(texts[i])
+        if not match or not texts[i + 1]:
+            continue
+        head, _, rest = texts[i + 1].partition(" ")
+        if head[0].islower() and match.group(1).isalpha():
+            texts[i] = texts[i][: match.start(2)] + head
+        elif head[0].isdigit() or head[0].islower():
+            texts[i] = texts[i][: match.end(2)] + head
+        else:
+            continue
+        texts[i + 1] = rest
+    return [t for t in texts if t]
+
+
+def page_layout(
+    page: PageWords,
+    *,
+    body: float,
+    first: bool,
+    running: frozenset[tuple[str, str]] = frozenset(),
+) -> PageLayout:
+    """The Markdown of one page; ``body`` is the document's body font size.
+
+    ``running`` holds the document's running lines (:func:`furniture.running_lines`
+    over every page's :func:`page_signatures`): those, page numbers and rotated
+    lines are furniture, set after the body and listed in ``PageLayout.furniture``.
+    """
+    words, furniture = _split_furniture(page, running)
+    sizes = PageWords(words, [], page.width, 0).sizes()
     largest = max(sizes) if sizes else 0.0
     blocks: list[tuple[float, str]] = []
     largest_text: str | None = None
-    for run in _ordered(page.words, page.width):
+    for run in _ordered(_lines(words)):
         for para in _paragraphs(run):
-            text = " ".join(ln.text for ln in para)
+            lines = _joined(para)
+            text = " ".join(lines)
             size = para[0].size
             short = len(text.split()) <= MAX_HEADING_WORDS
             is_title = first and size == largest and largest >= body * TITLE_RATIO
@@ -275,7 +390,7 @@ def page_layout(page: PageWords, *, body: float, first: bool) -> PageLayout:
             elif short and (para[0].bold or size >= body * HEADING_RATIO) and size >= body * 0.85:
                 blocks.append((para[0].top, f"## {text}"))
             else:
-                blocks.append((para[0].top, "\n".join(ln.text for ln in para)))
+                blocks.append((para[0].top, "\n".join(lines)))
     # A table goes in before the first block below its top edge.
     parts = [text for _, text in blocks]
     for bbox, rows in sorted(page.tables, key=lambda t: t[0][1], reverse=True):
@@ -284,7 +399,14 @@ def page_layout(page: PageWords, *, body: float, first: bool) -> PageLayout:
             continue
         at = next((i for i, (top, _) in enumerate(blocks) if top > bbox[1]), len(blocks))
         parts.insert(at, _table_markdown(kept))
-    return PageLayout("\n\n".join(parts), page.chars, largest_text)
+    markdown = "\n\n".join(parts)
+    spans = []
+    for line in furniture:
+        if markdown:
+            markdown += "\n\n"
+        spans.append((len(markdown), len(markdown) + len(line)))
+        markdown += line
+    return PageLayout(markdown, page.chars, largest_text, tuple(spans))
 
 
-__all__ = ["PageLayout", "PageWords", "page_layout", "page_words"]
+__all__ = ["PageLayout", "PageWords", "page_layout", "page_signatures", "page_words"]

@@ -1,0 +1,307 @@
+"""How faithfully the parse reads real papers: whole words, reading order, furniture, OCR cost.
+
+    .venv/bin/python -m bench.parse_bench                    # every paper of the development set
+    .venv/bin/python -m bench.parse_bench --papers DIR --only heart_vos1998
+    .venv/bin/python -m bench.parse_bench --ocr               # OCR settings, CPU-seconds a page
+
+The development set (32 real papers, not openly licensed) lives outside the
+repository: ``$SHOAL_PAPERS_DIR``, or ``shared/corpus/papers`` in a parent of
+the repository root. The bench prints figures only, never the papers' text.
+
+**Words whole.** The reference is an independent extraction of the same page:
+PDFium's text layer (pypdfium2's ``get_text_range``), which places spaces by
+its own rules. Both texts are reduced the same way: Unicode NFKC (ligatures
+become letters), a hyphen at a line's end before a lower-case letter joined to
+the next line, split on white space, and each token keyed by its letters and
+digits alone, case-folded (``"Etzioni,"`` is ``etzioni``; tokens with neither
+are dropped). A reference word is *whole* when the parse has a token with the
+same key; counted as multisets (a word printed 5 times needs 5 tokens). The
+share is over all text-layer pages of a paper, Markdown markup and the
+furniture marks included (furniture is kept in the text, only marked). A glued
+pair (``DougDowney``) counts as two words lost; a word split in two counts as
+one lost.
+
+**Reading order.** Word trigrams of the reference (in PDFium's order, which
+follows the content stream, within each of its lines and across line ends)
+that the parse also has, as a share. Where a two-column page is read across
+the columns, every line end breaks two trigrams. A page whose share is below
+``ORDER_FLAG`` is listed as *order differs*: the parse mixes columns there, or
+PDFium's own order is not the reading order (a publisher that writes the
+page's blocks out of order); look at the page to tell.
+
+**Furniture.** Lines the parse marks as page furniture (running headers and
+footers, page numbers, stamps, rotated margin lines): the count per paper.
+
+**OCR** (``--ocr``): the papers' pages rendered and read by Tesseract as a
+scan would be, at each DPI / page segmentation mode / option setting, with
+the text layer set aside: CPU-seconds a page (the Tesseract process's and
+ours) and the share of the text layer's words the OCR text holds whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pypdfium2
+
+from shoal_extract.parsing import DocumentFormat, parse_document
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_WHOLE = 0.98
+ORDER_FLAG = 0.90
+_LINE_HYPHEN = re.compile(r"(\w)[-\u00ad\u2010\x02]\s*\n\s*(?=[a-z])")
+_KEY = re.compile(r"[\W_]+")
+
+
+def papers_dir(explicit: str | None = None) -> Path | None:
+    """The development set: ``explicit``, ``$SHOAL_PAPERS_DIR``, or ``shared/corpus/papers``."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("SHOAL_PAPERS_DIR"):
+        return Path(os.environ["SHOAL_PAPERS_DIR"])
+    for parent in ROOT.parents:
+        candidate = parent / "shared" / "corpus" / "papers"
+        if (candidate / "pdfs").is_dir():
+            return candidate
+    return None
+
+
+def keys(text: str) -> list[str]:
+    """The text's words as the bench compares them (see the module docstring)."""
+    text = unicodedata.normalize("NFKC", text.replace("\r\n", "\n").replace("\r", "\n"))
+    text = _LINE_HYPHEN.sub(r"\1", text)
+    out = []
+    for token in text.split():
+        key = _KEY.sub("", token).casefold()
+        if key:
+            out.append(key)
+    return out
+
+
+def reference_pages(content: bytes) -> list[str]:
+    """PDFium's text of every page."""
+    pdf = pypdfium2.PdfDocument(content)
+    try:
+        texts = []
+        for index in range(len(pdf)):
+            page = pdf[index]
+            textpage = page.get_textpage()
+            texts.append(textpage.get_text_range())
+            textpage.close()
+            page.close()
+        return texts
+    finally:
+        pdf.close()
+
+
+def whole_share(reference: list[str], parsed: list[str]) -> tuple[int, int]:
+    """(reference words found whole in the parse, reference words)."""
+    ref, got = Counter(reference), Counter(parsed)
+    return sum(min(n, got[w]) for w, n in ref.items()), sum(ref.values())
+
+
+def trigram_share(reference: list[str], parsed: list[str]) -> tuple[int, int]:
+    def grams(words: list[str]) -> Counter[tuple[str, str, str]]:
+        return Counter(zip(words, words[1:], words[2:], strict=False))
+
+    ref, got = grams(reference), grams(parsed)
+    return sum(min(n, got[g]) for g, n in ref.items()), sum(ref.values())
+
+
+@dataclass(frozen=True, slots=True)
+class PaperFigures:
+    name: str
+    pages: int
+    ocr_pages: int
+    words: int
+    whole: float
+    order: float
+    order_pages: tuple[int, ...]  # 1-based pages whose order share is under ORDER_FLAG
+    furniture: int
+    seconds: float
+
+
+def measure(path: Path) -> PaperFigures:
+    content = path.read_bytes()
+    started = time.process_time()
+    parsed = parse_document(content, DocumentFormat.PDF)
+    seconds = time.process_time() - started
+    reference = reference_pages(content)
+    found = total = o_found = o_total = 0
+    flagged = []
+    for number in range(1, parsed.pages + 1):
+        if number in parsed.ocr_pages:
+            continue
+        page_text = parsed.page_text(number)
+        ref, got = keys(reference[number - 1]), keys(page_text)
+        f, t = whole_share(ref, got)
+        found, total = found + f, total + t
+        of, ot = trigram_share(ref, got)
+        o_found, o_total = o_found + of, o_total + ot
+        if ot >= 30 and of / ot < ORDER_FLAG:
+            flagged.append(number)
+    furniture = len(parsed.furniture)
+    return PaperFigures(
+        name=path.stem,
+        pages=parsed.pages,
+        ocr_pages=len(parsed.ocr_pages),
+        words=total,
+        whole=found / total if total else 1.0,
+        order=o_found / o_total if o_total else 1.0,
+        order_pages=tuple(flagged),
+        furniture=furniture,
+        seconds=seconds,
+    )
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def parse_table(rows: list[PaperFigures]) -> list[str]:
+    out = [
+        "| paper | pages | OCR | words | whole | order | order differs on pages | furniture "
+        "| CPU s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pages = ", ".join(map(str, r.order_pages)) or "-"
+        out.append(
+            f"| {r.name} | {r.pages} | {r.ocr_pages} | {r.words} | {r.whole:.1%} | {r.order:.1%} "
+            f"| {pages} | {r.furniture} | {r.seconds:.1f} |"
+        )
+    shares = [r.whole for r in rows if r.words]
+    below = [r.name for r in rows if r.words and r.whole < TARGET_WHOLE]
+    mixed = [r.name for r in rows if r.order_pages]
+    out += [
+        "",
+        f"Words whole: min {min(shares):.1%}, median {statistics.median(shares):.1%}; "
+        f"under {TARGET_WHOLE:.0%}: {', '.join(below) or 'none'}.",
+        f"Order differs from PDFium's on some page: {len(mixed)} papers "
+        f"({', '.join(mixed) or 'none'}).",
+        f"Parse CPU: {sum(r.seconds for r in rows):.1f} s for {sum(r.pages for r in rows)} pages.",
+    ]
+    return out
+
+
+# --- OCR ---------------------------------------------------------------------------------
+
+OCR_SETTINGS: list[tuple[int, int, str]] = [
+    # (dpi, psm, extra tesseract options)
+    (200, 3, ""),
+    (150, 3, ""),
+    (200, 6, ""),
+    (150, 6, ""),
+    (150, 4, ""),
+    (150, 3, "-c tessedit_do_invert=0"),
+    (120, 3, "-c tessedit_do_invert=0"),
+    (150, 6, "-c tessedit_do_invert=0"),
+]
+OCR_PAPERS = ("clincardiol_mattioli1998", "jcompphys_jordan1986")
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def ocr_rows(directory: Path, pages_each: int) -> list[str]:
+    import pytesseract
+
+    from shoal_extract.ocr import render_for_ocr
+
+    rows = [
+        "| DPI | psm | options | pages | CPU s a page | words whole |",
+        "|---|---|---|---|---|---|",
+    ]
+    samples = []
+    for stem in OCR_PAPERS:
+        content = (directory / "pdfs" / f"{stem}.pdf").read_bytes()
+        reference = reference_pages(content)
+        pdf = pypdfium2.PdfDocument(content)
+        for index in range(min(pages_each, len(pdf))):
+            samples.append((pdf, index, keys(reference[index])))
+    for dpi, psm, options in OCR_SETTINGS:
+        cpu = found = total = 0.0
+        for pdf, index, ref in samples:
+            before = time.process_time() + _children_cpu()
+            image = render_for_ocr(pdf[index], dpi=dpi)
+            text = pytesseract.image_to_string(image, lang="eng", config=f"--psm {psm} {options}")
+            cpu += time.process_time() + _children_cpu() - before
+            f, t = whole_share(ref, keys(text))
+            found, total = found + f, total + t
+        rows.append(
+            f"| {dpi} | {psm} | {options or '-'} | {len(samples)} | {cpu / len(samples):.2f} "
+            f"| {found / total:.1%} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--papers", help="the development set's folder (holds pdfs/)")
+    parser.add_argument("--only", action="append", help="a paper's file stem; repeatable")
+    parser.add_argument("--ocr", action="store_true", help="time OCR settings instead")
+    parser.add_argument("--ocr-pages", type=int, default=4, help="pages of each scan to OCR")
+    parser.add_argument("--record", action="store_true", help="write bench/runs/<date>-parse-*.md")
+    args = parser.parse_args(argv)
+    directory = papers_dir(args.papers)
+    if directory is None:
+        print("no development set: set SHOAL_PAPERS_DIR or --papers")
+        return 2
+    if args.ocr:
+        lines = ocr_rows(directory, args.ocr_pages)
+        kind = "ocr"
+    else:
+        rows = []
+        for path in sorted((directory / "pdfs").glob("*.pdf")):
+            if args.only and path.stem not in args.only:
+                continue
+            rows.append(measure(path))
+            print(parse_table([rows[-1]])[2], flush=True)
+        lines = parse_table(rows)
+        kind = "parse"
+    print("\n".join(lines))
+    if args.record:
+        commit = _commit()
+        day = datetime.now(UTC).date().isoformat()
+        out = ROOT / "bench" / "runs" / f"{day}-{kind}-{commit}.md"
+        out.parent.mkdir(exist_ok=True)
+        head = [
+            f"# {kind} bench, {day}, commit {commit}",
+            "",
+            f"`python -m bench.parse_bench{' --ocr' if args.ocr else ''}` on the development set "
+            f"({os.cpu_count()} cores, Python {sys.version.split()[0]}). Figures only.",
+            "",
+        ]
+        out.write_text("\n".join(head + lines) + "\n")
+        print(f"recorded: {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
