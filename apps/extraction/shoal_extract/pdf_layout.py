@@ -245,20 +245,41 @@ def page_words(page: Any, *, resolve: Resolver | None = None) -> PageWords:
         )
     tables = [t for t in page.find_tables() if len(t.rows) >= 2 and _is_table_box(t.bbox, page)]
     boxes = [t.bbox for t in tables]
-
-    def outside(word: dict[str, Any]) -> bool:
-        cx = (float(word["x0"]) + float(word["x1"])) / 2
-        cy = (float(word["top"]) + float(word["bottom"])) / 2
-        return not any(x0 <= cx <= x1 and top <= cy <= bottom for x0, top, x1, bottom in boxes)
-
-    chars = [c for c in page.chars if outside(c)]
+    words = page_words_from_chars(page.chars, resolve=resolve)
     return PageWords(
-        words=page_words_from_chars(chars, resolve=resolve),
-        tables=[(t.bbox, t.extract()) for t in tables],
+        words=[w for w in words if not any(_inside(w, box) for box in boxes)],
+        tables=[(t.bbox, _cells(t, words)) for t in tables],
         width=float(page.width),
         chars=sum(1 for c in page.chars if not str(c["text"]).isspace()),
         height=float(page.height),
     )
+
+
+def _inside(word: dict[str, Any], box: tuple[float, float, float, float]) -> bool:
+    cx = (float(word["x0"]) + float(word["x1"])) / 2
+    cy = (float(word["top"]) + float(word["bottom"])) / 2
+    return box[0] <= cx <= box[2] and box[1] <= cy <= box[3]
+
+
+def _cells(table: Any, words: list[dict[str, Any]]) -> list[list[str | None]]:
+    """The table's cells filled with the page's words (the same word grouping as the text),
+    each cell's words in rows, top to bottom."""
+    rows: list[list[str | None]] = []
+    for row in table.rows:
+        texts: list[str | None] = []
+        for cell in row.cells:
+            if cell is None:
+                texts.append(None)
+                continue
+            inside = [w for w in words if _inside(w, cell)]
+            texts.append(
+                " ".join(
+                    " ".join(str(w["text"]) for w in sorted(r, key=lambda w: float(w["x0"])))
+                    for r in _rows(inside)
+                )
+            )
+        rows.append(texts)
+    return rows
 
 
 def _is_table_box(bbox: tuple[float, float, float, float], page: Any) -> bool:
@@ -326,13 +347,15 @@ def _split_furniture(
             furniture.append(" ".join(str(w["text"]) for w in row))
         else:
             body.extend(row)
-    # Rotated words, one line per x position (a vertical line of text), left to right.
-    rotated: dict[int, list[dict[str, Any]]] = {}
+    # Rotated words in the order they are drawn (along their own line), a new line
+    # where one moves across to another column of the margin.
+    lines: list[list[dict[str, Any]]] = []
     for word in (w for w in page.words if not w["upright"]):
-        rotated.setdefault(round(float(word["x0"]) / 4), []).append(word)
-    for _, line in sorted(rotated.items()):
-        line.sort(key=lambda w: float(w["top"]))
-        furniture.append(" ".join(str(w["text"]) for w in line))
+        if lines and abs(float(lines[-1][-1]["x0"]) - float(word["x0"])) <= float(word["size"]):
+            lines[-1].append(word)
+        else:
+            lines.append([word])
+    furniture.extend(" ".join(str(w["text"]) for w in line) for line in lines)
     return body, furniture
 
 

@@ -20,7 +20,7 @@ measured against the type:
   ``resolve`` (PDFium's reading of the same spot) and dropped if it has none.
 
 Characters not set horizontally (rotated margin lines, vertical stamps) are
-grouped apart, with pdfplumber's grouping, and flagged ``upright=False``.
+grouped the same way along their own line, and flagged ``upright=False``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import statistics
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
-
-from pdfplumber.utils.text import WordExtractor
 
 # A word gap is wider than this share of the font size (over the run's usual letter gap).
 # Word spaces measured on the development set run from 0.17 em (tight sans) up; letter
@@ -67,8 +65,6 @@ _CID = re.compile(r"^\(cid:\d+\)$")
 # Where a glyph without a Unicode map sits (x0, top, x1, bottom) to the text PDFium reads there.
 Resolver = Callable[[float, float, float, float], str | None]
 
-_ROTATED = WordExtractor(extra_attrs=["size", "fontname"])
-
 
 def is_horizontal(char: dict[str, Any]) -> bool:
     """Set along the x axis, upside down or mirrored included (Type 3 fonts often are)."""
@@ -84,16 +80,33 @@ def page_words_from_chars(
 ) -> list[dict[str, Any]]:
     """Words (pdfplumber's word dictionaries: text, box, size, fontname, upright) of the chars."""
     flat = [c for c in chars if is_horizontal(c)]
-    other = [c for c in chars if not is_horizontal(c)]
+    turned = [_turned(c) for c in chars if not is_horizontal(c)]
     words: list[dict[str, Any]] = []
     for run in _runs(flat):
         words.extend(_run_words(run, resolve))
-    for word in _ROTATED.extract_words(other) if other else []:
-        word["upright"] = False
-        word["text"] = _glyphs(str(word["text"]))
-        if word["text"].strip():
+    for run in _runs(turned):
+        for word in _run_words(run, resolve, superscripts=False):
+            word["upright"] = False
             words.append(word)
     return words
+
+
+def _turned(char: dict[str, Any]) -> dict[str, Any]:
+    """A character of rotated text in a frame where its line runs left to right.
+
+    Text set upwards (a licence line up the margin) or downwards is read along
+    its own line; ``_box`` keeps the character's place on the page.
+    """
+    a, b = (float(v) for v in char.get("matrix", (1, 0))[:2])
+    x0, x1 = float(char["x0"]), float(char["x1"])
+    top, bottom = float(char["top"]), float(char["bottom"])
+    if abs(b) > abs(a) and b > 0:  # upwards: the page's top edge comes last
+        frame = {"x0": -bottom, "x1": -top, "top": x0, "bottom": x1}
+    elif abs(b) > abs(a):  # downwards
+        frame = {"x0": top, "x1": bottom, "top": -x1, "bottom": -x0}
+    else:  # upside down or slanted: read right to left along x
+        frame = {"x0": -x1, "x1": -x0, "top": -bottom, "bottom": -top}
+    return {**char, **frame, "_box": char}
 
 
 def _glyphs(text: str) -> str:
@@ -123,7 +136,9 @@ def _continues(prev: dict[str, Any], char: dict[str, Any]) -> bool:
     return -0.5 * size <= gap <= 3.0 * size
 
 
-def _run_words(run: list[dict[str, Any]], resolve: Resolver | None) -> list[dict[str, Any]]:
+def _run_words(
+    run: list[dict[str, Any]], resolve: Resolver | None, *, superscripts: bool = True
+) -> list[dict[str, Any]]:
     sizes = Counter(round(float(c["size"]), 1) for c in run if not str(c["text"]).isspace())
     if not sizes:
         return []
@@ -145,7 +160,7 @@ def _run_words(run: list[dict[str, Any]], resolve: Resolver | None) -> list[dict
             prev = None
             continue
         csize = float(char["size"])
-        raised = (
+        raised = superscripts and (
             csize <= size * SUPERSCRIPT_SIZE
             and float(char["bottom"]) < base - size * SUPERSCRIPT_RAISE
         )
@@ -154,13 +169,9 @@ def _run_words(run: list[dict[str, Any]], resolve: Resolver | None) -> list[dict
             if gap > usual + WORD_GAP * min(max(csize, float(prev["size"])), size):
                 _close(current, words)
         if _CID.match(text):
-            found = (
-                resolve(
-                    float(char["x0"]), float(char["top"]), float(char["x1"]), float(char["bottom"])
-                )
-                if resolve
-                else None
-            )
+            box = char.get("_box", char)
+            spot = (float(box["x0"]), float(box["top"]), float(box["x1"]), float(box["bottom"]))
+            found = resolve(*spot) if resolve else None
             text = found.strip() if found else ""
         text = _glyphs(text)
         if raised:
@@ -175,13 +186,14 @@ def _run_words(run: list[dict[str, Any]], resolve: Resolver | None) -> list[dict
 def _close(current: list[tuple[dict[str, Any], str, bool]], words: list[dict[str, Any]]) -> None:
     if not current:
         return
-    body = [c for c, _, raised in current if not raised] or [c for c, _, _ in current]
+    boxes = [c.get("_box", c) for c, _, _ in current]
+    body = [c.get("_box", c) for c, _, raised in current if not raised] or boxes
     first = body[0]
     words.append(
         {
             "text": "".join(t for _, t, _ in current),
-            "x0": min(float(c["x0"]) for c, _, _ in current),
-            "x1": max(float(c["x1"]) for c, _, _ in current),
+            "x0": min(float(c["x0"]) for c in boxes),
+            "x1": max(float(c["x1"]) for c in boxes),
             "top": min(float(c["top"]) for c in body),
             "bottom": max(float(c["bottom"]) for c in body),
             "doctop": float(first.get("doctop", first["top"])),
