@@ -20,7 +20,9 @@ lines is larger than a line's usual spacing.
 
 from __future__ import annotations
 
+import itertools
 import re
+import statistics
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
@@ -44,7 +46,8 @@ MIN_COLUMN_LINES = 3
 # The narrowest gap between columns (points) that counts as a gutter.
 MIN_GUTTER = 6.0
 # A gap wider than this many font sizes between two words of a row is a column gap.
-SEGMENT_GAP = 1.5
+SEGMENT_GAP = 0.8
+SEGMENT_RATIO = 2.5
 # Columns within columns: a margin column beside two body columns needs two levels.
 MAX_COLUMN_DEPTH = 3
 # A ruled table covers at most this share of its page; a larger frame is a page border.
@@ -89,13 +92,18 @@ def _rows(words: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def _segments(row: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """A row's words cut where a gap is wider than any word space: columns and margin
-    columns often share their baselines, and a row across them is not one line."""
+    columns often share their baselines, and a row across them is not one line.
+
+    A column gap is wider than ``SEGMENT_GAP`` font sizes and than ``SEGMENT_RATIO``
+    times the row's usual gap: a justified title spreads all its gaps alike.
+    """
     row.sort(key=lambda w: float(w["x0"]))
+    gaps = [float(b["x0"]) - float(a["x1"]) for a, b in itertools.pairwise(row)]
+    usual = statistics.median(gaps) if len(gaps) >= 3 else 0.0
     segments = [[row[0]]]
-    for word in row[1:]:
-        prev = segments[-1][-1]
-        size = max(float(prev["size"]), float(word["size"]))
-        if float(word["x0"]) - float(prev["x1"]) > max(SEGMENT_GAP * size, MIN_GUTTER):
+    for word, gap in zip(row[1:], gaps, strict=True):
+        size = max(float(segments[-1][-1]["size"]), float(word["size"]))
+        if gap > max(SEGMENT_GAP * size, MIN_GUTTER, SEGMENT_RATIO * usual):
             segments.append([word])
         else:
             segments[-1].append(word)

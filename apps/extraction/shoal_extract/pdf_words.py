@@ -41,6 +41,8 @@ MIN_GAPS_FOR_MEDIAN = 8
 # A character this much smaller than its run's text, and raised, is a superscript marker.
 SUPERSCRIPT_SIZE = 0.85
 SUPERSCRIPT_RAISE = 0.15  # share of the run's font size its baseline sits higher, at least
+# A superscript marker this close (a share of its word's font size) after a word is the word's.
+MARKER_GAP = 0.6
 LIGATURES = {
     "\ufb00": "ff",
     "\ufb01": "fi",
@@ -116,11 +118,16 @@ def _glyphs(text: str) -> str:
 def _runs(chars: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Stretches of characters in drawing order on one line, left to right."""
     runs: list[list[dict[str, Any]]] = []
+    anchor: dict[str, Any] | None = None  # the run's last printed (not space) character
     for char in chars:
-        if runs and _continues(runs[-1][-1], char):
+        blank = str(char["text"]).isspace()
+        if runs and (anchor is None or _continues(anchor, char) or blank):
             runs[-1].append(char)
         else:
             runs.append([char])
+            anchor = None
+        if not blank:
+            anchor = char
     return runs
 
 
@@ -187,7 +194,16 @@ def _close(current: list[tuple[dict[str, Any], str, bool]], words: list[dict[str
     if not current:
         return
     boxes = [c.get("_box", c) for c, _, _ in current]
-    body = [c.get("_box", c) for c, _, raised in current if not raised] or boxes
+    body = [c.get("_box", c) for c, _, raised in current if not raised]
+    if not body and words:
+        # A marker set apart from its word by a space (some house styles do): still its word's.
+        last, x0 = words[-1], min(float(c["x0"]) for c in boxes)
+        if x0 - float(last["x1"]) <= MARKER_GAP * float(last["size"]):
+            last["text"] += "".join(t for _, t, _ in current)
+            last["x1"] = max(float(last["x1"]), max(float(c["x1"]) for c in boxes))
+            current.clear()
+            return
+    body = body or boxes
     first = body[0]
     words.append(
         {
