@@ -252,11 +252,13 @@ def page_words(page: Any, *, resolve: Resolver | None = None) -> PageWords:
             height=float(page.height),
         )
     tables = [t for t in page.find_tables() if len(t.rows) >= 2 and _is_table_box(t.bbox, page)]
-    boxes = [t.bbox for t in tables]
     words = page_words_from_chars(page.chars, resolve=resolve)
+    placed: set[int] = set()  # ids of the words a table cell holds
+    cells = [(t.bbox, _cells(t, words, placed)) for t in tables]
     return PageWords(
-        words=[w for w in words if not any(_inside(w, box) for box in boxes)],
-        tables=[(t.bbox, _cells(t, words)) for t in tables],
+        # A word inside a table's frame but in none of its cells stays text.
+        words=[w for w in words if id(w) not in placed],
+        tables=cells,
         width=float(page.width),
         chars=sum(1 for c in page.chars if not str(c["text"]).isspace()),
         height=float(page.height),
@@ -269,9 +271,9 @@ def _inside(word: dict[str, Any], box: tuple[float, float, float, float]) -> boo
     return box[0] <= cx <= box[2] and box[1] <= cy <= box[3]
 
 
-def _cells(table: Any, words: list[dict[str, Any]]) -> list[list[str | None]]:
+def _cells(table: Any, words: list[dict[str, Any]], placed: set[int]) -> list[list[str | None]]:
     """The table's cells filled with the page's words (the same word grouping as the text),
-    each cell's words in rows, top to bottom."""
+    each cell's words in rows, top to bottom; ``placed`` gathers the words used."""
     rows: list[list[str | None]] = []
     for row in table.rows:
         texts: list[str | None] = []
@@ -279,7 +281,8 @@ def _cells(table: Any, words: list[dict[str, Any]]) -> list[list[str | None]]:
             if cell is None:
                 texts.append(None)
                 continue
-            inside = [w for w in words if _inside(w, cell)]
+            inside = [w for w in words if id(w) not in placed and _inside(w, cell)]
+            placed.update(id(w) for w in inside)
             texts.append(
                 " ".join(
                     " ".join(str(w["text"]) for w in sorted(r, key=lambda w: float(w["x0"])))
