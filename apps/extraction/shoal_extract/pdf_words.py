@@ -63,18 +63,22 @@ _SUPER = dict(
     )
 )
 _CID = re.compile(r"^\(cid:\d+\)$")
+# A control character or U+FFFD: the font maps the glyph to no text (a ligature often).
+_NO_UNICODE = re.compile(r"^[\x00-\x08\x0b\x0c\x0e-\x1f\ufffd]+$")
 
 # Where a glyph without a Unicode map sits (x0, top, x1, bottom) to the text PDFium reads there.
 Resolver = Callable[[float, float, float, float], str | None]
 
 
 def is_horizontal(char: dict[str, Any]) -> bool:
-    """Set along the x axis, upside down or mirrored included (Type 3 fonts often are)."""
+    """Set along the x axis: slanted, or upside down glyph by glyph (Type 3 fonts often are)."""
     matrix = char.get("matrix")
     if matrix is None:
         return bool(char.get("upright", True))
-    a, b, c, d = (float(v) for v in matrix[:4])
-    return abs(b) <= 0.01 * abs(a) and abs(c) <= 0.01 * abs(d) and a > 0
+    # The advance (a, b) runs along +x; c, the skew of a slanted (synthetic italic)
+    # font, and d, flipped in many Type 3 fonts, do not turn the line.
+    a, b = (float(v) for v in matrix[:2])
+    return a > 0 and abs(b) <= 0.05 * a
 
 
 def page_words_from_chars(
@@ -111,6 +115,11 @@ def _turned(char: dict[str, Any]) -> dict[str, Any]:
     return {**char, **frame, "_box": char}
 
 
+def _blank(text: str) -> bool:
+    """A space between words: white space, but not a control character standing for a glyph."""
+    return not text or (text.isspace() and not _NO_UNICODE.match(text))
+
+
 def _glyphs(text: str) -> str:
     return "".join(LIGATURES.get(ch, ch) for ch in text)
 
@@ -120,7 +129,7 @@ def _runs(chars: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     runs: list[list[dict[str, Any]]] = []
     anchor: dict[str, Any] | None = None  # the run's last printed (not space) character
     for char in chars:
-        blank = str(char["text"]).isspace()
+        blank = _blank(str(char["text"]))
         if runs and (anchor is None or _continues(anchor, char) or blank):
             runs[-1].append(char)
         else:
@@ -146,7 +155,7 @@ def _continues(prev: dict[str, Any], char: dict[str, Any]) -> bool:
 def _run_words(
     run: list[dict[str, Any]], resolve: Resolver | None, *, superscripts: bool = True
 ) -> list[dict[str, Any]]:
-    sizes = Counter(round(float(c["size"]), 1) for c in run if not str(c["text"]).isspace())
+    sizes = Counter(round(float(c["size"]), 1) for c in run if not _blank(str(c["text"])))
     if not sizes:
         return []
     size = sizes.most_common(1)[0][0]
@@ -154,7 +163,7 @@ def _run_words(
     gaps = [
         float(b["x0"]) - float(a["x1"])
         for a, b in itertools.pairwise(run)
-        if not str(a["text"]).isspace() and not str(b["text"]).isspace()
+        if not _blank(str(a["text"])) and not _blank(str(b["text"]))
     ]
     usual = max(0.0, statistics.median(gaps)) if len(gaps) >= MIN_GAPS_FOR_MEDIAN else 0.0
     words: list[dict[str, Any]] = []
@@ -162,7 +171,7 @@ def _run_words(
     prev: dict[str, Any] | None = None
     for char in run:
         text = str(char["text"])
-        if text.isspace() or not text:
+        if _blank(text):
             _close(current, words)
             prev = None
             continue
@@ -175,7 +184,7 @@ def _run_words(
             gap = float(char["x0"]) - float(prev["x1"])
             if gap > usual + WORD_GAP * min(max(csize, float(prev["size"])), size):
                 _close(current, words)
-        if _CID.match(text):
+        if _CID.match(text) or _NO_UNICODE.match(text):
             box = char.get("_box", char)
             spot = (float(box["x0"]), float(box["top"]), float(box["x1"]), float(box["bottom"]))
             found = resolve(*spot) if resolve else None
