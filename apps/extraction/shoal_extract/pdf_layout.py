@@ -253,8 +253,15 @@ def page_words(page: Any, *, resolve: Resolver | None = None) -> PageWords:
         )
     tables = [t for t in page.find_tables() if len(t.rows) >= 2 and _is_table_box(t.bbox, page)]
     words = page_words_from_chars(page.chars, resolve=resolve)
-    placed: set[int] = set()  # ids of the words a table cell holds
-    cells = [(t.bbox, _cells(t, words, placed)) for t in tables]
+    placed: set[int] = set()  # ids of the words a kept table's cells hold
+    cells = []
+    for table in tables:
+        rows, used = _cells(table, words, placed)
+        # Fewer than two rows with text is no table (page_layout leaves it out): its
+        # words stay text.
+        if sum(1 for r in rows if any(c and c.strip() for c in r)) >= 2:
+            cells.append((table.bbox, rows))
+            placed |= used
     return PageWords(
         # A word inside a table's frame but in none of its cells stays text.
         words=[w for w in words if id(w) not in placed],
@@ -271,18 +278,24 @@ def _inside(word: dict[str, Any], box: tuple[float, float, float, float]) -> boo
     return box[0] <= cx <= box[2] and box[1] <= cy <= box[3]
 
 
-def _cells(table: Any, words: list[dict[str, Any]], placed: set[int]) -> list[list[str | None]]:
-    """The table's cells filled with the page's words (the same word grouping as the text),
-    each cell's words in rows, top to bottom; ``placed`` gathers the words used."""
+def _cells(
+    table: Any, words: list[dict[str, Any]], taken: set[int]
+) -> tuple[list[list[str | None]], set[int]]:
+    """The table's cells filled with the page's words not ``taken`` (the same word
+    grouping as the text), each cell's words in rows, top to bottom; and the ids of
+    the words used."""
     rows: list[list[str | None]] = []
+    used: set[int] = set()
     for row in table.rows:
         texts: list[str | None] = []
         for cell in row.cells:
             if cell is None:
                 texts.append(None)
                 continue
-            inside = [w for w in words if id(w) not in placed and _inside(w, cell)]
-            placed.update(id(w) for w in inside)
+            inside = [
+                w for w in words if id(w) not in taken and id(w) not in used and _inside(w, cell)
+            ]
+            used.update(id(w) for w in inside)
             texts.append(
                 " ".join(
                     " ".join(str(w["text"]) for w in sorted(r, key=lambda w: float(w["x0"])))
@@ -290,7 +303,7 @@ def _cells(table: Any, words: list[dict[str, Any]], placed: set[int]) -> list[li
                 )
             )
         rows.append(texts)
-    return rows
+    return rows, used
 
 
 def _is_table_box(bbox: tuple[float, float, float, float], page: Any) -> bool:
