@@ -8,7 +8,8 @@ their layout, never by their words:
 
 - **Position and repetition.** A line in the top or bottom band of a page
   (``BAND`` of its height) whose text, digits aside, recurs in the same band
-  on another page of the document is a running header or footer.
+  on another page of the document (on two others in a document of six pages
+  or more) is a running header or footer.
 - **Page numbers.** A line in those bands that is only a number (``12``,
   ``Page 3``, ``3 of 14``, ``S12``).
 - **Rotation.** Text not set horizontally is a margin stamp.
@@ -26,8 +27,12 @@ from typing import Any
 
 # The top and bottom bands of a page, as a share of its height, where furniture sits.
 BAND = 0.09
-# A running line recurs on at least this many pages (the page it is on included).
+# A running line recurs on at least this many pages (the page it is on included); in a
+# document of LONG_DOCUMENT pages or more, on MIN_PAGES_LONG: a table note or a
+# footnote repeated on two pages of a long paper is the paper's text.
 MIN_PAGES = 2
+MIN_PAGES_LONG = 3
+LONG_DOCUMENT = 6
 _DIGITS = re.compile(r"\d+")
 _SPACE = re.compile(r"\s+")
 _PAGE_NUMBER = re.compile(r"^(page|p\.?|s)?#((of|/)#)?$")
@@ -69,13 +74,13 @@ def banded_signatures(rows: Iterable[Row], height: float) -> set[tuple[str, str]
 
 
 def running_lines(pages: Sequence[set[tuple[str, str]]]) -> frozenset[tuple[str, str]]:
-    """The banded signatures that recur on ``MIN_PAGES`` pages or more."""
-    if len(pages) < MIN_PAGES:
-        return frozenset()
+    """The banded signatures that recur on ``MIN_PAGES`` pages or more (``MIN_PAGES_LONG``
+    in a long document)."""
+    least = MIN_PAGES if len(pages) < LONG_DOCUMENT else MIN_PAGES_LONG
     counts: Counter[tuple[str, str]] = Counter()
     for page in pages:
         counts.update(page)
-    return frozenset(s for s, n in counts.items() if n >= MIN_PAGES and s[1])
+    return frozenset(s for s, n in counts.items() if n >= least and s[1])
 
 
 def is_furniture(row: Row, height: float, running: frozenset[tuple[str, str]]) -> bool:

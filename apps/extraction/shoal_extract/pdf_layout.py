@@ -50,6 +50,8 @@ SEGMENT_GAP = 0.8
 SEGMENT_RATIO = 2.5
 # Columns within columns: a margin column beside two body columns needs two levels.
 MAX_COLUMN_DEPTH = 3
+# A page whose characters are mostly rotated is set sideways and read in their frame.
+SIDEWAYS_SHARE = 0.6
 # A ruled table covers at most this share of its page; a larger frame is a page border.
 MAX_TABLE_AREA = 0.7
 # A line ending in a hyphen after a word (group 1: the word's letters; group 2: the hyphen).
@@ -362,9 +364,25 @@ def page_signatures(page: PageWords) -> set[tuple[str, str]]:
 def _split_furniture(
     page: PageWords, running: frozenset[tuple[str, str]]
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The page's body words, and its furniture lines' texts (rotated ones last)."""
+    """The page's body words, and its furniture lines' texts (rotated ones last).
+
+    A page whose text is mostly rotated is set sideways (a landscape table): its
+    rotated words are the body, read in their own frame, and the few horizontal
+    lines (a running header, the page number) its furniture.
+    """
     body: list[dict[str, Any]] = []
     furniture: list[str] = []
+    rotated = [w for w in page.words if not w["upright"]]
+    rotated_chars = sum(len(str(w["text"])) for w in rotated)
+    if rotated_chars > SIDEWAYS_SHARE * sum(len(str(w["text"])) for w in page.words):
+        for row in _rows([w for w in page.words if w["upright"]]):
+            row.sort(key=lambda w: float(w["x0"]))
+            furniture.append(" ".join(str(w["text"]) for w in row))
+        turned = [w for w in rotated if "frame" in w]
+        for word in turned:
+            x0, x1, top, bottom = word["frame"]
+            body.append({**word, "x0": x0, "x1": x1, "top": top, "bottom": bottom})
+        return body, furniture
     for row in _rows([w for w in page.words if w["upright"]]):
         if is_furniture(row, page.height, running):
             row.sort(key=lambda w: float(w["x0"]))

@@ -214,6 +214,20 @@ def _close(current: list[tuple[dict[str, Any], str, bool]], words: list[dict[str
             return
     body = body or boxes
     first = body[0]
+    if "_box" in current[0][0]:
+        # Rotated text: where the word sits in its own line's frame too, for a page
+        # set sideways (a landscape table) that is read in that frame.
+        frame = [c for c, _, _ in current]
+        extra = {
+            "frame": (
+                min(float(c["x0"]) for c in frame),
+                max(float(c["x1"]) for c in frame),
+                min(float(c["top"]) for c in frame),
+                max(float(c["bottom"]) for c in frame),
+            )
+        }
+    else:
+        extra = {}
     words.append(
         {
             "text": "".join(t for _, t, _ in current),
@@ -226,6 +240,7 @@ def _close(current: list[tuple[dict[str, Any], str, bool]], words: list[dict[str
             "direction": "ltr",
             "size": first["size"],
             "fontname": first["fontname"],
+            **extra,
         }
     )
     current.clear()
