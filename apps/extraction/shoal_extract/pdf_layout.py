@@ -25,6 +25,7 @@ import re
 import statistics
 import unicodedata
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,8 @@ MIN_GUTTER = 6.0
 # A gap wider than this many font sizes between two words of a row is a column gap.
 SEGMENT_GAP = 0.8
 SEGMENT_RATIO = 2.5
+# Rows that must part at one x for it to be a gutter of the page.
+MIN_GUTTER_ROWS = 3
 # Columns within columns: a margin column beside two body columns needs two levels.
 MAX_COLUMN_DEPTH = 3
 # A page whose characters are mostly rotated is set sideways and read in their frame.
@@ -92,12 +95,15 @@ def _rows(words: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return rows
 
 
-def _segments(row: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _segments(
+    row: list[dict[str, Any]], gutters: Sequence[float] = ()
+) -> list[list[dict[str, Any]]]:
     """A row's words cut where a gap is wider than any word space: columns and margin
     columns often share their baselines, and a row across them is not one line.
 
     A column gap is wider than ``SEGMENT_GAP`` font sizes and than ``SEGMENT_RATIO``
-    times the row's usual gap: a justified title spreads all its gaps alike.
+    times the row's usual gap (a justified title spreads all its gaps alike), or is
+    any gap of ``MIN_GUTTER`` points over one of the page's ``gutters``.
     """
     row.sort(key=lambda w: float(w["x0"]))
     gaps = [float(b["x0"]) - float(a["x1"]) for a, b in itertools.pairwise(row)]
@@ -105,18 +111,33 @@ def _segments(row: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     segments = [[row[0]]]
     for word, gap in zip(row[1:], gaps, strict=True):
         size = max(float(segments[-1][-1]["size"]), float(word["size"]))
-        if gap > max(SEGMENT_GAP * size, MIN_GUTTER, SEGMENT_RATIO * usual):
+        left, right = float(segments[-1][-1]["x1"]), float(word["x0"])
+        wide = gap > max(SEGMENT_GAP * size, MIN_GUTTER, SEGMENT_RATIO * usual)
+        if wide or (gap >= MIN_GUTTER and any(left < x < right for x in gutters)):
             segments.append([word])
         else:
             segments[-1].append(word)
     return segments
 
 
+def _page_gutters(rows: list[list[dict[str, Any]]]) -> list[float]:
+    """The x of column gaps that rows cut by the strict rule agree on (``MIN_GUTTER_ROWS``
+    of them): where the columns of the page part, so a row justified wide is cut there too."""
+    middles: Counter[int] = Counter()
+    for row in rows:
+        segments = _segments(row)
+        for a, b in itertools.pairwise(segments):
+            middles[round((float(a[-1]["x1"]) + float(b[0]["x0"])) / 2 / 4)] += 1
+    return [key * 4.0 for key, n in middles.items() if n >= MIN_GUTTER_ROWS]
+
+
 def _lines(words: list[dict[str, Any]]) -> list[Line]:
     """Words grouped into lines by their top edge (a row cut at column gaps), left to right."""
     lines = []
-    for row in _rows(words):
-        for seg in _segments(row):
+    rows = _rows(words)
+    gutters = _page_gutters(rows)
+    for row in rows:
+        for seg in _segments(row, gutters):
             sizes = Counter(round(float(w["size"]), 1) for w in seg)
             lines.append(
                 Line(
