@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ocr-pages", type=int, default=4, help="pages of each scan to OCR")
     parser.add_argument("--record", action="store_true", help="write bench/runs/<date>-parse-*.md")
     args = parser.parse_args(argv)
+    commit = _commit()  # the code measured, before anything is edited during the run
     directory = papers_dir(args.papers)
     if directory is None:
         print("no development set: set SHOAL_PAPERS_DIR or --papers")
@@ -289,7 +290,6 @@ def main(argv: list[str] | None = None) -> int:
         kind = "parse"
     print("\n".join(lines))
     if args.record:
-        commit = _commit()
         day = datetime.now(UTC).date().isoformat()
         out = ROOT / "bench" / "runs" / f"{day}-{kind}-{commit}.md"
         out.parent.mkdir(exist_ok=True)
