@@ -65,11 +65,11 @@ _KEY = re.compile(r"[\W_]+")
 
 
 def papers_dir(explicit: str | None = None) -> Path | None:
-    """The development set: ``explicit``, ``$SHOAL_PAPERS_DIR``, or ``shared/corpus/papers``."""
-    if explicit:
-        return Path(explicit)
-    if os.environ.get("SHOAL_PAPERS_DIR"):
-        return Path(os.environ["SHOAL_PAPERS_DIR"])
+    """The development set (a folder holding ``pdfs/``): ``explicit``, ``$SHOAL_PAPERS_DIR``,
+    or ``shared/corpus/papers`` in a parent of the repository root; None when absent."""
+    named = explicit or os.environ.get("SHOAL_PAPERS_DIR")
+    if named:
+        return Path(named) if (Path(named) / "pdfs").is_dir() else None
     for parent in ROOT.parents:
         candidate = parent / "shared" / "corpus" / "papers"
         if (candidate / "pdfs").is_dir():
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     commit = _commit()  # the code measured, before anything is edited during the run
     directory = papers_dir(args.papers)
     if directory is None:
-        print("no development set: set SHOAL_PAPERS_DIR or --papers")
+        print("no development set (a folder with pdfs/): set SHOAL_PAPERS_DIR or --papers")
         return 2
     if args.ocr:
         lines = ocr_rows(directory, args.ocr_pages)
