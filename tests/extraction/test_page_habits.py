@@ -77,6 +77,10 @@ def test_a_running_header_and_page_numbers_are_furniture() -> None:
     # The header is kept after each page's body, and no chunk carries it.
     assert parsed.page_text(1).startswith("# A Study of Margins")
     assert not any("LAYOUT HABITS" in chunk.text for chunk in chunk_document(parsed))
+    # The marks are stored with the parse; one stored before them reads as none.
+    assert ParsedText.from_dict(parsed.as_dict()) == parsed
+    old = {k: v for k, v in parsed.as_dict().items() if k != "furniture"}
+    assert ParsedText.from_dict(old).furniture == ()
 
 
 def test_a_margin_column_is_kept_apart_from_the_body() -> None:
