@@ -11,6 +11,10 @@ route                                        answers
 ``POST /v1/extraction/documents?filename=``  the raw file as the body: 201 stored, 200
                                              already stored (same bytes), 422 refused
 ``GET  /v1/extraction/documents``            ``{"documents": [...], "next_cursor"}``
+``GET  /v1/extraction/documents/{id}/``      ``pages/{n}.png?scale=``: page n of a PDF,
+                                             rendered; 404 no such page, 422 not a PDF
+``GET  /v1/extraction/documents/{id}/``      ``pages/{n}/highlight?quote=``: the quote's
+                                             boxes on the page, 0..1 from its top left
 ``GET  /v1/extraction/templates``            ``{"templates": [...]}`` (newest versions)
 ``POST /v1/extraction/templates``            201 new version, 200 unchanged, 422
 ``POST /v1/extraction/tasks``                ``{document_ids, template, extractor}``: 202
@@ -38,19 +42,24 @@ from functools import cache
 from importlib import resources
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from shoal import InvalidInput
+from shoal_extract.evidence import MAX_QUOTE_CHARS
 from shoal_extract.export import MEDIA_TYPES, export_lines
+from shoal_extract.page_view import DEFAULT_SCALE, MAX_SCALE, MIN_SCALE
 from shoal_extract.templates import parse_template
 from shoal_extract.workbench import MAX_TASK_DOCUMENTS, Upload, Workbench
 
 PAGE = "workbench.html"
 PAGE_PATH = "/extraction"
 MAX_PAGE_LIMIT = 1000
+# A stored document's bytes never change (a new upload is a new document), so
+# its rendered pages may be kept; private, as the API may need a token.
+PAGE_IMAGE_CACHE = "private, max-age=86400, immutable"
 # The same page rules as shoal's dashboard: everything inline or same-origin.
 PAGE_HEADERS = {
     "Content-Security-Policy": (
@@ -202,6 +211,31 @@ def mount_workbench(
             "documents": [r.as_dict() for r in rows],
             "next_cursor": rows[-1].id if more and rows else None,
         }
+
+    @router.get("/documents/{document_id}/pages/{page_number}.png")
+    async def page_image(
+        request: Request,
+        document_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+        page_number: Annotated[int, Path(ge=1, le=100_000)],
+        scale: Annotated[float, Query(ge=MIN_SCALE, le=MAX_SCALE)] = DEFAULT_SCALE,
+    ) -> Response:
+        """Page ``page_number`` of a stored PDF, rendered by PDFium, as a PNG."""
+        row, png = await workbench.page_image(document_id, page_number, scale=scale)
+        tag = f'"{row.sha256[:32]}-{page_number}-{scale:g}"'
+        headers = {"Cache-Control": PAGE_IMAGE_CACHE, "ETag": tag}
+        if request.headers.get("if-none-match") == tag:
+            return Response(status_code=304, headers=headers)
+        return Response(png, media_type="image/png", headers=headers)
+
+    @router.get("/documents/{document_id}/pages/{page_number}/highlight")
+    async def page_highlight(
+        document_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+        page_number: Annotated[int, Path(ge=1, le=100_000)],
+        quote: Annotated[str, Query(min_length=1, max_length=MAX_QUOTE_CHARS)],
+    ) -> dict[str, Any]:
+        """The boxes of ``quote`` on the page (0..1 from its top left); none if absent."""
+        found = await workbench.quote_on_page(document_id, page_number, quote)
+        return {"document_id": document_id, "quote": quote, **found.as_dict()}
 
     @router.get("/templates")
     async def list_templates() -> dict[str, Any]:

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shoal import Batches, Created, InvalidInput, TaskView
+from shoal import Batches, Created, InvalidInput, NotFound, TaskView
 from shoal_extract.budget import BudgetState, ModelGate
 from shoal_extract.evaluate import KeyEntry, Report, ResultRow, score
 from shoal_extract.extractors.base import Usage
-from shoal_extract.parsing import EXTENSIONS
+from shoal_extract.page_view import DEFAULT_SCALE, Highlight, quote_boxes, render_page
+from shoal_extract.parsing import EXTENSIONS, DocumentFormat
 from shoal_extract.store import (
     DocumentRow,
     ExtractStore,
@@ -176,6 +177,30 @@ class Workbench:
 
     async def documents(self, *, cursor: int = 0, limit: int = 100) -> list[DocumentRow]:
         return await self.store.list_documents(after_id=cursor, limit=limit)
+
+    async def page_image(
+        self, document_id: int, page: int, *, scale: float = DEFAULT_SCALE
+    ) -> tuple[DocumentRow, bytes]:
+        """Page ``page`` of a stored PDF as a PNG (see :mod:`shoal_extract.page_view`)."""
+        row, content = await self._pdf(document_id)
+        return row, await asyncio.to_thread(render_page, content, page, scale=scale)
+
+    async def quote_on_page(self, document_id: int, page: int, quote: str) -> Highlight:
+        """The boxes of ``quote`` on page ``page`` of a stored PDF; none if it is not there."""
+        _, content = await self._pdf(document_id)
+        return await asyncio.to_thread(quote_boxes, content, page, quote)
+
+    async def _pdf(self, document_id: int) -> tuple[DocumentRow, bytes]:
+        found = await self.store.document_content(document_id)
+        if found is None:
+            raise NotFound(f"no document {document_id}", field="document_id")
+        if found.row.format is not DocumentFormat.PDF:
+            raise InvalidInput(
+                "document_id",
+                f"document {document_id} ({found.row.filename!r:.80}) is "
+                f"{found.row.format.value}, not a PDF: it has no pages to render",
+            )
+        return found.row, found.content
 
     async def all_documents(self) -> list[DocumentRow]:
         rows: list[DocumentRow] = []
