@@ -1,5 +1,6 @@
 """The workbench page in headless Chromium: upload, pick, start, watch, browse, correct a
-value, retry, export (the correction in it), re-run one document.
+value, retry, export (the correction in it), re-run one document; a value's page with
+its passage boxed.
 
 A real uvicorn server (with a token, so the page's token prompt is exercised)
 serves shoal's API with the workbench mounted; the extraction workers run in
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import os
 import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -169,5 +171,82 @@ async def test_upload_pick_start_watch_browse_retry_and_export(
         await expect(rerun).to_contain_text("re-run of")
         await expect(rerun.locator(".badge")).to_have_text("completed", timeout=UI_TIMEOUT_MS)
         await expect(table.locator("tr[data-item-id]")).to_have_count(1, timeout=UI_TIMEOUT_MS)
+    finally:
+        await context.close()
+
+
+# With SHOAL_WRITE_SCREENSHOTS=1 the page test rewrites the picture docs/extraction.md shows.
+WRITE_SCREENSHOTS = os.environ.get("SHOAL_WRITE_SCREENSHOTS") == "1"
+IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+
+
+async def test_clicking_a_value_shows_its_page_with_the_passage_boxed(
+    browser: Any,  # noqa: F811 - the fixture imported above
+    workbench: tuple[str, Bench],
+    corpus_dir: Path,
+    key: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    from playwright.async_api import expect
+
+    base, _ = workbench
+    truth = {d["file"]: d["fields"] for d in key["documents"]}
+    context = await browser.new_context(viewport={"width": 1400, "height": 900})
+    page = await context.new_page()
+    try:
+        await page.goto(base + "/extraction")
+        await page.fill("#token", TOKEN)
+        await page.click("#auth button[type=submit]")
+        await expect(page.locator("#template")).to_have_value(
+            "clinical_trial", timeout=UI_TIMEOUT_MS
+        )
+        await page.set_input_files("#upload-input", [str(corpus_dir / "paper-01.pdf")])
+        await page.click("#upload-btn")
+        await expect(page.locator("#docs tbody tr")).to_have_count(1, timeout=UI_TIMEOUT_MS)
+        await page.check("#pick-all")
+        await page.click("#start")
+        card = page.locator("section.task").first
+        await expect(card.locator(".badge")).to_have_text("completed", timeout=UI_TIMEOUT_MS)
+        await card.locator("button.results").click()
+
+        # Keyboard: the value takes focus, Enter opens it and its page beside the table.
+        year = page.locator('#results td[data-field="year"]')
+        await expect(year).to_have_text(str(truth["paper-01.pdf"]["year"]), timeout=UI_TIMEOUT_MS)
+        await year.focus()
+        await page.keyboard.press("Enter")
+        view = page.locator("#page-view")
+        await expect(view).to_be_visible(timeout=UI_TIMEOUT_MS)
+        await expect(view.locator("#page-title")).to_contain_text("paper-01.pdf · p. 1 · year")
+        await expect(view.locator("#page-note")).to_contain_text(
+            "the quoted passage is boxed", timeout=UI_TIMEOUT_MS
+        )
+        image = view.locator("#page-image")
+        await expect(image).to_have_js_property("complete", True, timeout=UI_TIMEOUT_MS)
+        assert await image.evaluate("(img) => img.naturalWidth") > 500  # a page, decoded
+        boxes = view.locator(".hl")
+        assert await boxes.count() >= 1
+        picture = await image.bounding_box()
+        box = await boxes.first.bounding_box()
+        assert picture is not None and box is not None
+        assert (
+            picture["x"] <= box["x"]
+            and box["x"] + box["width"] <= picture["x"] + picture["width"] + 1
+        )
+        assert (
+            picture["y"] <= box["y"]
+            and box["y"] + box["height"] <= picture["y"] + picture["height"] + 1
+        )
+        assert box["width"] > 5 and box["height"] > 3  # a visible box, not a dot
+        target = IMAGES if WRITE_SCREENSHOTS else tmp_path
+        await page.screenshot(path=str(target / "workbench-page-view.png"))
+
+        # Escape closes it; the button in the value's panel opens it again.
+        await page.keyboard.press("Escape")
+        await expect(view).to_be_hidden()
+        await year.locator("button.show-page").click()
+        await expect(view).to_be_visible()
+        await expect(view.locator(".hl").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+        await view.locator("#page-close").click()
+        await expect(view).to_be_hidden()
     finally:
         await context.close()

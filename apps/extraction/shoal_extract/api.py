@@ -60,11 +60,12 @@ MAX_PAGE_LIMIT = 1000
 # A stored document's bytes never change (a new upload is a new document), so
 # its rendered pages may be kept; private, as the API may need a token.
 PAGE_IMAGE_CACHE = "private, max-age=86400, immutable"
-# The same page rules as shoal's dashboard: everything inline or same-origin.
+# The same page rules as shoal's dashboard: everything inline or same-origin; blob:
+# images are the rendered pages, fetched with the token and shown from memory.
 PAGE_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-        "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+        "connect-src 'self'; img-src 'self' data: blob:; frame-ancestors 'none'"
     ),
     "Cache-Control": "no-cache",
 }
