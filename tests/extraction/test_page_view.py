@@ -149,3 +149,37 @@ async def test_a_quote_not_on_the_page_gives_no_boxes(
     )
     assert empty.status_code == 422
     assert empty.json()["field"] == "quote"
+
+
+def rotated(pdf: bytes) -> bytes:
+    """The PDF with its first page turned a quarter clockwise (its /Rotate set to 90)."""
+    document = pypdfium2.PdfDocument(pdf)
+    document[0].set_rotation(90)
+    out = io.BytesIO()
+    document.save(out)
+    document.close()
+    return out.getvalue()
+
+
+async def test_the_boxes_follow_a_rotated_page_as_it_is_rendered(
+    client: httpx.AsyncClient, corpus_dir: Path, tmp_path: Path
+) -> None:
+    upright_pdf = await asyncio.to_thread((corpus_dir / "paper-01.pdf").read_bytes)
+    turned_pdf = tmp_path / "turned.pdf"
+    await asyncio.to_thread(turned_pdf.write_bytes, rotated(upright_pdf))
+    upright = await stored(client, corpus_dir / "paper-01.pdf")
+    turned = await stored(client, turned_pdf)
+    boxes = {}
+    for doc in (upright, turned):
+        response = await client.get(
+            f"/v1/extraction/documents/{doc}/pages/1/highlight", params={"quote": QUOTE}
+        )
+        assert response.status_code == 200, response.text
+        (boxes[doc],) = response.json()["boxes"]
+    image = await client.get(f"/v1/extraction/documents/{turned}/pages/1.png?scale=1")
+    assert near(Image.open(io.BytesIO(image.content)).size, (841.89, 595.28))  # landscape
+    # A quarter turn clockwise: the line's left end goes to the top, its top to the right.
+    a, b = boxes[upright], boxes[turned]
+    assert b["height"] > 5 * b["width"]  # the line now runs down the page
+    assert abs(b["y"] - a["x"]) < 1e-3 and abs(b["height"] - a["width"]) < 1e-3
+    assert abs(b["x"] + b["width"] - (1 - a["y"])) < 1e-3

@@ -150,17 +150,34 @@ def quote_boxes(content: bytes, number: int, quote: str) -> Highlight:
             rects = [_char_rect(text_page, i) for i in hit]
         finally:
             text_page.close()
-    lines = _merge_lines([r for r in rects if r is not None])
-    boxes = tuple(
-        Box(
-            x=left / width,
-            y=(height - top) / height,
-            width=(right - left) / width,
-            height=(top - bottom) / height,
-        )
-        for left, bottom, right, top in lines
-    )
+        lines = _merge_lines([r for r in rects if r is not None])
+        boxes = tuple(_on_display(page, line) for line in lines)
     return Highlight(number, count, float(width), float(height), boxes)
+
+
+# The device PDFium maps page points onto, to share the page: its /Rotate and
+# crop box are applied as when it renders, and 1e5 units keep 5 decimals.
+_DEVICE = 100_000
+
+
+def _on_display(page: Any, rect: Rect) -> Box:
+    """A rectangle in page points as the rendered page shows it, in shares of the page."""
+    left, bottom, right, top = rect
+    xs: list[int] = []
+    ys: list[int] = []
+    for px, py in ((left, top), (right, bottom)):
+        x, y = ctypes.c_int(), ctypes.c_int()
+        pdfium_c.FPDF_PageToDevice(
+            page.raw, 0, 0, _DEVICE, _DEVICE, 0, px, py, ctypes.byref(x), ctypes.byref(y)
+        )
+        xs.append(x.value)
+        ys.append(y.value)
+    return Box(
+        x=min(xs) / _DEVICE,
+        y=min(ys) / _DEVICE,
+        width=abs(xs[1] - xs[0]) / _DEVICE,
+        height=abs(ys[1] - ys[0]) / _DEVICE,
+    )
 
 
 def _comparable(text: str) -> Iterator[str]:
