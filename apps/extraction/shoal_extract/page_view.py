@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import io
-import threading
 import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ import pypdfium2
 import pypdfium2.raw as pdfium_c
 
 from shoal import InvalidInput, NotFound
+from shoal_extract.pdfium_lock import PDFIUM
 
 # What the page route draws at: 1.5 is ~108 dpi, legible on a laptop screen.
 DEFAULT_SCALE = 1.5
@@ -46,8 +46,8 @@ _HYPHENS = frozenset("-\u00ad\u2010\u2011\ufffe\x02")
 # are closer than this share of the line's height.
 SAME_LINE = 0.5
 
-# PDFium is not thread-safe, and routes render in worker threads.
-_pdfium = threading.Lock()
+# PDFium is not thread-safe: one lock for every use of it in the process.
+_pdfium = PDFIUM
 
 
 @dataclass(frozen=True, slots=True)

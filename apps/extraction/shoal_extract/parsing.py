@@ -22,7 +22,6 @@ from __future__ import annotations
 import bisect
 import io
 import logging
-import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from shoal_extract.ocr import OcrUnavailable, ocr_page
 from shoal_extract.pdf_layout import page_layout, page_signatures, page_words
 from shoal_extract.pdf_signals import PdfSignals, read_signals
 from shoal_extract.pdf_words import Resolver
+from shoal_extract.pdfium_lock import PDFIUM
 
 # Bumped whenever the same bytes would parse to different text: parsed
 # output is stored per (document hash, parser version).
@@ -50,8 +50,8 @@ PAGE_SEPARATOR = "\n\n"
 # pdfminer logs a warning for every harmless oddity of a file (a missing
 # CropBox, a bad font width); the errors that matter are raised.
 logging.getLogger("pdfminer").setLevel(logging.ERROR)
-# PDFium is not thread-safe, and the worker parses in threads.
-_pdfium = threading.Lock()
+# PDFium is not thread-safe: one lock for every use of it in the process.
+_pdfium = PDFIUM
 
 
 class DocumentFormat(StrEnum):

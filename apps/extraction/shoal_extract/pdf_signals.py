@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import io
 import re
-import threading
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +33,8 @@ import pypdfium2.raw as pdfium_c
 from pdfminer.pdfdocument import PDFDocument
 from pdfminer.pdfparser import PDFParser
 from pdfminer.pdftypes import resolve1
+
+from shoal_extract.pdfium_lock import PDFIUM
 
 # The pages whose lines are kept: the front page, and a second one behind a cover page.
 LINE_PAGES = 2
@@ -46,8 +47,8 @@ _XMP_TAG = re.compile(
 )
 _XML_ELEMENT = re.compile(r"<[^>]*>")
 _XML_ENTITIES = {"&amp;": "&", "&lt;": "<", "&gt;": ">", "&quot;": '"', "&apos;": "'"}
-# PDFium is not thread-safe, and the worker parses in threads.
-_pdfium = threading.Lock()
+# PDFium is not thread-safe: one lock for every use of it in the process.
+_pdfium = PDFIUM
 
 
 @dataclass(frozen=True, slots=True)
