@@ -23,6 +23,7 @@ from shoal_extract.evidence import UNVERIFIED_CONFIDENCE, check_evidence
 from shoal_extract.extractors.rules import extract_fields
 from shoal_extract.parsing import DocumentFormat, ParsedText, parse_document
 from shoal_extract.templates import CLINICAL_TRIAL, METADATA
+from tests.extraction.papers import parsed_paper
 
 TITLE = "Breathing retraining for adults with moderate asthma in primary care"
 BODY = (
@@ -259,7 +260,7 @@ def test_the_development_set_meets_the_figures_reached() -> None:
         pytest.skip("no development set (shared/corpus/papers or SHOAL_PAPERS_DIR)")
     scores = Scores()
     for entry in load_papers(folder):
-        parsed = parse_document((folder / "pdfs" / entry.file).read_bytes(), DocumentFormat.PDF)
+        parsed = parsed_paper(folder / "pdfs" / entry.file)
         found = extract_fields(parsed, CLINICAL_TRIAL)
         evidence = check_evidence(parsed, found.values, found.quotes, found.confidence)
         score_paper(scores, entry, found.values, {k: e.as_dict() for k, e in evidence.items()})

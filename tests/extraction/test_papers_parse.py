@@ -8,13 +8,12 @@ a word of PDFium's independent text of the page that the parse also has.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
 from bench.parse_bench import TARGET_WHOLE, measure, papers_dir
 
-from shoal_extract.parsing import DocumentFormat, ParsedText, parse_document
+from tests.extraction.papers import parsed_paper
 
 PAPERS = papers_dir()
 # Text-layer papers still under the target (see docs/extraction.md, "Parsing"): each is
@@ -40,18 +39,13 @@ def _papers() -> list[object]:
     ]
 
 
-@functools.cache
-def _parse(path: Path) -> ParsedText:
-    return parse_document(path.read_bytes(), DocumentFormat.PDF)
-
-
 NO_PAPERS = pytest.mark.skipif(PAPERS is None, reason="no development set: shared/corpus/papers")
 
 
 @NO_PAPERS
 @pytest.mark.parametrize("path", _papers())
 def test_a_real_paper_keeps_its_words_whole(path: Path) -> None:
-    figures = measure(path, _parse(path))
+    figures = measure(path, parsed_paper(path))
     assert figures.whole >= TARGET_WHOLE, f"{path.stem}: {figures.whole:.1%} of words whole"
 
 
@@ -60,6 +54,6 @@ def test_no_glyph_of_a_real_paper_is_left_unmapped() -> None:
     """Ligatures and glyphs of fonts without a Unicode map (``Simpli(cid:2)ed``) are read."""
     assert PAPERS is not None
     for path in sorted((PAPERS / "pdfs").glob("*.pdf")):
-        text = _parse(path).text
+        text = parsed_paper(path).text
         assert "(cid:" not in text, path.stem
         assert not any("\ufb00" <= ch <= "\ufb06" for ch in text), path.stem
