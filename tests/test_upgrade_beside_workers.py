@@ -173,16 +173,23 @@ class OldWorkers:
 
 
 def is_rebuilt_row_type(error: str) -> bool:
-    """A claim that waited inside claim_jobs or take_jobs while migration 19 rebuilt
-    the job table, whose row type they return, and dropped and created them again.
+    """A claim that waited inside claim_jobs or take_jobs (or the batch claim_items
+    built on them) while migration 19 rebuilt the job table, whose row type they
+    return, and dropped and created them again.
 
-    Such a statement fails once, when it wakes ("cache lookup failed for type"),
-    and changes nothing; its worker's next claim calls the new functions. That is
-    the released migration's doing, whichever way the run takes its locks.
+    Such a statement fails once, when it wakes ("cache lookup failed for type",
+    or "could not open relation with OID" for the dropped table a batch claim
+    had planned against), and changes nothing; its worker's next claim calls
+    the new functions. That is the released migration's doing, whichever way
+    the run takes its locks.
     """
-    return "XX000 cache lookup failed for type" in error and (
+    row_type = "XX000 cache lookup failed for type" in error and (
         'SQL function "claim_jobs"' in error or 'SQL function "take_jobs"' in error
     )
+    dropped_table = (
+        "XX000 could not open relation with OID" in error and 'SQL function "claim_items"' in error
+    )
+    return row_type or dropped_table
 
 
 async def migrate_beside_old_workers(pg_server: str, template: str) -> str | None:
