@@ -6,12 +6,17 @@ layer's own migrations) never names a table the queue's migrations create:
 where it needs jobs it calls a function of the queue layer (the contract,
 docs/architecture.md). Functions of released migrations that no statement
 calls any more are not checked: they stay for the workers of that release.
+
+The contract table of docs/architecture.md is checked against the same walk:
+its last column must list exactly the queue functions a layer reaches, and a
+function its middle column names must be the latest of its versions.
 """
 
 from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +26,9 @@ _CREATE_TABLE = re.compile(r"CREATE TABLE \{schema\}\.(\w+)")
 _CREATE_FUNCTION = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION \{schema\}\.(\w+)\(")
 _NAMED = re.compile(r"\{schema\}\.(\w+)")
 _COMMENT = re.compile(r"--[^\n]*")
+_QUOTED = re.compile(r"`(\w+)`")
+_VERSIONED = re.compile(r"^(\w+)_v(\d+)$")
+ARCHITECTURE = Path(__file__).parent.parent / "docs" / "architecture.md"
 
 
 def _code(text: str) -> str:
@@ -98,3 +106,59 @@ def test_the_check_finds_a_queue_table_named_directly_or_through_a_layers_own_fu
         "direct": {"job"},
         "function claim_messages_v1 (shoal.ingest.migrations)": {"job", "paused_queue"},
     }
+
+
+def _queue_functions_reached(layer: str) -> set[str]:
+    """The queue's functions a layer's statements call, directly or through its own functions."""
+    functions = _functions()
+    texts = {place: _code(text) for place, text in _layer_sql(layer).items()}
+    reached: set[str] = set()
+    followed: set[str] = set()
+    while texts:
+        _, text = texts.popitem()
+        for name in set(_NAMED.findall(text)):
+            owner = functions.get(name)
+            if owner is None:
+                continue
+            if owner[0] == "shoal.queue.migrations":
+                reached.add(name)
+            elif name not in followed:
+                followed.add(name)
+                texts[name] = owner[1]
+    return reached
+
+
+def _contract_rows() -> dict[str, tuple[str, str]]:
+    """docs/architecture.md's contract table: layer -> (what it needs, the queue's functions)."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 3 and cells[0] not in ("caller", "---"):
+            rows[cells[0].split()[0]] = (cells[1], cells[2])
+    return rows
+
+
+@pytest.mark.parametrize("layer", ["batch", "ingest"])
+def test_the_architecture_page_lists_the_queue_functions_a_layer_calls(layer: str) -> None:
+    row = _contract_rows().get(layer)
+    assert row is not None, f"docs/architecture.md has no contract row for {layer}"
+    listed = set(_QUOTED.findall(row[1]))
+    assert listed == _queue_functions_reached(layer), (
+        f"docs/architecture.md lists {sorted(listed)} for {layer}; "
+        f"its statements reach {sorted(_queue_functions_reached(layer))}"
+    )
+
+
+def test_the_architecture_page_names_the_latest_version_of_a_function() -> None:
+    latest: dict[str, int] = {}
+    for name in _functions():
+        match = _VERSIONED.match(name)
+        if match:
+            latest[match[1]] = max(latest.get(match[1], 0), int(match[2]))
+    named = [n for needs, _ in _contract_rows().values() for n in _QUOTED.findall(needs)]
+    versioned = [(n, _VERSIONED.match(n)) for n in named]
+    assert any(match for _, match in versioned), "the page names no versioned function"
+    stale = [
+        name for name, match in versioned if match and latest.get(match[1], 0) != int(match[2])
+    ]
+    assert not stale, f"docs/architecture.md names superseded functions: {stale}"
