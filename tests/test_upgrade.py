@@ -28,6 +28,7 @@ from shoal.batch.states import TaskOutcome
 from shoal.db import Database, migrate
 from shoal.db.migrate import load_migrations
 from shoal.db.queries import parse_queries
+from shoal.db.releases import released_versions
 from shoal.ingest.message import Message, Topic
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import PostgresTransport, topic_queue
@@ -47,7 +48,8 @@ START = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 JOBS = "upgrade.jobs"
 KIND = "upgrade.items"
 TOPIC: Topic[Any] = Topic("upgrade.readings")
-RELEASED = [1, 2, 3]
+# The schema of the release the dump was made with (shoal/db/releases.py).
+RELEASED = sorted(released_versions()["0.1.0"])
 
 
 def restore(url: str) -> None:

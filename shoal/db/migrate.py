@@ -56,6 +56,7 @@ from psycopg import sql
 
 from shoal.clock import SYSTEM_CLOCK
 from shoal.db.pool import DEFAULT_SCHEMA, AsyncConn, Database, check_schema_name
+from shoal.db.releases import check_released
 from shoal.errors import InvalidInput, MigrationChanged, ShoalError, TransientError
 
 log = logging.getLogger("shoal.migrate")
@@ -134,6 +135,8 @@ def load_migrations(package: str | Sequence[str] = SHOAL_MIGRATIONS) -> list[Mig
     if versions != list(range(1, len(found) + 1)):
         where = ", ".join(f"{m.label} ({m.package})" for m in found)
         raise RuntimeError(f"migration versions must run 1..N once each, found {where}")
+    if packages == SHOAL_MIGRATIONS:
+        check_released(found)
     return found
 
 
