@@ -1,11 +1,11 @@
 """The batch and ingest layers reach the queue's tables only through the queue's functions.
 
 What each layer's statements run (its ``queries.sql`` and ``inspect.sql``,
-and the database functions those call, followed through the functions of the
-layer's own migrations) never names a table the queue's migrations create:
-where it needs jobs it calls a function of the queue layer (the contract,
-docs/architecture.md). Functions of released migrations that no statement
-calls any more are not checked: they stay for the workers of that release.
+and the database functions those call, followed through the live definitions
+of the layer's own ``functions.sql``) never names a table the queue's
+migrations create: where it needs jobs it calls a function of the queue layer
+(the contract, docs/architecture.md). Functions kept only for the workers of
+a release, which no statement calls, are not checked.
 
 The contract table of docs/architecture.md is checked against the same walk:
 its last column must list exactly the queue functions a layer reaches, and a
@@ -45,13 +45,14 @@ def _queue_tables() -> set[str]:
 
 
 def _functions() -> dict[str, tuple[str, str]]:
-    """Each database function's latest definition: name -> (layer package, body)."""
+    """Each database function's live definition (functions.sql): name -> (layer, body)."""
     found: dict[str, tuple[str, str]] = {}
-    for m in load_migrations():
-        for match in _CREATE_FUNCTION.finditer(m.text):
-            start = m.text.index("$$", match.end()) + 2
-            body = m.text[start : m.text.index("$$", start)]
-            found[match[1]] = (m.package, _code(body))
+    for layer in ("queue", "batch", "ingest"):
+        text = resources.files(f"shoal.{layer}").joinpath("functions.sql").read_text()
+        for match in _CREATE_FUNCTION.finditer(text):
+            start = text.index("$$", match.end()) + 2
+            body = text[start : text.index("$$", start)]
+            found[match[1]] = (layer, _code(body))
     return found
 
 
@@ -59,14 +60,16 @@ def _layer_sql(layer: str) -> dict[str, str]:
     return {
         f"shoal/{layer}/{entry.name}": entry.read_text(encoding="utf-8")
         for entry in resources.files(f"shoal.{layer}").iterdir()
-        if entry.name.endswith(".sql")
+        if entry.name.endswith(".sql") and entry.name != "functions.sql"
     }
 
 
-def _reach(statements: dict[str, str]) -> dict[str, set[str]]:
+def _reach(
+    statements: dict[str, str], functions: dict[str, tuple[str, str]] | None = None
+) -> dict[str, set[str]]:
     """Where these statements, or the non-queue functions they call, name a queue table."""
     tables = _queue_tables()
-    functions = _functions()
+    functions = _functions() if functions is None else functions
     texts = {place: _code(text) for place, text in statements.items()}
     found: dict[str, set[str]] = {}
     seen: set[str] = set()
@@ -78,7 +81,7 @@ def _reach(statements: dict[str, str]) -> dict[str, set[str]]:
         for name in names - seen:
             owner = functions.get(name)
             # The queue's own functions are the contract; other layers' are followed.
-            if owner is not None and owner[0] != "shoal.queue.migrations":
+            if owner is not None and owner[0] != "queue":
                 seen.add(name)
                 texts[f"function {name} ({owner[0]})"] = owner[1]
     return found
@@ -92,20 +95,20 @@ def test_a_layer_above_the_queue_names_no_queue_table_in_what_it_runs(layer: str
 
 
 def test_the_check_finds_a_queue_table_named_directly_or_through_a_layers_own_function() -> None:
-    # claim_messages_v1, an ingest function of an earlier migration, updates
-    # the job table itself: a statement calling it reaches the table.
+    # A batch function that named the job table itself is reached through a
+    # statement that calls it; the queue's functions (the contract) are not
+    # followed, and a comment names nothing.
+    functions = {**_functions(), "peek_v1": ("batch", "SELECT 1 FROM {schema}.job")}
     found = _reach(
         {
             "direct": "-- name: depth\nSELECT count(*) FROM {schema}.job WHERE queue = %(q)s",
-            "called": "SELECT * FROM {schema}.claim_messages_v1(%(q)s, 1, NULL, '1 s')",
-            "contract": "SELECT * FROM {schema}.claim_jobs_leased_v1(%(q)s, 1, NULL, '1 s')",
+            "called": "SELECT {schema}.peek_v1()",
+            "contract": "SELECT * FROM {schema}.claim_jobs_leased_v2(%(q)s, 1, NULL, '1 s')",
             "comment": "-- not {schema}.job\nSELECT 1",
-        }
+        },
+        functions,
     )
-    assert found == {
-        "direct": {"job"},
-        "function claim_messages_v1 (shoal.ingest.migrations)": {"job", "paused_queue"},
-    }
+    assert found == {"direct": {"job"}, "function peek_v1 (batch)": {"job"}}
 
 
 def _queue_functions_reached(layer: str) -> set[str]:
@@ -120,7 +123,7 @@ def _queue_functions_reached(layer: str) -> set[str]:
             owner = functions.get(name)
             if owner is None:
                 continue
-            if owner[0] == "shoal.queue.migrations":
+            if owner[0] == "queue":
                 reached.add(name)
             elif name not in followed:
                 followed.add(name)

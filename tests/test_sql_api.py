@@ -82,7 +82,7 @@ BAD_SENDS: list[tuple[Any, dict[str, Any]]] = [
     ("q", {"partition_key": 1.5}),
     ("q", {"partition_key": ["a"]}),
     ("q", {"partition_key": "k" * 513}),
-    # The ranges of times and durations (migration 29).
+    # The ranges of times and durations (send_v2).
     ("q", {"retry_limit": 2_147_483_648}),
     ("q", {"retry_delay": 3_155_760_001}),
     ("q", {"retry_delay_max": 3_155_760_001}),

@@ -1,4 +1,4 @@
-"""Readers never fail on a time stored before the option ranges (migration 29).
+"""Readers never fail on a time stored before the option ranges (shoal 0.1.0).
 
 A database written by an older release may hold jobs whose start_after is
 PostgreSQL's 'infinity', '-infinity' or a year past 9999 (the SQL API took

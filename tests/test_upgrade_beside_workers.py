@@ -174,7 +174,7 @@ class OldWorkers:
 
 def is_rebuilt_row_type(error: str) -> bool:
     """A claim that waited inside claim_jobs or take_jobs (or the batch claim_items
-    built on them) while migration 19 rebuilt the job table, whose row type they
+    built on them) while migration 4 rebuilt the job table, whose row type they
     return, and dropped and created them again.
 
     Such a statement fails once, when it wakes ("cache lookup failed for type",

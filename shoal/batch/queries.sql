@@ -95,7 +95,7 @@ SELECT {schema}.insert_item_jobs_v2(
 
 -- name: guard_items
 -- The phantom-retry guard for many items (guard_items_v2 in
--- migrations/0034_items_name_their_holder.sql: it records %(holder)s, this
+-- shoal/batch/functions.sql: it records %(holder)s, this
 -- process's registry number, on each): each passed item's new fencing
 -- token and what its handler needs, under the names of the guard columns of
 -- claim_items below; an id missing from the result was a phantom. Payloads
@@ -108,8 +108,7 @@ FROM {schema}.guard_items_v2(%(ids)s::bigint[], %(now)s::timestamptz, %(holder)s
 -- A worker's claim of item jobs with the guard of their items, in one round
 -- trip, from the head of job_item_turn or after the position
 -- (%(after_priority)s, %(after_turn)s, %(after_id)s) in it (claim_items_v3 in
--- migrations/0034_items_name_their_holder.sql: claim_items_v2 of 0024 whose
--- guard records %(holder)s on the items): one row per job taken,
+-- shoal/batch/functions.sql, whose guard records %(holder)s on the items): one row per job taken,
 -- with the queue's claim row under its own names and the job's turn, then the
 -- guard columns for its item (all NULL for a phantom), in the claim's order
 -- (the take returns them by id), so the worker runs them in turns. Read by
@@ -132,7 +131,7 @@ ORDER BY j.priority DESC, j.turn NULLS FIRST, j.job_id
 
 -- name: complete_items
 -- Records finished runs and completes their jobs in one statement
--- (complete_items_v2 in migrations/0016_batch_probe_from_the_live_end.sql).
+-- (complete_items_v2, shoal/batch/functions.sql).
 -- Arrays come as text literals.
 SELECT what, id, task_id::text
 FROM {schema}.complete_items_v2(
@@ -257,7 +256,7 @@ RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
 -- handed back for a re-dispatch. A pending item whose job waits is not an
 -- orphan, however long it has waited: it is neither locked nor touched, so
 -- the sweep never queues behind a claim taking that job (see the lock order
--- in migrations/0005_batch_fairness.sql). Each pass examines at most %(limit)s pending
+-- at the top of shoal/batch/functions.sql). Each pass examines at most %(limit)s pending
 -- items older than a zombie timeout, in index order (a task's oldest items
 -- first), with one lookup in job_singleton each: a queue of 100,000 waiting
 -- items costs a pass no more than a small one, and an orphan deep in a queue
@@ -377,7 +376,7 @@ WHERE id = %(task_id)s::uuid AND status IN ('processing', 'completed')
 -- skipped when locked), so two aggregators never close one task twice; cancel
 -- and retry-failed take the same row lock before they touch items. Whether
 -- anything is left is asked from the live end of the task's index ranges
--- (item_left_v1 in migrations/0016_batch_probe_from_the_live_end.sql): a
+-- (item_left_v1, shoal/batch/functions.sql): a
 -- forward probe walked past every item finished so far, on each pass.
 WITH candidates AS (
     SELECT t.id

@@ -2,7 +2,7 @@
 
 -- name: done_seen
 -- The live markers among %(ids)s, by primary key whatever the statistics
--- (migrations/0028_done_seen_by_primary_key.sql).
+-- (done_seen_v1, shoal/ingest/functions.sql).
 SELECT seen_id FROM {schema}.done_seen_v1(%(ids)s::text[], %(now)s::timestamptz)
 
 -- name: mark_done
@@ -50,7 +50,7 @@ RETURNING envelope::text
 -- name: topic_depth
 -- The postgres transport's backlog of one topic: ready, in flight, delayed,
 -- and the age of the oldest unfinished message (queue_depth_v1 of the queue
--- layer, shoal/queue/migrations/0014_queue_ingest_contract.sql).
+-- layer, shoal/queue/functions.sql).
 SELECT ready, in_flight, delayed, oldest_age_s
 FROM {schema}.queue_depth_v1(%(queue)s, %(now)s::timestamptz)
 
@@ -105,7 +105,7 @@ SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
 -- one topic's queue under a lease of the consumer's ack wait, from the head of
 -- the claim index or after the position (%(after_priority)s, %(after_id)s) in
 -- it (the queue layer's claim_jobs_leased_v2,
--- shoal/queue/migrations/0026_leased_claim_from_a_position.sql): what a
+-- shoal/queue/functions.sql): what a
 -- delivery needs (a ClaimedMessage) and the message's priority, its position.
 SELECT id, priority, attempt, data
 FROM {schema}.claim_jobs_leased_v2(

@@ -4,7 +4,7 @@ A claim from the head of ``job_claim`` steps over the entry each claimed job
 left behind until the entry is dead to every transaction. With a long
 transaction open anywhere in the database that takes as long as the
 transaction lasts, and every claim gets slower with its age
-(``claim_jobs_v2`` in migrations/0017_claim_from_a_position.sql says more).
+(the claims of shoal/queue/functions.sql, "Claims from a position", say more).
 So the worker remembers the position of the last job it claimed and claims
 after it, and claims from the head only now and then, for the jobs a claim
 after the position cannot see (inserts that committed late, retries, jobs
@@ -40,7 +40,7 @@ SWEEP_COST_SHARE = 0.05
 
 Position = tuple[int, int]  # (priority, id) of a job, in job_claim's order
 # (priority, turn, id) of an item job with a turn, in job_item_turn's order
-# (lock_item_jobs_v2 in migrations/0023_item_jobs_from_a_position.sql).
+# (lock_item_jobs_v2, shoal/queue/functions.sql).
 ItemPosition = tuple[int, int, int]
 
 P = TypeVar("P", Position, ItemPosition)

@@ -13,7 +13,9 @@ slot. A sample per queue, plus one for all queues (queue ``*``), holds:
 - ``running``: the jobs the live worker processes run, as each reported at its
   last heartbeat (:mod:`shoal.queue.registry`; at most ``HEARTBEAT_S`` old).
   Counting them in the job table checked each finished job's entry of the
-  lease index once more (migration 0022 says what that cost);
+  lease index once more: about 0.25 us a job, 48 ms of a 90 ms sample
+  during a drain of 20,000 jobs/s, a share of the server's work per job that
+  a longer interval does not shrink;
 - ``run_p50_s``/``run_p95_s`` (start to finish) and ``wait_p50_s``/``wait_p95_s``
   (created to start of the last attempt) of the jobs that finished in the
   interval (past ``FINISHED_CAP``, of the latest ``FINISHED_CAP``), computed in

@@ -103,7 +103,7 @@ WITH RECURSIVE slot AS (
     WHERE c.queue IS NOT NULL
 ), depth AS (
     -- Each count from an index of its own, without reading the table where
-    -- the visibility map allows (0013_console_counts.sql): created and retry
+    -- the visibility map allows (the index job_retry_queue): created and retry
     -- together (job_claim, above), retry (job_retry_queue).
     -- One count over all three states read every unfinished job's row: 450 ms
     -- a sample with 200,000 of them. The round runs with sequential scans
@@ -114,7 +114,7 @@ WITH RECURSIVE slot AS (
     SELECT queue, 0, count(*), 0 FROM {schema}.job WHERE state = 'retry' GROUP BY queue
     UNION ALL
     -- Running: what the live worker processes reported at their last
-    -- heartbeat (0022_running_reported_by_workers.sql says why not job_lease).
+    -- heartbeat, not a count of job_lease (shoal/queue/history.py says why).
     SELECT r.key, 0, 0, sum(r.value::bigint)::bigint
     FROM {schema}.worker w, jsonb_each_text(w.running_by_queue) r
     WHERE w.heartbeat_at >= coalesce(%(now)s::timestamptz, now()) - %(gone_s)s * interval '1 second'

@@ -83,7 +83,7 @@ LEFT JOIN active a USING (queue)
 
 -- name: finished_estimates
 -- Completed and cancelled jobs per queue as the planner estimates them: the
--- (queue, state) statistics of job_queue_state (0009_console.sql) times the
+-- (queue, state) statistics of job_queue_state (an extended statistics object) times the
 -- table's rows, as fresh as the last analyze. A pair too rare to be among
 -- the statistics' most common values is left out (counted as 0).
 SELECT s.most_common_vals[i][1], s.most_common_vals[i][2],

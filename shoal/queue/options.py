@@ -35,7 +35,7 @@ MAX_COST = 2**31 - 1
 MAX_RETRY_LIMIT = 2**31 - 1
 
 # The sane range of a job's times and durations (docs/queue.md, "Ranges"),
-# checked alike by the SQL API (migrations/0029_option_ranges.sql). 100 years
+# checked alike by the SQL API (send_v2, shoal/queue/functions.sql). 100 years
 # (of 365.25 days) keeps now plus any duration, and any start_after, a time
 # both Python (to year 9999) and PostgreSQL hold in any session time zone,
 # with some 7,800 years to spare; sums past it overflowed in Python
@@ -128,7 +128,7 @@ class QueueDefaults(TypedDict, total=False):
 
 
 # The options a queue may set defaults for, in the order of the queue_default
-# table's columns (migrations/0011_sql_api.sql).
+# table's columns (shoal/queue/migrations).
 QUEUE_DEFAULT_NAMES = frozenset(QueueDefaults.__optional_keys__)
 _PG_BOSS_SPELLINGS = {
     "retryLimit": "retry_limit",

@@ -76,7 +76,7 @@ ON CONFLICT DO NOTHING RETURNING id, queue, singleton_key
 
 -- name: claim_limited_jobs
 -- Claims up to %(limit)s waiting jobs of a limited queue within its limits
--- (claim_limited_jobs_v2 in migrations/0031_rescue_jobs_of_silent_workers.sql),
+-- (claim_limited_jobs_v2, shoal/queue/functions.sql),
 -- recording %(holder)s (this process's registry number, or NULL) on them: the claim row.
 SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
        retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
@@ -87,7 +87,7 @@ FROM {schema}.claim_limited_jobs_v2(%(queue)s, %(limit)s, %(now)s::timestamptz,
 -- name: claim_jobs
 -- Claims up to %(limit)s waiting jobs of one queue, from the head of the claim
 -- index or after the position (%(after_priority)s, %(after_id)s) in it
--- (claim_jobs_v4 in migrations/0031_rescue_jobs_of_silent_workers.sql),
+-- (claim_jobs_v4, shoal/queue/functions.sql),
 -- recording %(holder)s (this process's registry number, or NULL) on them: the
 -- claim row, read by name.
 SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
@@ -98,7 +98,7 @@ FROM {schema}.claim_jobs_v4(%(queue)s, %(limit)s, %(now)s::timestamptz,
 
 -- name: complete_jobs
 -- active -> completed, each fenced by the attempt its worker was handed
--- (complete_jobs_v2 in migrations/0015_drain_cost.sql: one primary-key
+-- (complete_jobs_v2, shoal/queue/functions.sql: one primary-key
 -- probe per job, whatever the statistics say about active jobs).
 SELECT id FROM {schema}.complete_jobs_v2(
     %(ids)s::bigint[], %(attempts)s::int[], %(outputs)s::jsonb[], %(now)s::timestamptz)
@@ -398,7 +398,7 @@ DELETE FROM {schema}.paused_queue WHERE queue = %(queue)s
 
 -- name: get_job
 -- One job, live or archived. Its start_after and lease end within what
--- Python loads (readable_time_v1 in migrations/0029_option_ranges.sql): an
+-- Python loads (readable_time_v1, shoal/queue/functions.sql): an
 -- older row may hold 'infinity', or a lease of thousands of years.
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,

@@ -325,7 +325,7 @@ def _policy(limit: int, delay_s: float, backoff: bool, max_s: float) -> RetryPol
 
 
 # The claim row: the columns every claim of jobs returns, by these names
-# (claim_jobs_v1 in migrations/0006_queue_functions_v1.sql, and v2 of 0017). Other layers'
+# (the claim row of shoal/queue/functions.sql). Other layers'
 # claims (item jobs, ingest messages) return them too, and read them with
 # claim_reader.
 CLAIM_COLUMNS = (
