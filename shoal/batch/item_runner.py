@@ -70,6 +70,7 @@ from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.hooks import Hooks
+from shoal.queue.completer import backoff_s
 from shoal.queue.cursor import ClaimCursor, ItemPosition, item_order
 from shoal.queue.job import Completed, Job, Outcome, error_entry
 from shoal.queue.notifier import CancelNote
@@ -78,7 +79,7 @@ from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.states import JobId
 from shoal.queue.store import ClaimedJob
-from shoal.queue.worker import backoff_s, is_shutdown, stop_run, take_cancel
+from shoal.queue.worker import is_shutdown, stop_run, take_cancel
 
 log = logging.getLogger("shoal.batch")
 

@@ -19,6 +19,7 @@ from shoal.db.pool import AsyncConn, Database
 from shoal.db.writes import STALL_ERROR_AFTER, WriteStallWatch
 from shoal.errors import InvalidInput, NotFound, ShoalError, UnstorableResult
 from shoal.hooks import Hooks
+from shoal.queue.completer import Finalize
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.cursor import ClaimCursor
 from shoal.queue.enqueue import MAX_INSERT, JobBuilder
@@ -55,7 +56,6 @@ from shoal.queue.worker import (
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
     Claim,
-    Finalize,
     Worker,
 )
 from shoal.tracing import carrier, traced_handler

@@ -9,10 +9,11 @@ Three kinds of task cooperate, all in one process:
 - ``concurrency`` *runners* take jobs from the buffer and run the handler,
   each under the job's execution deadline (``expire_in``, pushed back by
   heartbeats);
-- the *completer* writes outcomes in batches: all that finished while its
-  last write was in flight go in the next one. Its writes are retried on
-  transient errors and finished at shutdown; an outcome lost to a crash only
-  means the job runs again when its lease expires (at-least-once).
+- the *completer* (:mod:`shoal.queue.completer`) writes outcomes in
+  batches: all that finished while its last write was in flight go in the
+  next one. Its writes are retried on transient errors and finished at
+  shutdown; an outcome lost to a crash only means the job runs again when its
+  lease expires (at-least-once).
 
 Every final write names the attempt the runner was handed, so a runner that
 lost its lease can never overwrite the outcome of the job's next attempt.
@@ -44,15 +45,15 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from shoal.clock import Clock, work_seconds
-from shoal.db.pool import AsyncConn
 from shoal.errors import ExpiredError, InvalidInput, TransientError
 from shoal.hooks import Hooks
+from shoal.queue.completer import MAX_RECORD_BATCH, Completer, Finalize, backoff_s
 from shoal.queue.cursor import ClaimCursor, job_order
 from shoal.queue.job import (
     AsyncHandler,
@@ -61,19 +62,15 @@ from shoal.queue.job import (
     Interrupted,
     Job,
     Outcome,
-    Snoozed,
     Stopped,
-    error_entry,
-    event_entry,
     outcome_of,
 )
 from shoal.queue.limits import Limits
 from shoal.queue.notifier import CancelNote, Notifier
-from shoal.queue.registry import this_process
 from shoal.queue.results import callable_name, encode_result, returned_by
-from shoal.queue.retry import Jitter, after_failure
-from shoal.queue.states import JobId, JobState
-from shoal.queue.store import ClaimedJob, Failure, JobStore
+from shoal.queue.retry import Jitter
+from shoal.queue.states import JobId
+from shoal.queue.store import ClaimedJob, JobStore
 
 log = logging.getLogger("shoal.worker")
 
@@ -84,9 +81,6 @@ DEFAULT_SHUTDOWN_GRACE = timedelta(seconds=30)
 # follows the measured job rate, so slow jobs are claimed about as runners
 # free up (measured here: 100 drained no-op jobs at ~12k/s, 500 at ~20k/s).
 DEFAULT_MAX_BATCH = 500
-# Most outcomes recorded in one statement: bounds every write's cost and
-# keeps it well inside the database deadline, however far behind it falls.
-MAX_RECORD_BATCH = 500
 # The deadline watchdog looks at least this often.
 WATCHDOG_MAX_SLEEP_S = 0.25
 # A worker of a limited queue whose claim came back short (the limits held
@@ -97,8 +91,6 @@ LIMITED_POLL_INTERVAL = timedelta(milliseconds=100)
 # How often a worker without limits of its own looks whether another process
 # declared (or cleared) some for its queue.
 LIMITS_RECHECK = timedelta(seconds=30)
-# Backoff of the fetcher and completer after a failed database call.
-ERROR_BACKOFF_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 # How long a worker's first claim waits for its process's registry row.
 REGISTRY_WAIT_S = 5.0
 # The message of the cancellation that stop() sends to handlers still running
@@ -109,36 +101,11 @@ SHUTDOWN = "shoal: worker shutdown"
 # The message of the cancellation that stops a handler whose job someone
 # cancelled. The job is cancelled already: the run costs nothing more.
 CANCELLED_RUN = "shoal: job cancelled"
-STOPPED_NOTE = "handler stopped: the job was cancelled while it ran"
-DROPPED_NOTE = "not started: the job was cancelled while it waited in a worker's buffer"
-
-
-def backoff_s(errors: int) -> float:
-    """Seconds to wait after ``errors`` failed database calls in a row (0: the first)."""
-    return ERROR_BACKOFF_S[min(errors, len(ERROR_BACKOFF_S) - 1)]
 
 
 def smooth(average: float, sample: float) -> float:
     """An exponential moving average that starts at its first sample, not at 0.0."""
     return sample if average == 0.0 else 0.7 * average + 0.3 * sample
-
-
-def handed_back_note(claim: ClaimedJob, at: str) -> dict[str, Any]:
-    """The history note of a job handed back at shutdown: which process, and when its run began.
-
-    Appended to the job's ``errors`` as type ``Interrupted``, which costs no
-    attempt (the attempt counter is put back with the release).
-    """
-    return {
-        "attempt": claim.attempt,
-        "at": at,
-        "type": "Interrupted",
-        "message": (
-            f"handed back at shutdown by worker process {this_process()} without spending "
-            f"an attempt; its run had started at {claim.started_at.isoformat()}"
-        ),
-        "traceback": None,
-    }
 
 
 def is_shutdown(error: BaseException) -> bool:
@@ -174,23 +141,6 @@ class Claim(Protocol):
     def __call__(
         self, queue: str, limit: int, *, now: datetime | None
     ) -> Awaitable[Sequence[ClaimedJob]]: ...
-
-
-# Called by the completer with each batch of completed jobs, on its
-# connection, in place of its own completion: a layer above writes its own
-# rows for them (the batch layer: item results) and completes the jobs, fenced
-# by attempt (JobStore.send_complete, or a statement of its own that calls
-# complete_jobs(), so both commit at once). Returns the jobs it completed,
-# each with the outcome it reports (``job_finished``; shoal.metrics counts it:
-# an item job completes whatever its item's outcome, and reports that, so an
-# item in error counts as a failed job); the others had lost their fence. A
-# batch whose recording fails is
-# retried, so its writes must be idempotent (fenced); a crash between its
-# writes and the job writes only means the jobs run again, to find their work
-# done.
-Finalize = Callable[
-    [AsyncConn, Sequence[tuple[ClaimedJob, "Outcome"]]], Awaitable[Mapping[JobId, str]]
-]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +208,6 @@ class Worker:
         # queue has some (set by _learn_limits; clock.monotonic() seconds).
         self._learn_at = 0.0
         self._prepared = False
-        self.finalize = finalize
         self.store_output = store_output
         # Prefixes the error of a run whose result cannot be stored.
         self._returned_by = returned_by(handler_name or callable_name(handler), f"queue {queue!r}")
@@ -277,9 +226,6 @@ class Worker:
         self._hold_s = self._max_hold_s
         self._has_jobs = asyncio.Event()  # set by the fetcher, awaited by idle runners
         self._room = asyncio.Event()  # set by runners as jobs finish, awaited by the fetcher
-        # Outcomes waiting for the completer. Written by runners and stop().
-        self._outcomes: list[tuple[ClaimedJob, Outcome]] = []
-        self._outcomes_ready = asyncio.Event()
         self._running: dict[JobId, asyncio.Task[Any]] = {}
         # Jobs whose handler runs now. Written by runners, read by the cancel
         # listener and the reconnection check, which stop those cancelled.
@@ -294,23 +240,19 @@ class Worker:
         # after adding them to _expired.
         self._deadline_at: dict[JobId, float] = {}
         self._expired: set[JobId] = set()
-        self._recording = 0  # outcomes in the completer's current write
         self._stopped: asyncio.Future[None] | None = None
         self._stopping = False
         # Set by hurry(): the grace ends now.
         self._hurry = asyncio.Event()
         self._stop_requested = asyncio.Event()
-        self._completer_should_exit = False
         self._tasks: list[asyncio.Task[None]] = []
         self._wake: asyncio.Event | None = None
         # Set by the fetcher while it waits on an empty queue; read when
         # reporting idleness.
         self._fetch_idle = False
-        # Costs handlers reported (Job.report_cost), by job: written by
-        # runners, taken by the completer with the job's outcome.
-        self._costs: dict[JobId, int] = {}
-        self._claimed = self._completed = self._failed = self._retried = 0
-        self._released = self._lost = self._finished = self._handed_back = 0
+        # Jobs claimed; runs finished; buffered jobs dropped unrun (their
+        # lease was lost).
+        self._claimed = self._finished = self._dropped = 0
         # Where the fetcher's next claim starts in the queue (fetcher only; a
         # limited claim always starts at the head). A custom claim that keeps
         # a position of its own passes its cursor (claim_cursor): it moves the
@@ -326,8 +268,17 @@ class Worker:
         self._run_s = 0.0
         self._ran = 0
         self._ran_s = 0.0
-        # Set when the completer has written everything handed to it.
-        self.idle = asyncio.Event()
+        # Writes the outcomes runners hand it, in batches (shoal.queue.completer).
+        self.completer = Completer(
+            store,
+            queue,
+            clock=clock,
+            jitter=jitter,
+            hooks=self.hooks,
+            finalize=finalize,
+            retry_due=self._retry_due,
+            written=self._written,
+        )
 
     # -- lifecycle -------------------------------------------------------
 
@@ -346,7 +297,7 @@ class Worker:
             for i in range(self.concurrency)
         ]
         self._completer = asyncio.create_task(
-            self._complete_loop(), name=f"shoal-complete:{self.queue}"
+            self.completer.run(), name=f"shoal-complete:{self.queue}"
         )
 
     async def stop(self, grace: timedelta = DEFAULT_SHUTDOWN_GRACE) -> None:
@@ -387,8 +338,7 @@ class Worker:
         self._watchdog.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._watchdog
-        self._completer_should_exit = True
-        self._outcomes_ready.set()
+        self.completer.exit()
         await self._completer
         if self.notifier is not None and self._wake is not None:
             self.notifier.unsubscribe(self.queue, self._wake)
@@ -409,15 +359,21 @@ class Worker:
 
     @property
     def stats(self) -> WorkerStats:
+        done = self.completer
         return WorkerStats(
             self._claimed,
-            self._completed,
-            self._failed,
-            self._retried,
-            self._released,
-            self._lost,
-            self._handed_back,
+            done.completed,
+            done.failed,
+            done.retried,
+            done.released,
+            done.lost + self._dropped,
+            done.handed_back,
         )
+
+    @property
+    def idle(self) -> asyncio.Event:
+        """Set when every outcome handed to the completer is written."""
+        return self.completer.idle
 
     @property
     def in_flight(self) -> int:
@@ -449,7 +405,7 @@ class Worker:
                 batch.append((claim, outcome))
         if batch:
             # Not retried here: a database error fails the caller (the test) at once.
-            await self._write(batch)
+            await self.completer.write(batch)
         return len(claimed)
 
     # -- fetcher ---------------------------------------------------------
@@ -567,7 +523,7 @@ class Worker:
             # instead of piling up active jobs. The write in flight does not
             # count: it is usually big, and counting it would starve fast
             # queues.
-            backlog = max(0, self._unrecorded - MAX_RECORD_BATCH)
+            backlog = max(0, self.completer.unrecorded - MAX_RECORD_BATCH)
             held = len(self._buffer) + len(self._running) + backlog
             target = self.concurrency + self._prefetch()
             room = target - held
@@ -653,7 +609,7 @@ class Worker:
             and self._fetch_idle
             and not self._buffer
             and not self._running
-            and not self._unrecorded
+            and not self.completer.unrecorded
         ):
             self.hooks.emit("worker_idle", self.queue)
 
@@ -755,7 +711,7 @@ class Worker:
             self._deadline_at.pop(claim.id, None)
             self._expired.discard(claim.id)
             if job.reported_cost is not None:
-                self._costs[claim.id] = job.reported_cost
+                self.completer.costs[claim.id] = job.reported_cost
         if job.cancelled and not isinstance(outcome, Stopped):
             # Cancelled as it ended (or its handler caught the cancellation):
             # the job is cancelled whatever the handler made of it.
@@ -808,7 +764,7 @@ class Worker:
     def _drop(self, claim: ClaimedJob) -> None:
         """Forget a buffered job whose lease was lost before it ran: it is not ours to record."""
         self._running.pop(claim.id, None)
-        self._lost += 1
+        self._dropped += 1
         self._room.set()
         log.warning(
             "job %s (attempt %d): its lease ran out while it waited in this worker's buffer; "
@@ -917,213 +873,15 @@ class Worker:
         self._room.set()
         self._record(claim, outcome)
 
-    @property
-    def _unrecorded(self) -> int:
-        return len(self._outcomes) + self._recording
-
     def _record(self, claim: ClaimedJob, outcome: Outcome) -> None:
-        self._outcomes.append((claim, outcome))
-        self.idle.clear()
-        self._outcomes_ready.set()
+        self.completer.record(claim, outcome)
 
-    # -- completer -------------------------------------------------------
+    def _written(self) -> None:
+        """After each write of the completer: room for more, and maybe nothing left to do."""
+        self._room.set()
+        self._report_idle()
 
-    async def _complete_loop(self) -> None:
-        errors = 0
-        while True:
-            if not self._outcomes:
-                self.idle.set()
-                if self._completer_should_exit:
-                    return
-                self._outcomes_ready.clear()
-                await self._outcomes_ready.wait()
-                continue
-            batch = self._outcomes[:MAX_RECORD_BATCH]
-            del self._outcomes[:MAX_RECORD_BATCH]
-            self._recording = len(batch)
-            try:
-                # Shielded: a cancelled caller must not lose the acknowledgement.
-                await asyncio.shield(self._write(batch))
-                errors = 0
-            except TransientError as exc:
-                self._outcomes[:0] = batch  # keep order; try again
-                delay = backoff_s(errors)
-                errors += 1
-                log.warning(
-                    "recording %d outcomes failed (%s); retrying",
-                    len(batch),
-                    exc,
-                    extra={"queue": self.queue},
-                )
-                await self.clock.sleep(delay)
-            except Exception:  # loop boundary: log every job id, keep the loop alive
-                log.exception(
-                    "recording outcomes of jobs %s failed; their leases will expire",
-                    [c.id for c, _ in batch],
-                    extra={"queue": self.queue},
-                )
-            finally:
-                self._recording = 0
-                self._room.set()
-            if not self._outcomes:
-                self._report_idle()
-
-    async def _write(self, batch: list[tuple[ClaimedJob, Outcome]]) -> None:
-        """Record a batch of outcomes: one fenced statement per kind of outcome.
-
-        Each statement commits on its own; the outcomes it recorded leave
-        ``batch`` at once, so when a later statement fails (say the connection
-        drops after an earlier one was answered) only the rest is retried, and
-        nothing is written or counted twice.
-        """
-        now_sql = self.clock.sql_now()
-        at = self.clock.now().isoformat()
-        completed: list[tuple[ClaimedJob, Outcome]] = []
-        failures: dict[JobId, Failure] = {}
-        released: list[tuple[ClaimedJob, timedelta]] = []
-        snoozed: set[JobId] = set()
-        pauses: list[tuple[JobId, timedelta]] = []
-        costs = [(c.id, self._costs[c.id]) for c, _ in batch if c.id in self._costs]
-        cancels: list[tuple[ClaimedJob, BaseException]] = []
-        stopped: list[tuple[JobId, int, dict[str, Any]]] = []
-        for claim, outcome in batch:
-            if isinstance(outcome, Completed):
-                completed.append((claim, outcome))
-            elif isinstance(outcome, Failed):
-                step = after_failure(
-                    claim.attempt,
-                    claim.policy,
-                    self.clock.now(),
-                    self.jitter,
-                    permanent=outcome.permanent,
-                )
-                retry_in = None
-                if step.start_after is not None:
-                    retry_in = step.start_after - self.clock.now()
-                failures[claim.id] = Failure(
-                    claim.id,
-                    claim.attempt,
-                    step.state,
-                    retry_in,
-                    error_entry(claim.attempt, outcome.error, at),
-                )
-            elif isinstance(outcome, Snoozed | Interrupted):
-                if isinstance(outcome, Snoozed):
-                    snoozed.add(claim.id)
-                    released.append((claim, outcome.delay))
-                    if outcome.pause_partition:
-                        pauses.append((claim.id, outcome.delay))
-                else:
-                    released.append((claim, timedelta(0)))
-            elif isinstance(outcome, Stopped):
-                note = STOPPED_NOTE if outcome.started else DROPPED_NOTE
-                stopped.append(
-                    (claim.id, claim.attempt, event_entry(claim.attempt, "Stopped", note, at))
-                )
-            else:
-                cancels.append((claim, outcome.error))
-
-        def recorded(claims: set[JobId], outcomes: Mapping[JobId, str] | None = None) -> None:
-            batch[:] = [(c, o) for c, o in batch if c.id not in claims]
-            if self.hooks:
-                for job_id in claims:
-                    outcome = outcomes.get(job_id, "lost") if outcomes is not None else "cancelled"
-                    self.hooks.emit("job_finished", self.queue, job_id=job_id, outcome=outcome)
-
-        async def record(conn: AsyncConn) -> None:
-            if costs:
-                # First, and forgotten once written: a batch written again
-                # after a later statement failed does not charge them twice
-                # (only a lost answer to this statement itself can).
-                await self.store.send_report_costs(conn, costs, now=now_sql)
-                for job_id, _ in costs:
-                    self._costs.pop(job_id, None)
-            if completed:
-                if self.finalize is not None:
-                    reported = await self.finalize(conn, completed)
-                    self._completed += len(reported)
-                    self._lost += len(completed) - len(reported)
-                    recorded({c.id for c, _ in completed}, reported)
-                else:
-                    done = [
-                        (c.id, c.attempt, o.stored)
-                        for c, o in completed
-                        if isinstance(o, Completed)
-                    ]
-                    won = await (await self.store.send_complete(conn, done, now=now_sql)).result()
-                    self._completed += len(won)
-                    self._lost += len(completed) - len(won)
-                    recorded({c.id for c, _ in completed}, dict.fromkeys(won, "completed"))
-            if failures:
-                states = await (
-                    await self.store.send_fail(conn, list(failures.values()), now=now_sql)
-                ).result()
-                for job_id, state in states.items():
-                    if state is JobState.FAILED:
-                        self._failed += 1
-                        log.warning(
-                            "job %s (%s) failed for good: %s",
-                            job_id,
-                            self.queue,
-                            failures[job_id].error["message"],
-                            extra={"queue": self.queue, "job_id": job_id},
-                        )
-                    else:
-                        self._retried += 1
-                        if not failures[job_id].retry_in and self._wake is not None:
-                            # Due now: claim it again without waiting for the
-                            # poll (a retry sends no NOTIFY).
-                            self._wake.set()
-                self._lost += len(failures) - len(states)
-                recorded(
-                    set(failures),
-                    {
-                        job_id: "failed" if state is JobState.FAILED else "retried"
-                        for job_id, state in states.items()
-                    },
-                )
-            if pauses:
-                # Before the release: a crash between the two leaves the job
-                # to its lease, never the partition unpaused with the job
-                # back in line. Written again if the batch is retried, which
-                # only sets the same pause.
-                await self.store.send_pause_partitions(conn, pauses, now=now_sql)
-            if released:
-                back = await (
-                    await self.store.send_release(
-                        conn,
-                        [
-                            (
-                                c.id,
-                                c.attempt,
-                                d,
-                                None if c.id in snoozed else handed_back_note(c, at),
-                            )
-                            for c, d in released
-                        ],
-                        now=now_sql,
-                    )
-                ).result()
-                self._released += len(back)
-                self._handed_back += len(back - snoozed)
-                self._lost += len(released) - len(back)
-                recorded(
-                    {c.id for c, _ in released},
-                    {i: "snoozed" if i in snoozed else "released" for i in back},
-                )
-            if stopped:
-                # The job is cancelled already (by whoever cancelled it); its
-                # history says what became of this run.
-                noted = await self.store.note_stopped_runs(conn, stopped, now=now_sql)
-                recorded({s[0] for s in stopped}, dict.fromkeys(noted, "cancelled"))
-            for claim, error in cancels:
-                await self.store.cancel_active(
-                    claim.id,
-                    claim.attempt,
-                    error_entry(claim.attempt, error, at),
-                    now=now_sql,
-                    conn=conn,
-                )
-                recorded({claim.id})
-
-        await self.store.db.run(record, transaction=False)
+    def _retry_due(self) -> None:
+        """A job failed into a retry due now: claim again without waiting for a poll."""
+        if self._wake is not None:
+            self._wake.set()
