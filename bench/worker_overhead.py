@@ -44,7 +44,7 @@ from typing import Any
 from shoal.clock import SystemClock
 from shoal.db.pool import Pending
 from shoal.queue.job import Job
-from shoal.queue.store import CLAIM_COLUMNS, ClaimedJob, ClaimedJobs, claim_reader
+from shoal.queue.rows import CLAIM_COLUMNS, ClaimedJob, ClaimedJobs, claim_reader
 from shoal.queue.worker import DEFAULT_MAX_BATCH, Worker
 
 CONCURRENCY = 10

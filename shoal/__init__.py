@@ -41,8 +41,8 @@ from shoal.queue.client import Shoal
 from shoal.queue.job import Job
 from shoal.queue.limits import LimitState, Rate
 from shoal.queue.options import JobOptions, QueueDefaults, SendOptions, SharedJobOptions
+from shoal.queue.rows import JobError, JobRecord
 from shoal.queue.states import JobId, JobState
-from shoal.queue.store import JobError, JobRecord
 from shoal.queue.sync import SyncClient
 from shoal.queue.worker import Worker
 

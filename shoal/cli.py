@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from shoal.ingest.supervisor import TransportFactory
     from shoal.metrics import WorkerMetrics
     from shoal.queue.client import Shoal
-    from shoal.queue.store import QueueStateCount
+    from shoal.queue.rows import QueueStateCount
 
 EMBEDDED_DATABASE = "shoal"
 # Status lines and errors, never hard-wrapped: a piped or logged line stays one

@@ -27,8 +27,8 @@ from shoal.errors import InvalidInput
 from shoal.queue.client import Shoal
 from shoal.queue.inspect import DEFAULT_PAGE, MAX_PAGE, QueueInspector
 from shoal.queue.registry import WorkerRegistry
+from shoal.queue.rows import JobRecord
 from shoal.queue.states import JobState
-from shoal.queue.store import JobRecord
 
 Connect = Callable[[argparse.Namespace, str], Awaitable[Shoal]]
 JOB_ACTIONS = ("retry", "cancel", "rm")

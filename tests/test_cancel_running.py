@@ -22,8 +22,8 @@ import pytest
 from shoal import FakeClock, InvalidInput, Job, JobCancelled, JobState, Shoal
 from shoal.db import Database
 from shoal.queue.notifier import RECONNECT_DELAY_S
+from shoal.queue.rows import JobError
 from shoal.queue.states import JobId
-from shoal.queue.store import JobError
 
 from .conftest import wait_for
 from .test_processes import WorkerProcesses, rows, wait_started

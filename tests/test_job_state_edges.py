@@ -18,8 +18,8 @@ import psycopg
 from shoal import FakeClock, Shoal
 from shoal.batch.states import ItemStatus
 from shoal.ingest.store import IngestStore
+from shoal.queue.rows import Failure
 from shoal.queue.states import TRANSITIONS, JobState
-from shoal.queue.store import Failure
 
 from .batch_helpers import make_batches
 

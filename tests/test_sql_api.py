@@ -11,7 +11,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from shoal import App, InvalidInput, Job, Shoal
-from shoal.queue.store import JobRecord
+from shoal.queue.rows import JobRecord
 
 from .conftest import require_program
 

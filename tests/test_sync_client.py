@@ -11,7 +11,7 @@ import pytest
 
 from shoal import InvalidInput, JobState, NotFound, Shoal, ShoalError, SyncClient
 from shoal.queue.options import QUEUE_DEFAULT_NAMES
-from shoal.queue.store import GIVEN_BITS
+from shoal.queue.rows import GIVEN_BITS
 
 
 @pytest.fixture

@@ -34,8 +34,8 @@ from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import PostgresTransport, topic_queue
 from shoal.queue.job import Job
 from shoal.queue.options import JobOptions
+from shoal.queue.rows import JobSettings
 from shoal.queue.states import JobState
-from shoal.queue.store import JobSettings
 from shoal.testing import Probe
 
 from .batch_helpers import settle

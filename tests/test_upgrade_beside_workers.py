@@ -28,7 +28,7 @@ from shoal.db import Database, migrate
 from shoal.db.migrate import load_migrations
 from shoal.errors import InvalidInput, TransientError
 from shoal.queue.options import JobOptions
-from shoal.queue.store import JobSettings
+from shoal.queue.rows import JobSettings
 
 from .conftest import RUN_ID, create_database, drop_database, with_dbname
 from .test_embedded_and_cli import shoal_cli

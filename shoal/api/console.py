@@ -52,7 +52,8 @@ from shoal.queue.history import (
 )
 from shoal.queue.inspect import DEFAULT_PAGE, MAX_PAGE, QueueInspector, QueueSummary, ScheduleInfo
 from shoal.queue.registry import WorkerRegistry
-from shoal.queue.store import MAX_CANCELLED_BY, JobRecord
+from shoal.queue.rows import JobRecord
+from shoal.queue.store import MAX_CANCELLED_BY
 
 # Job ids are Postgres bigints: a larger one would fail in the driver.
 MAX_ID = 2**63 - 1

@@ -77,8 +77,8 @@ from shoal.queue.notifier import CancelNote
 from shoal.queue.registry import this_process
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
+from shoal.queue.rows import ClaimedJob
 from shoal.queue.states import JobId
-from shoal.queue.store import ClaimedJob
 from shoal.queue.worker import is_shutdown, stop_run, take_cancel
 
 log = logging.getLogger("shoal.batch")

@@ -46,7 +46,7 @@ from shoal.errors import (
     TransientError,
 )
 from shoal.queue.options import JobOptions, encode_payload
-from shoal.queue.store import JobSettings
+from shoal.queue.rows import JobSettings
 
 T = TypeVar("T")
 

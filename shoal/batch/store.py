@@ -19,8 +19,9 @@ from shoal.db.queries import fetch_named, fetch_named_timed, int_array, load_que
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.cursor import ItemPosition, item_order
 from shoal.queue.results import encode_result
+from shoal.queue.rows import ClaimedJob, JobSettings, claim_reader
 from shoal.queue.states import JobId
-from shoal.queue.store import ClaimedJob, JobSettings, cancel_channel, claim_reader
+from shoal.queue.store import cancel_channel
 
 T = TypeVar("T")
 

@@ -42,8 +42,8 @@ from shoal.ingest.transport import (
 from shoal.queue.client import Shoal
 from shoal.queue.cursor import ClaimCursor, Position, job_order
 from shoal.queue.job import event_entry
+from shoal.queue.rows import Failure
 from shoal.queue.states import JobId, JobState
-from shoal.queue.store import Failure
 
 QUEUE_PREFIX = "topic."
 # (job id, attempt, (message id, TTL) of the done-marker to write, or None)

@@ -41,16 +41,9 @@ from shoal.queue.options import (
 from shoal.queue.registry import DEFAULT_RESCUE_AFTER, WorkerRegistry, check_rescue_after
 from shoal.queue.results import callable_name
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
+from shoal.queue.rows import Failure, JobRecord, NewJob, QueueStateCount, ScheduleRow
 from shoal.queue.states import JobId, JobState
-from shoal.queue.store import (
-    DEFAULT_CANCELLED_BY,
-    Failure,
-    JobRecord,
-    JobStore,
-    NewJob,
-    QueueStateCount,
-    ScheduleRow,
-)
+from shoal.queue.store import DEFAULT_CANCELLED_BY, JobStore
 from shoal.queue.threaded import as_async
 from shoal.queue.worker import (
     DEFAULT_CONCURRENCY,

@@ -35,8 +35,9 @@ from shoal.queue.job import (
 )
 from shoal.queue.registry import this_process
 from shoal.queue.retry import Jitter, after_failure
+from shoal.queue.rows import ClaimedJob, Failure
 from shoal.queue.states import JobId, JobState
-from shoal.queue.store import ClaimedJob, Failure, JobStore
+from shoal.queue.store import JobStore
 
 log = logging.getLogger("shoal.worker")
 

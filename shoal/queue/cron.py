@@ -22,7 +22,8 @@ from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
 from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, TransientError
-from shoal.queue.store import JobStore, NewJob, ScheduleRow
+from shoal.queue.rows import NewJob, ScheduleRow
+from shoal.queue.store import JobStore
 
 log = logging.getLogger("shoal.cron")
 

@@ -22,7 +22,7 @@ from shoal.queue.options import (
     encode_payload,
     parse_options,
 )
-from shoal.queue.store import JobSettings, NewJob
+from shoal.queue.rows import JobSettings, NewJob
 from shoal.tracing import with_carrier
 
 MAX_INSERT = 100_000

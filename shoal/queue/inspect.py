@@ -28,8 +28,8 @@ from shoal.queue.client import Shoal
 from shoal.queue.cron import next_tick
 from shoal.queue.options import check_queue_name
 from shoal.queue.retry import RetryPolicy
+from shoal.queue.rows import JobError, JobRecord
 from shoal.queue.states import JobId, JobState
-from shoal.queue.store import JobError, JobRecord
 
 # The jobs list shows failed jobs first: they are what an operator looks for.
 FAILED_FIRST = (JobState.FAILED,)

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from shoal.errors import Cancel, InvalidInput, JobCancelled, PermanentError, RetryAfter, Snooze
+from shoal.queue.rows import ClaimedJob
 from shoal.queue.states import JobId
-from shoal.queue.store import ClaimedJob
 from shoal.tracing import TRACE_KEY
 
 

@@ -31,8 +31,9 @@ from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.queue.job import event_entry
 from shoal.queue.retry import Jitter, after_failure
+from shoal.queue.rows import ExpiredLease, Failure, OrphanedJob
 from shoal.queue.states import JobId, JobState
-from shoal.queue.store import ExpiredLease, Failure, JobStore, OrphanedJob
+from shoal.queue.store import JobStore
 
 log = logging.getLogger("shoal.maintenance")
 

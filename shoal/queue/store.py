@@ -9,27 +9,41 @@ runs on the pool under the database deadline.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import operator
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import resources
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from psycopg import sql
 
 from shoal.db.pool import AsyncConn, Database, Pending
-from shoal.db.queries import fetch_named, fetch_named_timed, int_array, parse_queries, positions
-from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
+from shoal.db.queries import fetch_named, fetch_named_timed, int_array, parse_queries
 from shoal.errors import InvalidInput
 from shoal.queue.cursor import Position
 from shoal.queue.limits import Limits, LimitState, Rate
-from shoal.queue.options import JobOptions
 from shoal.queue.results import encode_result
-from shoal.queue.retry import RetryPolicy
+from shoal.queue.rows import (
+    OPTION_COLUMNS,
+    ClaimedJob,
+    ClaimedJobs,
+    ExpiredLease,
+    Failure,
+    JobRecord,
+    JobSettings,
+    NewJob,
+    OrphanedJob,
+    QueueDefaultRow,
+    QueueStateCount,
+    ScheduleRow,
+    claim_reader,
+    job_record,
+    queue_default_params,
+    queue_default_row,
+    retry_policy,
+)
 from shoal.queue.states import JobId, JobState
 
 T = TypeVar("T")
@@ -62,349 +76,6 @@ def cancel_note(by: str) -> dict[str, Any]:
             "by", f"must be a non-blank string of at most {MAX_CANCELLED_BY} characters, got {by!r}"
         )
     return {"type": "Cancelled", "message": f"cancelled by {by}", "traceback": None, "by": by}
-
-
-@dataclass(frozen=True, slots=True)
-class JobSettings:
-    """Everything about a new job but its payload and singleton key.
-
-    Shared by every job sent with the same options, so a batch of 10,000
-    usually carries one of these, sent to the database once.
-    """
-
-    queue: str
-    priority: int
-    retry_limit: int
-    retry_delay: timedelta
-    retry_backoff: bool
-    retry_delay_max: timedelta
-    expire_in: timedelta
-    dead_letter: str | None
-    start_at: datetime | None
-    start_in: timedelta | None
-    # The options the sender named (of QUEUE_DEFAULT_NAMES): these keep their
-    # value, the others give way to the queue's stored defaults.
-    given: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(
-        cls, queue: str, options: JobOptions, *, given: frozenset[str] = frozenset()
-    ) -> JobSettings:
-        """The settings of jobs sent to ``queue`` with ``options`` (already validated).
-
-        ``given`` names the options the send named; the queue's defaults
-        (``queue_default``) replace the others when the job is inserted.
-        """
-        start_after = options.start_after
-        return cls(
-            queue=queue,
-            priority=options.priority,
-            retry_limit=options.retry_limit,
-            retry_delay=options.retry_delay,
-            retry_backoff=options.retry_backoff,
-            retry_delay_max=options.retry_delay_max,
-            expire_in=options.expire_in,
-            dead_letter=options.dead_letter,
-            start_at=start_after if isinstance(start_after, datetime) else None,
-            start_in=start_after if isinstance(start_after, timedelta) else None,
-            given=given,
-        )
-
-    @property
-    def runs_now(self) -> bool:
-        return self.start_at is None and not self.start_in
-
-    def params(self) -> dict[str, Any]:
-        """The values of OPTION_COLUMNS by name, for a statement that sends jobs alike."""
-        return dict(zip(OPTION_COLUMNS, self.row(), strict=True))
-
-    def row(self) -> tuple[Any, ...]:
-        """The values of OPTION_COLUMNS."""
-        return (
-            self.queue,
-            self.priority,
-            self.retry_limit,
-            self.retry_delay.total_seconds(),
-            self.retry_backoff,
-            self.retry_delay_max.total_seconds(),
-            self.expire_in.total_seconds(),
-            self.dead_letter,
-            self.start_at,
-            None if self.start_in is None else self.start_in.total_seconds(),
-            sum(GIVEN_BITS[name] for name in self.given),
-        )
-
-
-OPTION_COLUMNS = (
-    "queue",
-    "priority",
-    "retry_limit",
-    "retry_delay_s",
-    "retry_backoff",
-    "retry_delay_max_s",
-    "expire_in_s",
-    "dead_letter",
-    "start_at",
-    "start_in_s",
-    "given",
-)
-
-# One bit per option a queue may default, set when the send named it: the
-# insert statement (insert_jobs in queries.sql) tests these same numbers.
-GIVEN_BITS = {
-    "priority": 1,
-    "retry_limit": 2,
-    "retry_delay": 4,
-    "retry_backoff": 8,
-    "retry_delay_max": 16,
-    "expire_in": 32,
-    "dead_letter": 64,
-}
-
-
-class NewJob(NamedTuple):
-    """A validated job, ready to insert. ``data`` is JSON text.
-
-    ``partition_key`` None lets the insert take the key of a limited queue's
-    jobs from their data (or give them ''); ``cost`` None is 1. A NamedTuple,
-    like ClaimedJob: an insert of 10,000 jobs builds 10,000 of them, and a
-    frozen dataclass sets each field through object.__setattr__.
-    """
-
-    settings: JobSettings
-    data: str
-    singleton_key: str | None = None
-    partition_key: str | None = None
-    cost: int | None = None
-
-
-class ClaimedJob(NamedTuple):
-    """A job a worker holds under a lease. ``attempt`` is its fencing token.
-
-    A job taken by ``take_item_jobs_v2()`` (deleted already, a one-shot delivery) has
-    no lease: ``lease_expires_at`` is None, and its heartbeats only push back
-    the worker's local execution deadline.
-
-    A NamedTuple rather than a frozen dataclass: one is built for every
-    claimed job on the hot path, where a tuple is several times cheaper to
-    make. The payload stays JSON text until someone reads ``data``.
-    """
-
-    id: JobId
-    queue: str
-    data_json: str
-    priority: int
-    attempt: int
-    policy: RetryPolicy
-    expire_in_s: float
-    singleton_key: str | None
-    dead_letter: str | None
-    created_at: datetime
-    started_at: datetime
-    lease_expires_at: datetime | None
-
-    @property
-    def data(self) -> Any:
-        return json.loads(self.data_json)
-
-    @property
-    def expire_in(self) -> timedelta:
-        return timedelta(seconds=self.expire_in_s)
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedJobs:
-    """What one claim statement took, and what the statement cost."""
-
-    jobs: list[ClaimedJob]
-    # Seconds on its connection, without the wait for one from the pool
-    # (shoal.db.queries.fetch_named_timed).
-    cost_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class JobError:
-    """One failed attempt, as recorded on the job."""
-
-    attempt: int
-    at: str
-    type: str
-    message: str
-    traceback: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """A job as stored, for inspection."""
-
-    id: JobId
-    queue: str
-    state: JobState
-    data: Any
-    priority: int
-    attempt: int
-    policy: RetryPolicy
-    expire_in: timedelta
-    singleton_key: str | None
-    dead_letter: str | None
-    origin_queue: str | None
-    origin_id: JobId | None
-    start_after: datetime
-    created_at: datetime
-    started_at: datetime | None
-    lease_expires_at: datetime | None
-    finished_at: datetime | None
-    output: Any
-    errors: tuple[JobError, ...]
-    # The registry id of the worker process that claimed it last (the
-    # Workers page's row); None once it went back to waiting, or when the
-    # claiming client keeps no registry row.
-    holder: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """The outcome of a failed attempt, to be written fenced by ``attempt``."""
-
-    id: JobId
-    attempt: int
-    state: JobState  # RETRY or FAILED
-    retry_in: timedelta | None
-    error: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ExpiredLease:
-    id: JobId
-    attempt: int
-    policy: RetryPolicy
-    lease_expires_at: datetime
-    queue: str
-
-
-@dataclass(frozen=True, slots=True)
-class OrphanedJob:
-    """An active job whose holding process stopped heartbeating, and who that was."""
-
-    id: JobId
-    attempt: int
-    policy: RetryPolicy
-    queue: str
-    holder: str  # the process's registry id
-    host: str
-    pid: int
-    app: str
-    heartbeat_at: datetime  # its last heartbeat
-    rescue_after_s: float  # its own setting
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStateCount:
-    queue: str
-    state: JobState
-    count: int
-    oldest_waiting: timedelta | None
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleRow:
-    name: str
-    queue: str
-    cron: str
-    timezone: str
-    data: Any
-    options: Mapping[str, Any]
-    last_tick: datetime
-    db_now: datetime
-
-
-@functools.lru_cache(maxsize=256)
-def _policy(limit: int, delay_s: float, backoff: bool, max_s: float) -> RetryPolicy:
-    # Cached: a claim of a hundred jobs almost always carries one policy.
-    return RetryPolicy(limit, timedelta(seconds=delay_s), backoff, timedelta(seconds=max_s))
-
-
-# The claim row: the columns every claim of jobs returns, by these names
-# (the claim row of shoal/queue/functions.sql). Other layers'
-# claims (item jobs, ingest messages) return them too, and read them with
-# claim_reader.
-CLAIM_COLUMNS = (
-    "id",
-    "queue",
-    "data",
-    "priority",
-    "attempt",
-    "retry_limit",
-    "retry_delay_s",
-    "retry_backoff",
-    "retry_delay_max_s",
-    "expire_in_s",
-    "singleton_key",
-    "dead_letter",
-    "created_at",
-    "started_at",
-    "lease_expires_at",
-)
-
-
-@functools.lru_cache(maxsize=64)
-def claim_reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJob]:
-    """Reads a ClaimedJob from a row of a statement with these column names.
-
-    The statement may return other columns too (a batch claim adds its
-    item's); the claim row's are found by name once per statement shape, and
-    each row is then read by position, as cheaply as a plain tuple.
-    """
-    pick = operator.itemgetter(*positions(columns, CLAIM_COLUMNS, what="a claim"))
-
-    def read(row: Sequence[Any]) -> ClaimedJob:
-        (id_, queue, data, priority, attempt, limit, delay, backoff, delay_max, expire_in,
-         key, dead_letter, created_at, started_at, lease) = pick(row)  # fmt: skip
-        return ClaimedJob(
-            id_,
-            queue,
-            data,
-            priority,
-            attempt,
-            _policy(limit, delay, backoff, delay_max),
-            expire_in,
-            key,
-            dead_letter,
-            created_at,
-            started_at,
-            lease,
-        )
-
-    return read
-
-
-def _record(row: Sequence[Any]) -> JobRecord:
-    """A get_job/list_jobs row (see queries.sql for the column order)."""
-    return JobRecord(
-        id=JobId(row[0]),
-        queue=row[1],
-        state=JobState(row[2]),
-        data=row[3],
-        priority=row[4],
-        attempt=row[5],
-        policy=_policy(row[6], row[7], row[8], row[9]),
-        expire_in=timedelta(seconds=row[10]),
-        singleton_key=row[11],
-        dead_letter=row[12],
-        origin_queue=row[13],
-        origin_id=None if row[14] is None else JobId(row[14]),
-        start_after=row[15],
-        created_at=row[16],
-        started_at=row[17],
-        lease_expires_at=row[18],
-        finished_at=row[19],
-        output=row[20],
-        errors=tuple(
-            JobError(e["attempt"], e["at"], e["type"], e["message"], e.get("traceback"))
-            for e in row[21]
-        ),
-        holder=row[22],
-    )
 
 
 # What insert_jobs does on a conflict, and what it returns to tell which job
@@ -509,46 +180,6 @@ class InsertPlan:
         by_key = {(r[1], r[2]): JobId(r[0]) for r in rows if r[2] is not None}
         keyless = iter(sorted(JobId(r[0]) for r in rows if r[2] is None))
         return [next(keyless) if key[1] is None else by_key.pop(key, None) for key in self.keys]
-
-
-@dataclass(frozen=True, slots=True)
-class QueueDefaultRow:
-    """A queue's stored default options (None: no default for that option)."""
-
-    queue: str
-    options: Mapping[str, Any]
-    updated_at: datetime
-
-
-def queue_default_params(queue: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The parameters of ``set_queue_default`` from validated options (durations as seconds)."""
-
-    def seconds(name: str) -> float | None:
-        value = options.get(name)
-        return None if value is None else float(value.total_seconds())
-
-    return {
-        "queue": queue,
-        "priority": options.get("priority"),
-        "retry_limit": options.get("retry_limit"),
-        "retry_delay_s": seconds("retry_delay"),
-        "retry_backoff": options.get("retry_backoff"),
-        "retry_delay_max_s": seconds("retry_delay_max"),
-        "expire_in_s": seconds("expire_in"),
-        "dead_letter": options.get("dead_letter"),
-    }
-
-
-def _queue_default(row: Sequence[Any]) -> QueueDefaultRow:
-    """A get_queue_default row: the options as ``set_queue_defaults`` takes them."""
-    names = ("priority", "retry_limit", "retry_delay", "retry_backoff", "retry_delay_max")
-    values = dict(zip((*names, "expire_in", "dead_letter"), row[1:8], strict=True))
-    options = {
-        k: timedelta(seconds=v) if k in ("retry_delay", "retry_delay_max", "expire_in") else v
-        for k, v in values.items()
-        if v is not None
-    }
-    return QueueDefaultRow(row[0], options, row[8])
 
 
 class JobStore:
@@ -850,7 +481,7 @@ class JobStore:
     ) -> list[ExpiredLease]:
         rows = await self._rows("lock_expired_leases", {"limit": limit, "now": now}, conn)
         return [
-            ExpiredLease(JobId(r[0]), r[1], _policy(r[2], r[3], r[4], r[5]), r[6], r[7])
+            ExpiredLease(JobId(r[0]), r[1], retry_policy(r[2], r[3], r[4], r[5]), r[6], r[7])
             for r in rows
         ]
 
@@ -878,7 +509,7 @@ class JobStore:
             conn,
         )
         return [
-            OrphanedJob(JobId(r[0]), r[1], _policy(r[2], r[3], r[4], r[5]), r[6], *r[7:13])
+            OrphanedJob(JobId(r[0]), r[1], retry_policy(r[2], r[3], r[4], r[5]), r[6], *r[7:13])
             for r in rows
         ]
 
@@ -981,13 +612,13 @@ class JobStore:
 
     async def queue_default(self, queue: str) -> QueueDefaultRow | None:
         rows = await self._rows("get_queue_default", {"queue": queue})
-        return _queue_default(rows[0]) if rows else None
+        return queue_default_row(rows[0]) if rows else None
 
     # -- inspection ------------------------------------------------------
 
     async def get_job(self, job_id: JobId) -> JobRecord | None:
         rows = await self._rows("get_job", {"id": job_id})
-        return _record(rows[0]) if rows else None
+        return job_record(rows[0]) if rows else None
 
     async def list_jobs(
         self, queue: str, *, state: JobState | None, before_id: JobId | None, limit: int
@@ -1001,7 +632,7 @@ class JobStore:
                 "limit": limit,
             },
         )
-        return [_record(r) for r in rows]
+        return [job_record(r) for r in rows]
 
     async def queue_stats(self, *, now: datetime | None) -> list[QueueStateCount]:
         rows = await self._rows("queue_stats", {"now": now})
@@ -1129,82 +760,3 @@ class JobStore:
     async def advance_schedule(self, conn: AsyncConn, name: str, tick: datetime) -> bool:
         """Claim ``tick`` of schedule ``name`` inside ``conn``'s transaction."""
         return bool(await self._rows("advance_schedule", {"name": name, "tick": tick}, conn))
-
-
-class SyncJobStore:
-    """The statements a synchronous client runs, from the same ``queries.sql``.
-
-    Each method runs on ``conn`` inside the caller's transaction when given
-    one, else on a connection of ``db``'s pool in a transaction of its own.
-    """
-
-    def __init__(self, db: SyncDatabase) -> None:
-        self.db = db
-        self.sql = queue_queries(db.schema)
-        self.channel = f"{db.schema}_jobs"
-        self.cancel_channel = cancel_channel(db.schema)
-
-    def _rows(
-        self, name: str, params: Mapping[str, Any], conn: SyncConn | None = None
-    ) -> list[tuple[Any, ...]]:
-        query = self.sql[name]
-
-        def run(cur: SyncCursor) -> list[tuple[Any, ...]]:
-            cur.execute(query, params)
-            return cur.fetchall() if cur.description is not None else []
-
-        return self.db.on(conn, run)
-
-    def insert(
-        self, jobs: Sequence[NewJob], *, now: datetime | None, conn: SyncConn | None = None
-    ) -> list[JobId | None]:
-        """As :meth:`JobStore.insert`: one statement, and a wake-up sent on commit."""
-        if not jobs:
-            return []
-        plan = InsertPlan.of(jobs, now)
-        insert_q, notify_q = self.sql[plan.query], self.sql["notify_queues"]
-
-        def run(cur: SyncCursor) -> list[JobId | None]:
-            cur.execute(insert_q, plan.params)
-            ids = plan.ids(cur.fetchall())
-            if plan.wake and any(ids):
-                cur.execute(notify_q, {"channel": self.channel, "queues": plan.wake})
-            return ids
-
-        return self.db.on(conn, run)
-
-    def notify(self, conn: SyncConn | None, queues: Sequence[str]) -> None:
-        self._rows("notify_queues", {"channel": self.channel, "queues": list(queues)}, conn)
-
-    def paused_queues(self, cur: SyncCursor) -> list[str]:
-        """The paused queues, read on ``cur`` (in a layer above's transaction)."""
-        cur.execute(self.sql["paused_queues"], {})
-        return [r[0] for r in cur.fetchall()]
-
-    def get_job(self, job_id: JobId, *, conn: SyncConn | None = None) -> JobRecord | None:
-        rows = self._rows("get_job", {"id": job_id}, conn)
-        return _record(rows[0]) if rows else None
-
-    def cancel(
-        self,
-        ids: Sequence[JobId],
-        *,
-        by: str,
-        now: datetime | None,
-        conn: SyncConn | None = None,
-    ) -> set[JobId]:
-        """Cancel waiting or active jobs, noting ``by``; the holders of active ones are told."""
-        params = {
-            "ids": list(ids),
-            "note": json.dumps(cancel_note(by)),
-            "channel": self.cancel_channel,
-            "now": now,
-        }
-        rows = self._rows("cancel_jobs", params, conn)
-        return {JobId(r[0]) for r in rows}
-
-    def set_queue_default(self, queue: str, options: Mapping[str, Any]) -> None:
-        if options:
-            self._rows("set_queue_default", queue_default_params(queue, options))
-        else:
-            self._rows("delete_queue_default", {"queue": queue})

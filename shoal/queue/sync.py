@@ -31,8 +31,10 @@ from shoal.queue.options import (
     check_queue_name,
     parse_queue_defaults,
 )
+from shoal.queue.rows import JobRecord
 from shoal.queue.states import JobId
-from shoal.queue.store import DEFAULT_CANCELLED_BY, JobRecord, SyncJobStore
+from shoal.queue.store import DEFAULT_CANCELLED_BY
+from shoal.queue.sync_store import SyncJobStore
 from shoal.tracing import carrier
 
 

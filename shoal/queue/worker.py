@@ -69,8 +69,9 @@ from shoal.queue.limits import Limits
 from shoal.queue.notifier import CancelNote, Notifier
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import Jitter
+from shoal.queue.rows import ClaimedJob
 from shoal.queue.states import JobId
-from shoal.queue.store import ClaimedJob, JobStore
+from shoal.queue.store import JobStore
 
 log = logging.getLogger("shoal.worker")
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from shoal.errors import InvalidInput
 from shoal.queue.client import Shoal
+from shoal.queue.rows import JobRecord
 from shoal.queue.states import JobState
-from shoal.queue.store import JobRecord
 
 # Most jobs a failure message lists.
 SHOWN_JOBS = 20

@@ -18,8 +18,8 @@ from shoal.queue.job import Cancelled, Failed, Handler, Job, Snoozed, outcome_of
 from shoal.queue.options import JobOptions
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure, retry_delay
+from shoal.queue.rows import ClaimedJob
 from shoal.queue.states import JobId, JobState
-from shoal.queue.store import ClaimedJob
 from shoal.queue.threaded import as_async
 from shoal.queue.worker import DEFAULT_POLL_INTERVAL, Worker
 
