@@ -39,7 +39,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shoal.ingest.consumer import BatchConsumer, Consumer
+from shoal.ingest.batch_consumer import BatchConsumer
+from shoal.ingest.consumer import Consumer
 from shoal.ingest.dedupe import DoneStore
 from shoal.ingest.message import Envelope, Message, Topic, new_envelope
 from shoal.ingest.transport import Delivery, Depth, Subscription

@@ -20,7 +20,8 @@ import pytest
 
 from shoal import App, FakeClock, Shoal, ShoalError
 from shoal.errors import InvalidInput, TransientError
-from shoal.ingest.consumer import BatchConsumer, Consumer
+from shoal.ingest.batch_consumer import BatchConsumer
+from shoal.ingest.consumer import Consumer
 from shoal.ingest.dedupe import PostgresDoneStore, RedisDoneStore
 from shoal.ingest.message import Message, Topic
 from shoal.ingest.pipeline import Pipeline, check_connection_budget

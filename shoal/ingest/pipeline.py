@@ -33,8 +33,9 @@ from typing import Any, Literal, TypeVar
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
 from shoal.errors import InvalidInput, ShoalError
+from shoal.ingest.batch_consumer import BatchConsumer
 from shoal.ingest.config import DEFAULT_MODE, RuntimeConfig
-from shoal.ingest.consumer import Apply, BatchConsumer, Consumer, WriteBatch
+from shoal.ingest.consumer import Apply, Consumer, WriteBatch
 from shoal.ingest.dedupe import DoneStore, PostgresDoneStore
 from shoal.ingest.message import Envelope, Message, Topic, new_envelope
 from shoal.ingest.monitor import BacklogMonitor

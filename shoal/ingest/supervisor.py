@@ -19,14 +19,9 @@ from psycopg import sql
 from shoal.clock import Clock
 from shoal.errors import InvalidInput, TransientError
 from shoal.extras import require
-from shoal.ingest.consumer import (
-    DEFAULT_CONCURRENCY,
-    Apply,
-    BatchConsumer,
-    Consumer,
-    WriteBatch,
-    sleep_or_stop,
-)
+from shoal.ingest.batch_consumer import BatchConsumer
+from shoal.ingest.consumer import DEFAULT_CONCURRENCY, Apply, Consumer, WriteBatch
+from shoal.ingest.consumer_base import sleep_or_stop
 from shoal.ingest.message import Topic
 from shoal.ingest.monitor import DEFAULT_INTERVAL
 from shoal.ingest.pipeline import (
