@@ -4,8 +4,8 @@
 an fsynced spool on disk, and its replayer hands it on once a path is back:
 applied in place while the broker is still down, published when the broker
 is back first. Without a spool the producer is held instead, never dropped.
-The spool survives its producer being killed, and a torn last record (a
-crash in the middle of a write) is skipped without losing the ones before.
+The spool survives its producer being killed, and a torn last write (a
+crash in the middle of a commit) is dropped without losing the ones before.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,7 +30,7 @@ from shoal.ingest.nats import NatsTransport
 from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import HELD_LOUD_AFTER, PipelineClosed
 from shoal.ingest.postgres import PostgresTransport
-from shoal.ingest.spool import HEADER, MAGIC, Spool
+from shoal.ingest.spool import Spool
 from shoal.ingest.transport import Transport
 from tests.conftest import wait_for
 from tests.ingest_helpers import READINGS, Reading, apply_reading, create_schema, scalar
@@ -110,7 +111,11 @@ async def test_messages_accepted_while_database_and_broker_are_both_down_are_app
         await both_down_then_back(pg, nats, boss, producer, clock, caplog)
     finally:
         await producer.close()
-    assert not list((tmp_path / "spool").glob("spool-*.log"))  # empty: no segment left
+    # Empty, and closed cleanly: no log left, nothing to replay on the next start.
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == ["spool.db"]
+    reopened = await Spool(tmp_path / "spool", clock=clock).open()
+    assert len(reopened) == 0
+    await reopened.close()
 
 
 async def both_down_then_back(
@@ -261,7 +266,7 @@ async def test_spooled_messages_survive_a_killed_producer_and_the_next_one_repla
     await successor.close()
 
 
-async def test_a_torn_last_record_is_skipped_and_the_records_before_it_are_kept(
+async def test_a_torn_last_write_is_dropped_and_the_writes_before_it_are_kept(
     tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     directory = tmp_path / "spool"
@@ -270,23 +275,25 @@ async def test_a_torn_last_record_is_skipped_and_the_records_before_it_are_kept(
     for envelope in envelopes:
         await spool.put("t", envelope, mode=None, reason="both down", rounds=2)
     await spool.remove(["m1"])
-    # A second process on the same directory is refused while this one holds it.
+    # A second pipeline on the same directory is refused while this one holds it.
     with pytest.raises(Conflict, match="in use"):
         await Spool(directory, clock=clock).open()
+    # The files as a crash at this moment leaves them: every write in the log.
+    wal = crashed_copy(directory, tmp_path / "at-crash")
     await spool.close()
+    log_bytes = wal.read_bytes()
+    frame = 24 + int.from_bytes(log_bytes[8:12], "big")  # SQLite's WAL: header, page size
+    assert len(log_bytes) > 32 + 4 * frame  # the puts and the remove are there, not checkpointed
 
-    # The crash: the last write got only part of its record to disk.
-    (segment,) = directory.glob("spool-*.log")
-    whole = segment.read_bytes()
-    with segment.open("ab") as f:
-        f.write(HEADER.pack(MAGIC, 100, 0) + b'{"op":"put","top')
+    # The crash cut the next write short: part of a frame at the log's end.
+    torn = crashed_copy(tmp_path / "at-crash", tmp_path / "torn")
+    torn.write_bytes(log_bytes + log_bytes[32 : 32 + 24 + 100])
     caplog.set_level(logging.WARNING, logger="shoal.ingest")
-    reopened = await Spool(directory, clock=clock).open()
+    reopened = await Spool(tmp_path / "torn", clock=clock).open()
     assert [e.envelope.id for e in reopened.entries()] == ["m0", "m2"]
     assert reopened.entries()[0].envelope.body == {"n": 0}
-    assert any("torn record" in r.getMessage() for r in caplog.records)
-
-    # A checksum that does not hold is a torn record too; later writes go to a new segment.
+    assert any("did not close it" in r.getMessage() for r in caplog.records)
+    # It goes on as a spool: a put, then everything handed on, leaves it empty.
     await reopened.put(
         "t",
         new_envelope({"n": 3}, published_at=clock.now(), id="m3"),
@@ -294,13 +301,59 @@ async def test_a_torn_last_record_is_skipped_and_the_records_before_it_are_kept(
         reason="",
         rounds=1,
     )
+    assert [e.envelope.id for e in reopened.entries()] == ["m0", "m2", "m3"]
+    await reopened.remove(["m0", "m2", "m3"])
     await reopened.close()
-    segment.write_bytes(whole[:-1] + bytes([whole[-1] ^ 0xFF]))  # m1's done record corrupted
-    again = await Spool(directory, clock=clock).open()
-    assert [e.envelope.id for e in again.entries()] == ["m0", "m1", "m2", "m3"]
-    await again.remove(["m0", "m1", "m2", "m3"])
+    assert sorted(p.name for p in (tmp_path / "torn").iterdir()) == ["spool.db"]
+    empty = await Spool(tmp_path / "torn", clock=clock).open()
+    assert len(empty) == 0
+    await empty.close()
+
+    # A last frame whose checksum does not hold is torn too: the remove of m1
+    # it held is dropped, and m1 is handed on again.
+    corrupt = crashed_copy(tmp_path / "at-crash", tmp_path / "corrupt")
+    corrupt.write_bytes(log_bytes[:-1] + bytes([log_bytes[-1] ^ 0xFF]))
+    again = await Spool(tmp_path / "corrupt", clock=clock).open()
+    assert [e.envelope.id for e in again.entries()] == ["m0", "m1", "m2"]
     await again.close()
-    assert not list(directory.glob("spool-*.log"))
+
+
+async def test_a_second_put_of_one_id_replaces_the_first_also_after_a_restart(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    directory = tmp_path / "spool"
+    spool = await Spool(directory, clock=clock).open()
+    for n in range(3):
+        envelope = new_envelope({"n": n}, published_at=clock.now(), id="same")
+        await spool.put("t", envelope, mode=None, reason="", rounds=1)
+    await spool.put(
+        "t", new_envelope({}, published_at=clock.now(), id="other"), mode=None, reason="", rounds=1
+    )
+    assert [(e.envelope.id, e.envelope.body) for e in spool.entries()] == [
+        ("same", {"n": 2}),
+        ("other", {}),
+    ]
+    crashed_copy(directory, tmp_path / "at-crash")  # before the earlier rows' removal is flushed
+    await spool.close()
+    for reopened_from in (directory, tmp_path / "at-crash"):
+        reopened = await Spool(reopened_from, clock=clock).open()
+        assert [(e.envelope.id, e.envelope.body) for e in reopened.entries()] == [
+            ("same", {"n": 2}),
+            ("other", {}),
+        ]
+        assert await reopened.remove(["same", "other"]) == 2
+        await reopened.close()
+        empty = await Spool(reopened_from, clock=clock).open()
+        assert len(empty) == 0
+        await empty.close()
+
+
+def crashed_copy(source: Path, target: Path) -> Path:
+    """Copy a spool's database and log to ``target``, as they are on disk; the log's path."""
+    target.mkdir()
+    for name in ("spool.db", "spool.db-wal"):
+        shutil.copyfile(source / name, target / name)
+    return target / "spool.db-wal"
 
 
 async def test_a_full_spool_holds_the_producer_and_admits_no_new_work(

@@ -2,37 +2,38 @@
 
 ``Pipeline.submit`` applies a message in place or publishes it. When both
 fail for longer than a short bound (the database overloaded or down, the
-broker down), the message is appended here, on the producer's local disk,
+broker down), the message is written here, on the producer's local disk,
 and fsynced before ``submit`` returns ``route="spooled"``. The pipeline's
 replayer hands spooled messages on once a path works again and removes each
 only after that succeeded. Nothing a producer accepted depends on the
 producer's memory.
 
-On disk, a spool is a directory::
+On disk, a spool is a directory holding one SQLite database (the standard
+library's ``sqlite3``) in WAL mode::
 
-    lock                     flock: one process per spool
-    spool-000000000001.log   segments, appended to, never rewritten
-    spool-000000000002.log
+    spool.db       one row per waiting message, in the order they were spooled
+    spool.db-wal   SQLite's write-ahead log, while the spool is open
 
-A segment is a sequence of records, each ``b"SPL1"``, the payload's length
-and its CRC-32 (big-endian unsigned 32-bit each), then the payload (JSON):
-``{"op": "put", ...}`` for a spooled message, ``{"op": "done", "id": ...}``
-once it was handed on. A put is fsynced before it counts; a done record is
-not: if it is lost in a crash, the message is handed on again, and the
-done-marker (or the transport's duplicate window) absorbs the replay.
+A put is a transaction committed with ``synchronous=FULL``: the log is
+fsynced before ``put`` returns. A remove is committed with
+``synchronous=NORMAL``, not fsynced: if it is lost in a crash of the machine,
+the message is handed on again, and the done-marker (or the transport's
+duplicate window) absorbs the replay. A process killed outright loses
+neither (its writes are in the kernel's page cache).
 
-Crash safety:
+Crash safety is SQLite's: a crash in the middle of a commit leaves a torn
+tail in the write-ahead log, and SQLite's recovery, at the next open, keeps
+every transaction whose frames and checksums hold and drops the torn one.
+That one was never fsynced, so no ``submit`` returned for it.
 
-- A crash in the middle of an append leaves a torn record at the end of the
-  segment being written. Reading stops at the first record whose header,
-  length or checksum does not hold, with a WARN; that record was never
-  fsynced, so no ``submit`` returned for it. A failed write is truncated
-  away and the next write starts a new segment, so a torn record is always
-  a segment's last.
-- A process appends only to segments it created; an existing spool's
-  segments are read at start and deleted once every message in them (and
-  in every older segment) is done. Segments go oldest first, so the put a
-  done record cancels is always deleted with it or before it, never after.
+One process at a time: the database is opened with ``locking_mode=EXCLUSIVE``
+and locked at ``open``; a second ``open`` on the directory, from this process
+or another, fails with ``Conflict``. Rows are deleted as their messages are
+handed on; when the spool empties, the file gives its free pages back and
+the log is truncated.
+
+Until this, the spool was segment files of CRC-32-framed records under a
+flock, written by hand; bench/spool_bench.py measures both (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -40,18 +41,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
-import json
 import logging
 import os
-import re
-import struct
-import zlib
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from shoal.clock import Clock
 from shoal.errors import Conflict, InvalidInput
@@ -59,17 +56,40 @@ from shoal.ingest.message import Envelope
 
 log = logging.getLogger("shoal.ingest")
 
-MAGIC = b"SPL1"
-HEADER = struct.Struct(">4sII")  # magic, payload length, CRC-32 of the payload
-# A payload larger than this is not a record of ours: the header is garbage.
-MAX_RECORD_BYTES = 16 * 1024 * 1024
-# A segment is closed and a new one started past this size, so segments whose
-# messages were all handed on can be deleted while others are still waiting.
-DEFAULT_SEGMENT_BYTES = 8 * 1024 * 1024
+DATABASE = "spool.db"
 # Past this many bytes of waiting messages, submit holds the producer instead
 # of spooling more, and Pipeline.admit says to take no new work (backpressure).
 DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
-_SEGMENT_NAME = re.compile(r"^spool-(\d{12})\.log$")
+# SQLite's write-ahead log is checkpointed into the database every 1000 pages
+# (its default) and cut back to this size after a checkpoint, so a long
+# outage leaves neither a large log nor, once the spool empties, a large file.
+WAL_LIMIT_BYTES = 4 * 1024 * 1024
+# What ``reason`` keeps of the paths' last error.
+REASON_CHARS = 500
+
+# One b-tree, no index: a put writes one page of the log (an index on id,
+# or AUTOINCREMENT's sqlite_sequence, would add a page to every commit; the
+# bench measured 0.75x the puts per second with both). Rows are found by
+# seq, which the in-memory entries hold; seq is the largest so far plus one,
+# so it grows with every put while rows remain.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS message (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    envelope TEXT NOT NULL,
+    mode TEXT CHECK (mode IN ('sync', 'async')),
+    spooled_at TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    rounds INTEGER NOT NULL
+)
+"""
+_PUT = (
+    "INSERT INTO message (id, topic, envelope, mode, spooled_at, reason, rounds)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING seq"
+)
+_REMOVE = "DELETE FROM message WHERE seq = ?"
+_ALL = "SELECT seq, id, topic, envelope, mode, spooled_at, reason, rounds FROM message ORDER BY seq"
 
 Mode = Literal["sync", "async"]
 
@@ -84,8 +104,8 @@ class SpoolEntry:
     spooled_at: datetime
     reason: str  # the last error of the paths, as text
     rounds: int  # submit's tries of both paths before spooling
-    size: int  # bytes of its record on disk
-    segment: int
+    size: int  # bytes of its row's values (topic, envelope, reason)
+    seq: int  # its place in the spool, oldest first (0 until written)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,40 +122,23 @@ class SpoolStats:
         return self.bytes >= self.max_bytes
 
 
-def encode_record(payload: dict[str, Any]) -> bytes:
-    data = json.dumps(payload, separators=(",", ":")).encode()
-    return HEADER.pack(MAGIC, len(data), zlib.crc32(data)) + data
+@dataclass(frozen=True, slots=True)
+class _Put:
+    entry: SpoolEntry
+    envelope: str  # the encoded envelope, as stored
 
 
-def read_records(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """The intact records at the start of ``data``, and the offset where they end.
+@dataclass(frozen=True, slots=True)
+class _Remove:
+    seqs: tuple[int, ...]  # the rows of messages handed on, or of a replaced put
 
-    The first record whose header, length or checksum does not hold ends the
-    read: it is a torn tail (see the module docstring).
-    """
-    records: list[dict[str, Any]] = []
-    offset = 0
-    while offset + HEADER.size <= len(data):
-        magic, length, crc = HEADER.unpack_from(data, offset)
-        start = offset + HEADER.size
-        if magic != MAGIC or length > MAX_RECORD_BYTES or start + length > len(data):
-            break
-        payload = data[start : start + length]
-        if zlib.crc32(payload) != crc:
-            break
-        try:
-            record = json.loads(payload)
-        except ValueError:
-            break
-        if not isinstance(record, dict):
-            break
-        records.append(record)
-        offset = start + length
-    return records, offset
+
+def _size(topic: str, envelope: str, reason: str) -> int:
+    return len(topic.encode()) + len(envelope.encode()) + len(reason.encode())
 
 
 class Spool:
-    """A directory of append-only, checksummed segments; one process at a time.
+    """A SQLite database of waiting messages in ``directory``; one process at a time.
 
     >>> spool = await Spool(Path("/var/lib/app/spool"), clock=clock).open()  # doctest: +SKIP
     >>> await spool.put("readings", envelope, mode=None, reason="...", rounds=3)  # doctest: +SKIP
@@ -143,40 +146,30 @@ class Spool:
     >>> await spool.remove([envelope.id])                           # doctest: +SKIP
 
     ``put`` returns once the message is on disk (fsynced). ``remove`` is
-    idempotent. Safe for many tasks of one event loop; file I/O runs in a
-    thread, one operation at a time, and concurrent puts share one fsync.
+    idempotent. Safe for many tasks of one event loop; database calls run in
+    a thread, one at a time, and concurrent puts share one transaction (and
+    one fsync).
     """
 
     def __init__(
-        self,
-        directory: Path,
-        *,
-        clock: Clock,
-        max_bytes: int = DEFAULT_SPOOL_MAX_BYTES,
-        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        self, directory: Path, *, clock: Clock, max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
     ) -> None:
         if max_bytes < 1:
             raise InvalidInput("spool_max_bytes", f"{max_bytes}: must be at least 1")
-        if segment_bytes < 1:
-            raise InvalidInput("segment_bytes", f"{segment_bytes}: must be at least 1")
         self.directory = Path(directory)
         self.clock = clock
         self.max_bytes = max_bytes
-        self.segment_bytes = segment_bytes
-        # Waiting messages by id, oldest first. Written by put (once its record is
-        # fsynced, by the flusher) and remove; read by the replayer and stats.
+        # Waiting messages by id, oldest first: the database's rows, kept in
+        # memory so that entries() and stats() need no disk. Written by put
+        # (once its row is committed, by the flusher) and remove; read by the
+        # replayer and stats.
         self._live: dict[str, SpoolEntry] = {}
         self._live_bytes = 0
-        # Segment number -> waiting messages in it; every segment on disk has a key.
-        self._segment_live: dict[int, int] = {}
-        # The segment being appended to (this process's), its file and size; only
-        # the flusher's thread touches the file.
-        self._segment = 0
-        self._fd: int | None = None
-        self._segment_size = 0
-        self._lock_fd: int | None = None
-        # Pending writes, in order: (record bytes, fsync?, entry to register, future).
-        self._pending: list[tuple[bytes, bool, SpoolEntry | None, asyncio.Future[None]]] = []
+        # Only the flusher's thread (and open and close, which no flush overlaps) use it.
+        self._db: sqlite3.Connection | None = None
+        # Pending writes, in order, each with the future its caller awaits
+        # (None for the removal of a replaced put's row, which nobody awaits).
+        self._pending: list[tuple[_Put | _Remove, asyncio.Future[None] | None]] = []
         self._flusher: asyncio.Task[None] | None = None
         # Set whenever a put registers; the replayer waits on it while the spool is empty.
         self.changed = asyncio.Event()
@@ -184,7 +177,7 @@ class Spool:
     # -- opening -------------------------------------------------------------
 
     async def open(self) -> Spool:
-        """Take the directory's lock and read what an earlier process left."""
+        """Lock the database (creating it) and read what an earlier process left."""
         await asyncio.to_thread(self._open_sync)
         if self._live:
             stats = self.stats()
@@ -199,69 +192,80 @@ class Spool:
 
     def _open_sync(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        path = self.directory / DATABASE
+        created = not path.exists()
+        crashed = (self.directory / f"{DATABASE}-wal").exists()
+        # timeout=0: a spool held by another process is refused at once, not waited for.
+        db = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise Conflict(f"spool {self.directory} is in use by another process") from None
-        self._lock_fd = lock_fd
-        segments = sorted(
-            int(m.group(1)) for p in self.directory.iterdir() if (m := _SEGMENT_NAME.match(p.name))
-        )
-        for number in segments:
-            self._segment_live[number] = 0
-            path = self._path(number)
-            data = path.read_bytes()
-            records, end = read_records(data)
-            if end < len(data):
-                log.warning(
-                    "spool %s: torn record at byte %d (%d bytes) skipped: a write the crash "
-                    "interrupted, never confirmed to a producer",
-                    path,
-                    end,
-                    len(data) - end,
-                )
-            for record in records:
-                self._apply_record(record, number)
-        self._segment = segments[-1] if segments else 0
-        self._collect_sync(self._deletable())
-
-    def _apply_record(self, record: dict[str, Any], segment: int) -> None:
-        op = record.get("op")
-        if op == "put":
-            entry = SpoolEntry(
-                topic=str(record["topic"]),
-                envelope=Envelope.decode(record["envelope"]),
-                mode=record.get("mode"),
-                spooled_at=datetime.fromisoformat(record["spooled_at"]),
-                reason=str(record.get("reason", "")),
-                rounds=int(record.get("rounds", 1)),
-                size=len(encode_record(record)),
-                segment=segment,
+            db.execute("PRAGMA locking_mode = EXCLUSIVE")
+            if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
+                raise OSError(f"spool {path}: SQLite refused WAL mode")
+            db.execute("PRAGMA synchronous = FULL")
+            db.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
+            # Takes the exclusive lock, held until close (locking_mode above).
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(_SCHEMA)
+            db.execute("COMMIT")
+            rows = db.execute(_ALL).fetchall()
+        except sqlite3.OperationalError as exc:
+            db.close()
+            if "locked" in str(exc):
+                raise Conflict(f"spool {self.directory} is in use by another process") from None
+            raise OSError(f"spool {path}: {exc}") from exc
+        except BaseException:
+            db.close()
+            raise
+        if created:
+            self._fsync_directory()  # the new file's name survives a power loss too
+        self._db = db
+        if crashed:
+            log.warning(
+                "spool %s: left by a process that did not close it; SQLite's recovery kept "
+                "every committed write and dropped any the crash cut short (never confirmed "
+                "to a producer)",
+                path,
             )
-            self._register(entry)
-        elif op == "done":
-            self._unregister(str(record["id"]))
+        replaced: list[int] = []
+        for seq, _id, topic, envelope, mode, spooled_at, reason, rounds in rows:
+            old = self._register(
+                SpoolEntry(
+                    topic=topic,
+                    envelope=Envelope.decode(envelope),
+                    mode=mode,
+                    spooled_at=datetime.fromisoformat(spooled_at),
+                    reason=reason,
+                    rounds=rounds,
+                    size=_size(topic, envelope, reason),
+                    seq=seq,
+                )
+            )
+            if old is not None:
+                replaced.append(old.seq)
+        if replaced:  # ids put again whose earlier rows a crash kept from being deleted
+            self._commit_sync([_Remove(tuple(replaced))])
 
-    def _path(self, segment: int) -> Path:
-        return self.directory / f"spool-{segment:012d}.log"
+    def _fsync_directory(self) -> None:
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
     # -- state ----------------------------------------------------------------
 
-    def _register(self, entry: SpoolEntry) -> None:
-        self._unregister(entry.envelope.id)  # a second put of one id replaces the first
+    def _register(self, entry: SpoolEntry) -> SpoolEntry | None:
+        """Add ``entry``; the entry it replaced (a second put of one id replaces the first)."""
+        replaced = self._unregister(entry.envelope.id)
         self._live[entry.envelope.id] = entry
         self._live_bytes += entry.size
-        self._segment_live[entry.segment] = self._segment_live.get(entry.segment, 0) + 1
+        return replaced
 
-    def _unregister(self, message_id: str) -> bool:
+    def _unregister(self, message_id: str) -> SpoolEntry | None:
         entry = self._live.pop(message_id, None)
-        if entry is None:
-            return False
-        self._live_bytes -= entry.size
-        self._segment_live[entry.segment] -= 1
-        return True
+        if entry is not None:
+            self._live_bytes -= entry.size
+        return entry
 
     def entries(self, limit: int | None = None) -> list[SpoolEntry]:
         """Waiting messages, oldest first."""
@@ -289,140 +293,119 @@ class Spool:
     async def put(
         self, topic: str, envelope: Envelope, *, mode: Mode | None, reason: str, rounds: int
     ) -> SpoolEntry:
-        """Append one message and fsync it; it is waiting in the spool when this returns.
+        """Write one message and fsync it; it is waiting in the spool when this returns.
 
         Raises ``OSError`` when the disk refuses (full, read-only): then the
         message is not spooled and the caller still holds it.
         """
-        spooled_at = self.clock.now()
-        record: dict[str, Any] = {
-            "op": "put",
-            "topic": topic,
-            "envelope": envelope.encode().decode(),
-            "mode": mode,
-            "spooled_at": spooled_at.isoformat(),
-            "reason": reason[:500],
-            "rounds": rounds,
-        }
-        data = encode_record(record)
+        encoded = envelope.encode().decode()
+        reason = reason[:REASON_CHARS]
         entry = SpoolEntry(
             topic=topic,
             envelope=envelope,
             mode=mode,
-            spooled_at=spooled_at,
-            reason=reason[:500],
+            spooled_at=self.clock.now(),
+            reason=reason,
             rounds=rounds,
-            size=len(data),
-            segment=0,  # set by the flusher to the segment the record landed in
+            size=_size(topic, encoded, reason),
+            seq=0,  # set by the flusher to the row's seq
         )
-        await self._write(data, sync=True, entry=entry)
+        await self._write(_Put(entry, encoded))
         return self._live.get(envelope.id, entry)
 
     async def remove(self, ids: Sequence[str]) -> int:
         """Mark messages handed on; how many were waiting. Not fsynced (see the module)."""
-        removed = [i for i in ids if self._unregister(i)]
+        removed = [entry for i in ids if (entry := self._unregister(i)) is not None]
         if removed:
-            data = b"".join(encode_record({"op": "done", "id": i}) for i in removed)
-            await self._write(data, sync=False, entry=None)
+            await self._write(_Remove(tuple(e.seq for e in removed)))
         return len(removed)
 
-    async def _write(self, data: bytes, *, sync: bool, entry: SpoolEntry | None) -> None:
+    async def _write(self, op: _Put | _Remove) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((data, sync, entry, future))
+        self._pending.append((op, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         # Shielded: a cancelled producer does not cancel a write others share.
         await asyncio.shield(future)
 
     async def _flush(self) -> None:
-        """Write pending records in order, one thread call (and at most one fsync) per batch."""
+        """Write pending operations in order, one transaction (and at most one fsync) per batch."""
         while self._pending:
             batch, self._pending = self._pending, []
-            data = b"".join(d for d, _, _, _ in batch)
-            sync = any(s for _, s, _, _ in batch)
+            ops = [op for op, _ in batch]
             try:
-                segment = await asyncio.to_thread(self._append_sync, data, sync)
+                seqs = await asyncio.to_thread(self._commit_sync, ops)
             except BaseException as exc:
                 log.error("spool %s: write failed: %s", self.directory, exc)
-                for _, _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc if isinstance(exc, Exception) else OSError(exc))
+                error = exc if isinstance(exc, Exception) else OSError(exc)
+                for _, future in batch:
+                    if future is not None and not future.done():
+                        future.set_exception(error)
                 continue
-            for _, _, entry, future in batch:
-                if entry is not None:
-                    self._register(dataclasses.replace(entry, segment=segment))
+            replaced: list[int] = []
+            for (op, future), seq in zip(batch, seqs, strict=True):
+                if isinstance(op, _Put):
+                    old = self._register(dataclasses.replace(op.entry, seq=seq))
+                    if old is not None and old.seq:
+                        replaced.append(old.seq)
                     self.changed.set()
-                if not future.done():
+                if future is not None and not future.done():
                     future.set_result(None)
-            deletable = self._deletable()
-            if deletable:
-                with contextlib.suppress(OSError):
-                    await asyncio.to_thread(self._collect_sync, deletable)
+            if replaced:  # the earlier rows of ids put again go with the next batch
+                self._pending.append((_Remove(tuple(replaced)), None))
+            if not self._live:
+                try:
+                    await asyncio.to_thread(self._shrink_sync)
+                except (OSError, sqlite3.Error) as exc:  # the file stays larger; nothing lost
+                    log.warning(
+                        "spool %s: could not shrink the empty spool: %s", self.directory, exc
+                    )
 
-    def _append_sync(self, data: bytes, sync: bool) -> int:
-        if self._fd is None:
-            self._segment += 1
-            self._segment_live.setdefault(self._segment, 0)
-            self._fd = os.open(
-                self._path(self._segment), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-            )
-            self._segment_size = 0
-            self._fsync_directory()
-        fd = self._fd
-        start = self._segment_size
+    def _commit_sync(self, ops: Sequence[_Put | _Remove]) -> list[int]:
+        """One transaction for ``ops``; each put's seq (0 for a remove)."""
+        db = self._db
+        if db is None:
+            raise OSError(f"spool {self.directory} is not open")
+        # FULL fsyncs the log at this commit (a put must be on disk when put
+        # returns); NORMAL leaves a remove-only commit to the next fsync.
+        sync = "FULL" if any(isinstance(op, _Put) for op in ops) else "NORMAL"
+        db.execute(f"PRAGMA synchronous = {sync}")
+        seqs: list[int] = []
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if sync:
-                os.fsync(fd)
-        except BaseException:
-            # Cut the partial write off and start a new segment: a torn record
-            # stays a segment's last, so reading never stops before a good one.
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, start)
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            self._fd = None
+            db.execute("BEGIN IMMEDIATE")
+            for op in ops:
+                if isinstance(op, _Put):
+                    e = op.entry
+                    row = db.execute(
+                        _PUT,
+                        (
+                            e.envelope.id,
+                            e.topic,
+                            op.envelope,
+                            e.mode,
+                            e.spooled_at.isoformat(),
+                            e.reason,
+                            e.rounds,
+                        ),
+                    ).fetchone()
+                    seqs.append(int(row[0]))
+                else:
+                    db.executemany(_REMOVE, [(seq,) for seq in op.seqs])
+                    seqs.append(0)
+            db.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise OSError(f"spool {self.directory}: {exc}") from exc
             raise
-        self._segment_size = start + len(data)
-        segment = self._segment
-        if self._segment_size >= self.segment_bytes:
-            os.close(fd)
-            self._fd = None
-        return segment
+        return seqs
 
-    def _fsync_directory(self) -> None:
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-    def _deletable(self) -> list[int]:
-        """The oldest segments with nothing waiting in them, in order.
-
-        The segment being written goes only when the whole spool is empty: it
-        may hold done records of older segments' messages.
-        """
-        out: list[int] = []
-        for number in sorted(self._segment_live):
-            if self._segment_live[number] > 0:
-                break
-            if number == self._segment and self._fd is not None and self._live:
-                break
-            out.append(number)
-        return out
-
-    def _collect_sync(self, segments: Sequence[int]) -> None:
-        for number in segments:
-            if number == self._segment and self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-            with contextlib.suppress(FileNotFoundError):
-                self._path(number).unlink()
-            self._segment_live.pop(number, None)
+    def _shrink_sync(self) -> None:
+        """The spool emptied: give the file's free pages back and cut the log to nothing."""
+        if self._db is not None:
+            self._db.execute("VACUUM")  # of an empty table: a rewrite of nothing
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # -- closing ----------------------------------------------------------------
 
@@ -432,12 +415,9 @@ class Spool:
         await asyncio.to_thread(self._close_sync)
 
     def _close_sync(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
+        if self._db is not None:
+            self._db.close()  # checkpoints, removes the log and releases the lock
+            self._db = None
 
 
 def spool_stats_line(stats: SpoolStats) -> str:
