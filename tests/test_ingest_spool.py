@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from shoal import Conflict, FakeClock, Message, Pipeline, Shoal, TransientError
+from shoal import Conflict, FakeClock, InvalidInput, Message, Pipeline, Shoal, TransientError
 from shoal.db import EmbeddedPostgres
 from shoal.ingest.message import new_envelope
 from shoal.ingest.nats import NatsTransport
@@ -390,3 +390,14 @@ async def test_a_full_spool_holds_the_producer_and_admits_no_new_work(
         assert await unfinished(fake_boss, READINGS.name) == 2  # both on the topic
     finally:
         await pipeline.close()
+
+
+async def test_segment_files_of_the_earlier_spool_format_are_refused_by_name_not_ignored(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    (directory / "spool-000000000001.log").write_bytes(b"SHOALSP1 waiting messages")
+    with pytest.raises(InvalidInput, match=r"spool_dir: .*1 segment file\(s\).*spool-000000000001"):
+        await Spool(directory, clock=clock).open()
+    assert sorted(p.name for p in directory.iterdir()) == ["spool-000000000001.log"]

@@ -192,6 +192,18 @@ class Spool:
 
     def _open_sync(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        segments = sorted(p.name for p in self.directory.glob("spool-*.log"))
+        if segments:
+            # The segment files of the spool before this one (development
+            # builds of 0.2.0): their messages would be ignored, never lost
+            # silently. Refused until they are handed on by the build that
+            # wrote them, or moved away.
+            raise InvalidInput(
+                "spool_dir",
+                f"{self.directory} holds {len(segments)} segment file(s) of an earlier spool "
+                f"format ({segments[0]}, ...) that this version does not read: run the build "
+                "that wrote them until its spool is empty, or move them away",
+            )
         path = self.directory / DATABASE
         created = not path.exists()
         crashed = (self.directory / f"{DATABASE}-wal").exists()
