@@ -70,6 +70,7 @@ def test_a_quote_not_in_the_source_is_flagged_never_silently_kept() -> None:
         "quote": "A trial",
         "confidence": 0.6,
         "verified": True,
+        "source": "llm",  # the extractor the value came from
     }
 
 

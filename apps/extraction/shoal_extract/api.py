@@ -78,7 +78,7 @@ class StartTask(BaseModel):
 
     document_ids: list[int] = Field(min_length=1, max_length=MAX_TASK_DOCUMENTS)
     template: str = Field(min_length=1, max_length=63)
-    extractor: Literal["rules", "llm"] = "rules"
+    extractor: Literal["rules", "llm", "rules+llm"] = "rules"
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
 
 
@@ -102,7 +102,7 @@ class Rerun(BaseModel):
     documents: Literal["failed"] | list[int] = Field(union_mode="left_to_right")
     template: str | None = Field(default=None, min_length=1, max_length=63)
     template_version: int | None = Field(default=None, ge=1, le=2**31 - 1)
-    extractor: Literal["rules", "llm"] | None = None
+    extractor: Literal["rules", "llm", "rules+llm"] | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
 
 

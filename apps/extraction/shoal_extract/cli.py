@@ -4,7 +4,7 @@
     shoal-extract corpus [--out DIR] [--hard]   write the sample (or hard) corpus and its key
     shoal-extract import PATH...                store PDF, text and Markdown files (folders too)
     shoal-extract templates [--add FILE.json]   list templates, or store one
-    shoal-extract run --template T --extractor rules|llm [--documents all|1,2,3]
+    shoal-extract run --template T --extractor rules|llm|rules+llm [--documents all|1,2,3]
     shoal-extract evaluate [--task ID] [--key key.json]
     shoal-extract export --task ID --format csv|jsonl [--out PATH]
     shoal-extract worker                        run extraction workers (any number of them)
@@ -12,7 +12,9 @@
 
 The database is ``--database-url``, else ``DATABASE_URL``, else shoal's
 embedded PostgreSQL (shoal's own CLI helper decides). The ``llm`` extractor
-reads ``SHOAL_LLM_BASE_URL``, ``SHOAL_LLM_MODEL``, ``SHOAL_LLM_API_KEY``,
+(and ``rules+llm``, which asks the model only for the fields the rules leave
+empty, and runs as ``rules`` where no endpoint is configured) reads
+``SHOAL_LLM_BASE_URL``, ``SHOAL_LLM_MODEL``, ``SHOAL_LLM_API_KEY``,
 ``SHOAL_LLM_TIMEOUT_S``, ``SHOAL_LLM_PRICE_IN`` and ``SHOAL_LLM_PRICE_OUT``
 (USD per million tokens), ``SHOAL_LLM_MAX_PROMPT_TOKENS`` (per call) and
 ``SHOAL_LLM_MAX_CALLS`` (per document). Workers refuse documents over
@@ -44,6 +46,8 @@ from shoal_extract.corpus import DEFAULT_PAPERS, DEFAULT_SEED, KEY_FILE, write_c
 from shoal_extract.demo import DEMO_PORT, DemoOptions, run_demo
 from shoal_extract.evaluate import load_key, split_key
 from shoal_extract.export import FORMATS, ExportFormat, write_export
+from shoal_extract.extractors.fill import NAME as RULES_LLM
+from shoal_extract.extractors.fill import NOT_CONFIGURED
 from shoal_extract.extractors.llm import (
     DEFAULT_MAX_CALLS,
     DEFAULT_MAX_PAUSE_S,
@@ -298,6 +302,8 @@ async def cmd_run(args: argparse.Namespace, url: str) -> int:
         if args.no_work:
             console.print("queued: `shoal-extract worker` processes will run it")
             return 0
+        if args.extractor == RULES_LLM and session.extraction.settings.llm is None:
+            console.print(f"[yellow]{RULES_LLM}: {NOT_CONFIGURED}[/yellow]")
         await _work_and_report(session, created, started, clock)
         key_path = Path(args.key) if args.key else data_dir(os.environ) / "corpus" / KEY_FILE
         if key_path.exists():

@@ -29,6 +29,8 @@ from shoal_extract.corpus import KEY_FILE, write_corpus
 from shoal_extract.evaluate import ResultRow as ScoredRow
 from shoal_extract.evaluate import load_key, score, split_key
 from shoal_extract.export import write_export
+from shoal_extract.extractors.fill import NAME as RULES_LLM
+from shoal_extract.extractors.fill import NOT_CONFIGURED
 from shoal_extract.hard_corpus import write_hard_corpus
 from shoal_extract.serve import build_api, serving
 from shoal_extract.templates import DEFAULT_TEMPLATE
@@ -104,6 +106,8 @@ async def run_demo(
                 f"task [bold]{created.task_id}[/bold]: {len(imported.documents)} documents, "
                 f"template {options.template}, extractor {options.extractor}"
             )
+            if options.extractor == RULES_LLM and settings.llm is None:
+                console.print(f"[yellow]{RULES_LLM}: {NOT_CONFIGURED}[/yellow]")
             console.print(
                 f"workbench: {base}/extraction   tasks: {base}/tasks   console: {base}/ "
                 "(live while this runs)"

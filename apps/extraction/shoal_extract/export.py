@@ -2,7 +2,8 @@
 
 CSV is for a spreadsheet: ``file, status, <each field>, field_errors, error,
 tokens, cost_usd, flagged, corrected``, then each field's evidence:
-``<field>.page``, ``<field>.confidence``, ``<field>.quote``, and its review:
+``<field>.page``, ``<field>.confidence``, ``<field>.quote``, ``<field>.source``
+(the extractor the value came from: ``rules`` or ``llm``), and its review:
 ``<field>.review`` (accepted or corrected), ``<field>.original`` (what was
 extracted), ``<field>.reviewer``, ``<field>.reviewed_at``. A field's column
 holds the value a reviewer stands by (the extracted one when nobody corrected
@@ -26,7 +27,7 @@ from shoal_extract.workbench import ResultLine, ResultsPage
 
 ExportFormat = Literal["csv", "jsonl"]
 FORMATS: tuple[ExportFormat, ...] = ("csv", "jsonl")
-EVIDENCE_PARTS = ("page", "confidence", "quote")
+EVIDENCE_PARTS = ("page", "confidence", "quote", "source")
 REVIEW_PARTS = ("review", "original", "reviewer", "reviewed_at")
 MEDIA_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
 

@@ -79,13 +79,15 @@ class ResultLine:
     usage: Usage
     extractor: str | None = None
     response_id: str | None = None
-    # field -> {page, quote, confidence, verified}; fields with a value only
+    # field -> {page, quote, confidence, verified, source}; fields with a value only
     evidence: dict[str, dict[str, Any]] = field(default_factory=dict)
     flagged: tuple[str, ...] = ()  # fields whose quote is not in the source text
     # field -> the newest review of its value; ``fields`` holds the reviewed values,
     # ``extracted`` what the extractor gave (the two differ where a value was corrected)
     reviews: dict[str, Review] = field(default_factory=dict)
     extracted: dict[str, Any] = field(default_factory=dict)
+    # rules+llm: {status, asked, filled, error}, what came of asking the model
+    llm_fill: dict[str, Any] | None = None
 
     @property
     def corrected(self) -> tuple[str, ...]:
@@ -108,6 +110,7 @@ class ResultLine:
             "reviews": {f: r.as_dict() for f, r in self.reviews.items()},
             "error": self.error,
             "usage": self.usage.as_dict(),
+            "llm_fill": self.llm_fill,
         }
 
 
@@ -500,6 +503,7 @@ class Workbench:
                     flagged=tuple(result.get("flagged") or ()),
                     reviews=reviewed,
                     extracted=extracted,
+                    llm_fill=result.get("llm_fill"),
                 )
             )
         return lines

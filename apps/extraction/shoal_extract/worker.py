@@ -10,12 +10,18 @@ returns the values; shoal's batch layer does the rest (phantom guard,
 retries, fencing, the aggregator). A file that cannot be parsed is a
 permanent error carrying the parser's message.
 
+The extractors: ``rules`` (offline, the default), ``llm`` (a model endpoint)
+and ``rules+llm`` (the rules, then the model for the fields they leave empty:
+:mod:`shoal_extract.extractors.fill`; without an endpoint, the rules alone,
+and the result says so).
+
 A document is parsed once per parser version: the parse is stored under the
 file's content hash, and every later item over the same bytes (another
 template, another extractor, a retry) reads it from there. Likewise a model's
-answer is stored under the content hash, the template version and the model:
-an item asking the same again (a re-run, another task) reuses it without a
-call, and the cache hit is recorded in the ledger.
+answer is stored under the content hash, the template version, the model and
+the fields asked (``rules+llm`` asks fewer than the template has): an item
+asking the same again (a re-run, another task) reuses it without a call, and
+the cache hit is recorded in the ledger.
 """
 
 from __future__ import annotations
@@ -30,15 +36,17 @@ from shoal import App, Clock, Item, PermanentError, Shoal, SystemClock
 from shoal_extract.budget import ModelGate, Rates
 from shoal_extract.evidence import FLAG, Evidence, check_evidence
 from shoal_extract.extractors.base import CallContext, CallRecord, Extraction, Extractor, Usage
+from shoal_extract.extractors.fill import NAME as RULES_LLM
+from shoal_extract.extractors.fill import RulesThenLlm
 from shoal_extract.extractors.llm import LlmExtractor, LlmSettings
 from shoal_extract.extractors.rules import RulesExtractor
 from shoal_extract.parsing import ParsedText, ParseError, ParseLimits, parse_document
 from shoal_extract.schema import DEFAULT_SCHEMA, ensure_schema
 from shoal_extract.store import CallFor, ExtractStore
-from shoal_extract.templates import SHIPPED_TEMPLATES, StoredTemplate
+from shoal_extract.templates import SHIPPED_TEMPLATES, StoredTemplate, Template
 
 KIND = "extraction.document"
-EXTRACTORS = ("rules", "llm")
+EXTRACTORS = ("rules", "llm", RULES_LLM)
 DEFAULT_EXTRACTOR = "rules"
 DEFAULT_CONCURRENCY = 8
 # Enough retries to ride out a rate-limit burst: with backoff from 2 s the
@@ -78,11 +86,8 @@ class ExtractionApp:
         self.gate: ModelGate | None = None
         self._templates: dict[int, StoredTemplate] = {}
         self._parsing = asyncio.Semaphore(PARSE_THREADS)
-        self._extractors: dict[str, Extractor] = {"rules": RulesExtractor()}
-        self._llm: LlmExtractor | None = None
-        if settings.llm is not None:
-            self._llm = LlmExtractor(settings.llm)
-            self._extractors["llm"] = self._llm
+        self._rules = RulesExtractor()
+        self._llm = LlmExtractor(settings.llm) if settings.llm is not None else None
         self.app.on_start(self._on_start)
         self.app.batch(
             KIND,
@@ -113,15 +118,16 @@ class ExtractionApp:
     async def _on_start(self, boss: Shoal) -> None:
         await self.attach(boss)
 
-    def extractor(self, name: object) -> Extractor:
-        if name == "llm" and "llm" not in self._extractors:
+    def check_extractor(self, name: object) -> str:
+        """``name`` when this worker can run it; else a PermanentError saying why not."""
+        if not isinstance(name, str) or name not in EXTRACTORS:
+            raise PermanentError(f"unknown extractor {name!r}; known: {', '.join(EXTRACTORS)}")
+        if name == "llm" and self._llm is None:
             raise PermanentError(
                 "the llm extractor is not configured on this worker: set SHOAL_LLM_BASE_URL "
                 "and SHOAL_LLM_MODEL (docs/extraction.md)"
             )
-        if not isinstance(name, str) or name not in self._extractors:
-            raise PermanentError(f"unknown extractor {name!r}; known: {', '.join(EXTRACTORS)}")
-        return self._extractors[name]
+        return name
 
     async def _template(self, store: ExtractStore, template_id: int) -> StoredTemplate:
         # Versions never change once stored, so caching them is safe.
@@ -169,7 +175,7 @@ class ExtractionApp:
         if not isinstance(document_id, int) or not isinstance(template_id, int):
             raise PermanentError(f"item {item.id}: needs data.document_id and params.template_id")
         stored = await self._template(store, template_id)
-        extractor = self.extractor(params.get("extractor", DEFAULT_EXTRACTOR))
+        name = self.check_extractor(params.get("extractor", DEFAULT_EXTRACTOR))
         parsed = await self.parsed(store, document_id)
         call = CallFor(str(item.task_id), int(item.id), item.attempt, document_id)
 
@@ -183,19 +189,21 @@ class ExtractionApp:
             document_id=document_id,
             record=record,
             gate=self.gate,
+            last_attempt=item.is_last_attempt,
         )
-        model = self._llm.settings.model if extractor is self._llm and self._llm else None
-        if model is None:  # the rules cost nothing: no cache
-            extraction = await extractor.extract(parsed, stored.template, context=context)
-        else:
+        model: Extractor | None = None
+        if self._llm is not None and name != "rules":  # the rules cost nothing: no cache
             sha256 = (await store.documents_by_id([document_id]))[document_id].sha256
-            cached = await store.cached_result(sha256, stored.id, model)
-            if cached is not None:
-                extraction = extraction_of(cached, model)
-                await record(CallRecord("cached", model, Usage(cached=1), extraction.response_id))
-            else:
-                extraction = await extractor.extract(parsed, stored.template, context=context)
-                await store.store_result(sha256, stored.id, model, cacheable(extraction))
+            model = CachedModel(self._llm, store, sha256, stored)
+        extractor: Extractor
+        if name == "rules":
+            extractor = self._rules
+        elif name == "llm":
+            assert model is not None, "check_extractor refuses llm without an endpoint"
+            extractor = model
+        else:
+            extractor = RulesThenLlm(self._rules, model)
+        extraction = await extractor.extract(parsed, stored.template, context=context)
         evidence = await asyncio.to_thread(
             check_evidence,
             parsed,
@@ -203,7 +211,50 @@ class ExtractionApp:
             extraction.quotes,
             extraction.confidence,
         )
-        return result_of(extraction, stored, extractor.name, pages=parsed.pages, evidence=evidence)
+        return result_of(extraction, stored, name, pages=parsed.pages, evidence=evidence)
+
+
+class CachedModel:
+    """The llm extractor behind the model cache, for one document and template version.
+
+    An answer is stored under the document's content hash, the template
+    version, the model and the fields asked: the template's own fields are
+    keyed by the model's name alone (as before the rules+llm mode), a subset
+    (the fields the rules left empty) by the model's name and those fields.
+    The same question again is answered from there: no call, nothing spent,
+    a ``cached`` entry in the ledger.
+    """
+
+    name = "llm"
+
+    def __init__(
+        self, llm: LlmExtractor, store: ExtractStore, sha256: str, stored: StoredTemplate
+    ) -> None:
+        self.llm = llm
+        self.store = store
+        self.sha256 = sha256
+        self.stored = stored
+
+    def key(self, template: Template) -> str:
+        model = self.llm.settings.model
+        if template.field_names == self.stored.template.field_names:
+            return model
+        return f"{model} fields={','.join(template.field_names)}"
+
+    async def extract(
+        self, document: ParsedText, template: Template, *, context: CallContext
+    ) -> Extraction:
+        model, key = self.llm.settings.model, self.key(template)
+        cached = await self.store.cached_result(self.sha256, self.stored.id, key)
+        if cached is not None:
+            extraction = extraction_of(cached, model)
+            await context.record(
+                CallRecord("cached", model, Usage(cached=1), extraction.response_id)
+            )
+            return extraction
+        extraction = await self.llm.extract(document, template, context=context)
+        await self.store.store_result(self.sha256, self.stored.id, key, cacheable(extraction))
+        return extraction
 
 
 def cacheable(extraction: Extraction) -> dict[str, Any]:
@@ -247,6 +298,7 @@ def result_of(
     ``fields`` for review, is listed in ``flagged`` and has a field error.
     """
     evidence = evidence or {}
+    sources = extraction.sources
     field_errors = {}
     for spec in stored.template.fields:
         note = extraction.notes.get(spec.name)
@@ -261,7 +313,11 @@ def result_of(
         "extractor": extractor,
         "fields": {name: extraction.values.get(name) for name in stored.template.field_names},
         "field_errors": field_errors,
-        "evidence": {name: ev.as_dict() for name, ev in evidence.items()},
+        # Each value's evidence names the extractor it came from (rules+llm: either).
+        "evidence": {
+            name: ev.as_dict() | {"source": sources.get(name, extractor)}
+            for name, ev in evidence.items()
+        },
         "flagged": [name for name, ev in evidence.items() if not ev.verified],
         "pages": pages,
         "chunks_shown": list(extraction.chunks_shown),
@@ -269,6 +325,8 @@ def result_of(
         "response_id": extraction.response_id,
         "usage": extraction.usage.as_dict(),
         "cached": extraction.usage.cached > 0,
+        # rules+llm: what the model was asked, what it filled, why it failed or was not asked
+        "llm_fill": None if extraction.fill is None else extraction.fill.as_dict(),
     }
 
 
@@ -276,6 +334,7 @@ __all__ = [
     "DEFAULT_EXTRACTOR",
     "EXTRACTORS",
     "KIND",
+    "CachedModel",
     "ExtractionApp",
     "WorkerSettings",
     "result_of",

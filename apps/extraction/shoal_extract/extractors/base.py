@@ -10,6 +10,10 @@ layer retries those with backoff.
 Calls that cost money are reported through ``CallContext.record`` as they
 happen, failed ones included, so the usage of an item is known even when a
 later attempt is the one that succeeds.
+
+An extraction says where each value came from (``sources``: the extractor
+that produced it) and, in the ``rules+llm`` mode, what the model was asked
+and what came of it (``fill``, an :class:`LlmFill`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from shoal_extract.parsing import ParsedText
 from shoal_extract.templates import Template
@@ -96,6 +100,36 @@ class CallContext:
     document_id: int = 0
     record: Recorder = _no_recording
     gate: CallGate | None = None  # None: no shared budget (a 429 is then a plain retry)
+    # No run follows this one: the rules+llm mode then records a model that failed
+    # for a reason worth retrying (a 5xx, a timeout) instead of raising it. False
+    # while the batch layer would retry the item (the worker sets it per run).
+    last_attempt: bool = True
+
+
+# What came of asking the model in the rules+llm mode (docs/extraction.md):
+# not_needed: the rules filled every field, the model was not asked;
+# not_configured: no endpoint is configured, the rules' values alone;
+# answered: the model was asked the fields the rules left empty (a cached answer included);
+# failed: the endpoint failed for good (or on the item's last run): those fields stay empty.
+FillStatus = Literal["not_needed", "not_configured", "answered", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class LlmFill:
+    """The model's part in a ``rules+llm`` extraction: what it was asked, what it filled."""
+
+    status: FillStatus
+    asked: tuple[str, ...] = ()  # the fields the rules left empty, in the template's order
+    filled: tuple[str, ...] = ()  # those the model gave a value
+    error: str | None = None  # why it failed (status ``failed``), or why it was not asked
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "asked": list(self.asked),
+            "filled": list(self.filled),
+            "error": self.error,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +146,10 @@ class Extraction:
     # field -> how sure the extractor is, 0-1 (before the evidence check)
     confidence: dict[str, float] = field(default_factory=dict)
     chunks_shown: tuple[int, ...] = ()  # the llm extractor: which chunks the model saw
+    # field -> the extractor that produced its value ("rules", "llm"); a field not
+    # listed came from the extractor the task named
+    sources: dict[str, str] = field(default_factory=dict)
+    fill: LlmFill | None = None  # the rules+llm mode only
 
 
 class Extractor(Protocol):
@@ -124,4 +162,14 @@ class Extractor(Protocol):
     ) -> Extraction: ...
 
 
-__all__ = ["CallContext", "CallGate", "CallRecord", "Extraction", "Extractor", "Recorder", "Usage"]
+__all__ = [
+    "CallContext",
+    "CallGate",
+    "CallRecord",
+    "Extraction",
+    "Extractor",
+    "FillStatus",
+    "LlmFill",
+    "Recorder",
+    "Usage",
+]
