@@ -16,11 +16,15 @@ endpoints do:
 - ``reject``: files answered 400 (a permanent refusal);
 - ``delay_s``: every answer waits this long (keeps items in flight);
 - ``invent_quotes``: files whose sample size is "quoted" from a sentence the
-  paper does not contain (the evidence check must flag it).
+  paper does not contain (the evidence check must flag it);
+- ``unavailable``: files whose every call is answered 503;
+- ``hang``: files whose every call is held until the client times out.
 
 Every request is recorded with the item it was for (the ``X-Shoal-Item``
 header: ``task/item/attempt``) and what the fake did, so a test can check
-that no item was answered after its result was recorded.
+that no item was answered after its result was recorded; and with what it
+was sent (``requests``: the fields its schema asks, the paper's text shown),
+so a test can check what reached the endpoint.
 """
 
 from __future__ import annotations
@@ -52,6 +56,18 @@ class Script:
     reject: set[str] = field(default_factory=set)
     delay_s: float = 0.0
     invent_quotes: set[str] = field(default_factory=set)
+    unavailable: set[str] = field(default_factory=set)
+    hang: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as the endpoint received it."""
+
+    seq: int
+    file: str | None
+    fields: tuple[str, ...]  # the keys its JSON Schema asks for (``_quotes`` aside)
+    user: str  # the user messages' text: the chunks of the paper shown
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,7 @@ class FakeModel:
             if d["fields"]
         }
         self.calls: list[Call] = []
+        self.requests: list[Sent] = []  # appended by the server thread, read by tests
         self._lock = threading.Lock()
         self._seq = 0
         self._seen: set[str] = set()  # files whose first call happened
@@ -119,6 +136,10 @@ class FakeModel:
         with self._lock:
             return list(self.calls)
 
+    def sent(self) -> list[Sent]:
+        with self._lock:
+            return list(self.requests)
+
     def _first_call(self, file: str) -> bool:
         with self._lock:
             first = file not in self._seen
@@ -142,6 +163,12 @@ class FakeModel:
             def record(outcome: str, response_id: str | None = None) -> None:
                 self._record(Call(seq, item, attempt, file, outcome, response_id))
 
+            schema = json.loads(messages[0]["content"].split(SCHEMA_MARK, 1)[1])
+            keys = [k for k in schema["properties"] if not k.startswith("_")]
+            user = "\n".join(m["content"] for m in messages if m["role"] == "user")
+            with self._lock:
+                self.requests.append(Sent(seq, file, tuple(keys), user))
+
             wait = self.script.retry_after.get(seq)
             if wait is not None:
                 record("rate_limited")
@@ -154,6 +181,9 @@ class FakeModel:
             if status is not None:
                 record("rate_limited" if status == 429 else "unavailable")
                 return JSONResponse({"error": {"message": "slow down"}}, status_code=status)
+            if file in self.script.unavailable:
+                record("unavailable")
+                return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
             if file in self.script.reject:
                 record("rejected")
                 return JSONResponse({"error": {"message": "model not allowed"}}, status_code=400)
@@ -166,15 +196,14 @@ class FakeModel:
                     with self._lock:
                         self._delayed -= 1
             repairing = len(messages) > 2
-            if file in self.script.slow and not repairing and self._first_call(file):
+            held = file in self.script.slow and not repairing and self._first_call(file)
+            if held or file in self.script.hang:
                 # Held until the client gives up and hangs up: no race between
                 # a fixed delay here and the client's timeout on a busy machine.
                 while (await request.receive())["type"] != "http.disconnect":
                     pass
                 record("late")  # the client timed out before this
                 return JSONResponse(_completion("late", "{}", messages))
-            schema = json.loads(messages[0]["content"].split(SCHEMA_MARK, 1)[1])
-            keys = [k for k in schema["properties"] if not k.startswith("_")]
             malformed = file in self.script.malformed_always or (
                 file in self.script.malformed_once and not repairing
             )

@@ -164,6 +164,13 @@ async def test_starting_a_task_checks_every_field_before_writing(
     assert repeat.status_code == 200 and repeat.json()["task_id"] == started.json()["task_id"]
     task = (await client.get(f"/v1/tasks/{started.json()['task_id']}")).json()
     assert task["params"]["template"] == "metadata" and task["params"]["extractor"] == "rules"
+    both = await client.post(
+        "/v1/extraction/tasks",
+        json={"document_ids": [doc_id], "template": "metadata", "extractor": "rules+llm"},
+    )
+    assert both.status_code == 202, both.text
+    task = (await client.get(f"/v1/tasks/{both.json()['task_id']}")).json()
+    assert task["params"]["extractor"] == "rules+llm"
     missing = await client.get("/v1/extraction/tasks/not-a-task/results")
     assert missing.status_code == 404
 
