@@ -216,7 +216,9 @@ async def test_clicking_a_value_shows_its_page_with_the_passage_boxed(
         await page.keyboard.press("Enter")
         view = page.locator("#page-view")
         await expect(view).to_be_visible(timeout=UI_TIMEOUT_MS)
-        await expect(view.locator("#page-title")).to_contain_text("paper-01.pdf · p. 1 · year")
+        await expect(view.locator("#page-title")).to_contain_text(
+            "paper-01.pdf · p. 1 · year", timeout=UI_TIMEOUT_MS
+        )
         await expect(view.locator("#page-note")).to_contain_text(
             "the quoted passage is boxed", timeout=UI_TIMEOUT_MS
         )
@@ -224,7 +226,20 @@ async def test_clicking_a_value_shows_its_page_with_the_passage_boxed(
         await expect(image).to_have_js_property("complete", True, timeout=UI_TIMEOUT_MS)
         assert await image.evaluate("(img) => img.naturalWidth") > 500  # a page, decoded
         boxes = view.locator(".hl")
-        assert await boxes.count() >= 1
+        # The boxes are drawn once the image has its size: wait until the
+        # first lies inside the decoded page (layout follows the decode).
+        await expect(boxes.first).to_be_visible(timeout=UI_TIMEOUT_MS)
+        await page.wait_for_function(
+            """() => {
+                const img = document.getElementById("page-image");
+                const hl = document.querySelector("#page-view .hl");
+                if (!img || !hl || !img.complete || img.naturalWidth === 0) return false;
+                const p = img.getBoundingClientRect(), b = hl.getBoundingClientRect();
+                return p.width > 0 && b.left >= p.left && b.right <= p.right + 1
+                    && b.top >= p.top && b.bottom <= p.bottom + 1;
+            }""",
+            timeout=UI_TIMEOUT_MS,
+        )
         picture = await image.bounding_box()
         box = await boxes.first.bounding_box()
         assert picture is not None and box is not None
@@ -242,11 +257,11 @@ async def test_clicking_a_value_shows_its_page_with_the_passage_boxed(
 
         # Escape closes it; the button in the value's panel opens it again.
         await page.keyboard.press("Escape")
-        await expect(view).to_be_hidden()
+        await expect(view).to_be_hidden(timeout=UI_TIMEOUT_MS)
         await year.locator("button.show-page").click()
-        await expect(view).to_be_visible()
+        await expect(view).to_be_visible(timeout=UI_TIMEOUT_MS)
         await expect(view.locator(".hl").first).to_be_visible(timeout=UI_TIMEOUT_MS)
         await view.locator("#page-close").click()
-        await expect(view).to_be_hidden()
+        await expect(view).to_be_hidden(timeout=UI_TIMEOUT_MS)
     finally:
         await context.close()
