@@ -49,15 +49,33 @@ from shoal.queue.worker import Worker
 if _typing.TYPE_CHECKING:
     from shoal.ingest.nats import UnsafeDurability
 
+    __version__: str
 
-def __getattr__(name: str) -> type[ShoalError]:
+
+def __getattr__(name: str) -> object:
     # The nats transport's error, imported on first use: importing nats-py
     # costs every process that never uses it a tenth of a second.
     if name == "UnsafeDurability":
         from shoal.ingest.nats import UnsafeDurability
 
         return UnsafeDurability
+    if name == "__version__":  # read on first use: importlib.metadata costs 20-60 ms
+        return _installed_version()
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")
+
+
+def _installed_version() -> str:
+    """``shoal.__version__``: the installed distribution's version.
+
+    pyproject.toml's ``version`` is the one source: ``shoal.__version__`` and
+    ``shoal --version`` both read it from the metadata pip installed.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shoal")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def __dir__() -> list[str]:

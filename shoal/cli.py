@@ -46,6 +46,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+import shoal
+
 # The modules of the subcommands are imported by the commands that use them, so
 # `shoal --help` and `shoal migrate` load neither the HTTP API nor the ingest
 # supervisor, and a missing extra is an error of the one command that needs it.
@@ -792,16 +794,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def shoal_version() -> str:
-    """The installed distribution's version (pyproject.toml's ``version``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("shoal")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
-
-
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="shoal",
@@ -832,7 +824,7 @@ def parser() -> argparse.ArgumentParser:
     root.add_argument(
         "--version",
         action="version",
-        version=f"shoal {shoal_version()}",
+        version=f"shoal {shoal.__version__}",
         help="print shoal's version and exit",
     )
     sub = root.add_subparsers(dest="command", required=True)
