@@ -560,7 +560,7 @@ async def run_backlog(m: int) -> dict[str, Any]:
 @contextlib.contextmanager
 def nats_server() -> Any:
     sys.path.insert(0, str(REPO))
-    from shoal.ingest.natsd import NatsServer
+    from shoal.testing import NatsServer
 
     with tempfile.TemporaryDirectory(prefix="shoal-bench-nats-") as tmp:
         server = NatsServer(Path(tmp)).start()

@@ -1,11 +1,15 @@
-"""Old spellings of public names, kept working with a DeprecationWarning.
+"""Old spellings and old places of public names, kept working with a DeprecationWarning.
 
-Each maps onto the one name ``docs/glossary.md`` gives the idea.
+Each old spelling maps onto the one name ``docs/glossary.md`` gives the idea;
+each name that moved to another module is still found at its old path.
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 from shoal.errors import InvalidInput
 
@@ -21,6 +25,31 @@ def warn_renamed(old: str, new: str, *, stacklevel: int = 2) -> None:
         DeprecationWarning,
         stacklevel=stacklevel + 1,
     )
+
+
+def moved_attribute(
+    module: str, name: str, moves: Mapping[str, str], *, stacklevel: int = 2
+) -> Any:
+    """``name`` of ``module`` from where it moved (``moves[name]``), with a DeprecationWarning.
+
+    For a module's ``__getattr__``, which Python calls only for a name the
+    module lacks: a name not in ``moves`` is an AttributeError, as without
+    it. The new module is imported on first use (the old one must not import
+    it: it may be a layer above). ``stacklevel`` as for :func:`warn_renamed`.
+    In ``shoal/ingest/natsd.py``::
+
+        def __getattr__(name: str) -> Any:
+            return moved_attribute(__name__, name, {"NatsServer": "shoal.testing"})
+    """
+    new_module = moves.get(name)
+    if new_module is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} is deprecated: it moved to {new_module}.{name}",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return getattr(importlib.import_module(new_module), name)
 
 
 def retry_limit_from_max_attempts(

@@ -1060,5 +1060,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# What an application's own command line builds on (the reference apps' do):
+# the database URL with the embedded fallback, the API token, the transport.
+__all__ = ["api_token", "database_url", "ingest_transport", "main"]
+
 if __name__ == "__main__":
     sys.exit(main())

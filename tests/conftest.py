@@ -320,7 +320,7 @@ async def wait_for(predicate: object, timeout_s: float = 30.0, interval_s: float
         await asyncio.sleep(interval_s)  # noqa: TID251 - polls a condition; timeout_s bounds failure
 
 
-from shoal.ingest.natsd import NatsServer  # noqa: E402 - appended with the NATS fixture below
+from shoal.testing import NatsServer  # noqa: E402 - appended with the NATS fixture below
 
 
 @pytest.fixture(params=["postgres", "nats"])

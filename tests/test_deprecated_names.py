@@ -48,3 +48,19 @@ def test_app_consumer_and_sink_turn_max_attempts_into_retry_limit() -> None:
     assert [s.options for s in app.sinks] == [{"retry_limit": 0}]
     with pytest.warns(DeprecationWarning), pytest.raises(InvalidInput, match="max_attempts"):
         app.consumer(topic, max_attempts=0)
+
+
+def test_the_development_servers_are_still_found_where_they_were() -> None:
+    import shoal.ingest
+    import shoal.testing
+
+    with pytest.warns(DeprecationWarning, match=r"moved to shoal\.testing\.NatsServer") as warned:
+        from shoal.ingest import NatsServer
+    assert NatsServer is shoal.testing.NatsServer
+    assert {w.filename for w in warned} == {__file__}  # the warning points at the import
+    with pytest.warns(DeprecationWarning, match=r"shoal\.ingest\.natsd\.NatsCluster"):
+        from shoal.ingest.natsd import NatsCluster
+    assert NatsCluster is shoal.testing.NatsCluster
+    assert "NatsServer" not in dir(shoal.ingest)  # nor in its __all__ (test_public_api.py)
+    with pytest.raises(AttributeError, match="no attribute 'NatsServe'"):
+        _ = shoal.ingest.NatsServe

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.ingest.natsd import NatsServer
+from shoal.testing import NatsServer
 from tests.conftest import wait_for
 from tests.ingest_helpers import READINGS
 from tests.ingestapp import ACK_WAIT

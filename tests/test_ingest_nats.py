@@ -26,8 +26,8 @@ from shoal.db.embedded import free_port
 from shoal.errors import Conflict, TransientError
 from shoal.ingest.message import Envelope, new_envelope
 from shoal.ingest.nats import NatsTransport, UnsafeDurability, stream_name_for
-from shoal.ingest.natsd import NatsServer
 from shoal.ingest.transport import Delivery, PublishError, Subscription
+from shoal.testing import NatsServer
 from tests.conftest import wait_for
 
 TOPIC = "card.ingest"

@@ -20,9 +20,9 @@ from shoal import Shoal
 from shoal.ingest.dedupe import DoneStore
 from shoal.ingest.message import Message
 from shoal.ingest.nats import NatsTransport
-from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.transport import PublishError
+from shoal.testing import NatsServer
 from tests.conftest import wait_for
 from tests.ingest_helpers import READINGS, Reading, apply_reading, create_schema, scalar
 from tests.test_ingest import running, stopped

@@ -22,10 +22,10 @@ from shoal.db import Database
 from shoal.db.embedded import EmbeddedPostgres
 from shoal.db.migrate import migrate
 from shoal.errors import TransientError
-from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.transport import Transport
+from shoal.testing import NatsServer
 from tests.conftest import wait_for
 from tests.ingest_helpers import COLLECTION, READINGS, Reading, create_schema, scalar
 from tests.test_processes import WorkerProcesses

@@ -27,11 +27,11 @@ from shoal import Conflict, FakeClock, InvalidInput, Message, Pipeline, Shoal, T
 from shoal.db import EmbeddedPostgres
 from shoal.ingest.message import new_envelope
 from shoal.ingest.nats import NatsTransport
-from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import HELD_LOUD_AFTER, PipelineClosed
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.spool import Spool
 from shoal.ingest.transport import Transport
+from shoal.testing import NatsServer
 from tests.conftest import wait_for
 from tests.ingest_helpers import READINGS, Reading, apply_reading, create_schema, scalar
 from tests.test_ingest import BrokerDownFor, running, stopped, unfinished

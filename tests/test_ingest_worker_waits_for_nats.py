@@ -16,8 +16,8 @@ from pathlib import Path
 
 from shoal import Shoal
 from shoal.ingest.nats import NatsTransport
-from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import Pipeline
+from shoal.testing import NatsServer
 from tests.conftest import wait_for
 from tests.ingest_helpers import READINGS, Reading, create_schema, scalar
 from tests.test_ingest_processes import ingest_workers

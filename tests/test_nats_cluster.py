@@ -1,6 +1,6 @@
 """A three-server JetStream cluster loses nothing when its stream leaders are SIGKILLed.
 
-Three nats-servers clustered on loopback (shoal.ingest.natsd.NatsCluster),
+Three nats-servers clustered on loopback (shoal.testing.NatsCluster),
 the topic's stream and its consumer kept on all three (``replicas=3``), the
 transport given every server's URL. While a publisher sends ``MESSAGES``
 messages in calls of ``CHUNK``, the stream's leader is SIGKILLed; once
@@ -34,12 +34,11 @@ import pytest
 
 from shoal import Shoal
 from shoal.errors import InvalidInput
-from shoal.ingest import NatsCluster
 from shoal.ingest.message import Envelope, Message, new_envelope
 from shoal.ingest.nats import NatsTransport, UnsafeDurability, stream_name_for
-from shoal.ingest.natsd import NatsServer
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.transport import PublishError
+from shoal.testing import NatsCluster, NatsServer
 from tests.conftest import wait_for
 from tests.ingest_helpers import COLLECTION, create_schema, scalar, write_collection
 from tests.test_ingest import running, stopped

@@ -33,10 +33,10 @@ from shoal.hooks import Event, Hooks
 from shoal.ingest.consumer import Consumer
 from shoal.ingest.dedupe import DoneStore, PostgresDoneStore
 from shoal.ingest.message import Envelope, Message, Topic, new_envelope
-from shoal.ingest.natsd import NatsServer
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import DEFAULT_ACK_WAIT, Delivery, Depth, Subscription, Transport
+from shoal.testing import NatsServer
 from tests.conftest import wait_for
 
 TOPIC = "conformance.events"

@@ -8,9 +8,7 @@ framework, and a name below is imported on first use, where a missing extra
 is one line naming it.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from shoal.api.defaults import (
     DEFAULT_HEADER_TIMEOUT_S,
@@ -18,7 +16,7 @@ from shoal.api.defaults import (
     DEFAULT_REQUEST_DEADLINE_S,
 )
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from shoal.api.app import create_api
     from shoal.api.auth import is_loopback
     from shoal.api.server import api_config
@@ -31,7 +29,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'shoal.api' has no attribute {name!r}")

@@ -10,15 +10,14 @@ The names applications use are exported by ``shoal`` (``Pipeline``,
 transports and checks, by this package (``__all__`` below).
 """
 
-from __future__ import annotations
+import typing as _typing
 
-from typing import TYPE_CHECKING, Any
+from shoal._deprecation import moved_attribute as _moved_attribute
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from shoal.ingest.config import RuntimeConfig
     from shoal.ingest.guard import newer_than_applied
     from shoal.ingest.nats import NatsTransport, UnsafeDurability
-    from shoal.ingest.natsd import NatsCluster, NatsServer
     from shoal.ingest.pipeline import check_connection_budget
     from shoal.ingest.postgres import PostgresTransport
     from shoal.ingest.retry import is_retryable
@@ -31,8 +30,6 @@ if TYPE_CHECKING:
 # the nats extra, and importing this package must not import the layer.
 _LAZY = {
     "IngestStore": "shoal.ingest.store",
-    "NatsCluster": "shoal.ingest.natsd",
-    "NatsServer": "shoal.ingest.natsd",
     "NatsTransport": "shoal.ingest.nats",
     "PostgresTransport": "shoal.ingest.postgres",
     "RuntimeConfig": "shoal.ingest.config",
@@ -43,13 +40,15 @@ _LAZY = {
     "is_retryable": "shoal.ingest.retry",
     "newer_than_applied": "shoal.ingest.guard",
 }
-_NEEDS_NATS = {"NatsCluster", "NatsServer", "NatsTransport", "UnsafeDurability"}
+_NEEDS_NATS = {"NatsTransport", "UnsafeDurability"}
+# Development servers, moved to shoal.testing in 0.2.0 (deprecated here).
+_MOVED = {"NatsCluster": "shoal.testing", "NatsServer": "shoal.testing"}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'shoal.ingest' has no attribute {name!r}")
+        return _moved_attribute(__name__, name, _MOVED)
     import importlib
 
     if name in _NEEDS_NATS:
@@ -65,8 +64,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "IngestStore",
-    "NatsCluster",
-    "NatsServer",
     "NatsTransport",
     "PostgresTransport",
     "RuntimeConfig",

@@ -13,6 +13,9 @@ Three kinds of help, usable from any async test framework:
   the calling task, against the real database.
 - Assertions on what was enqueued: :func:`assert_enqueued` and
   :func:`refute_enqueued`.
+- Servers to run, kill and restart: :class:`NatsServer`, a nats-server of the
+  test's own, and :class:`NatsCluster`, three of them clustered (the binary
+  comes with the ``nats`` extra; a missing one is :class:`shoal.MissingExtra`).
 
 Time is the test's own: build the client with a :class:`shoal.FakeClock`
 and move it with ``clock.advance(...)``; leases, expiry, backoff, heartbeats,
@@ -28,6 +31,7 @@ all read it.
 from shoal.hooks import Event
 from shoal.testing.enqueued import assert_enqueued, refute_enqueued
 from shoal.testing.inline import DrainResult, ItemRun, JobRun, drain, run_item, run_job
+from shoal.testing.nats_server import NatsCluster, NatsServer
 from shoal.testing.probe import DEFAULT_TIMEOUT_S, Probe
 
 __all__ = [
@@ -36,6 +40,8 @@ __all__ = [
     "Event",
     "ItemRun",
     "JobRun",
+    "NatsCluster",
+    "NatsServer",
     "Probe",
     "assert_enqueued",
     "drain",

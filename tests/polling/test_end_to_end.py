@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from shoal import Pipeline, Shoal, SystemClock
-from shoal.ingest.natsd import NatsServer
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.transport import Transport
+from shoal.testing import NatsServer
 from shoal_polling.domain import MODE_KEY
 from shoal_polling.fleet import FleetSpec, create_fleet
 from shoal_polling.gateway_client import GatewayClient

@@ -408,7 +408,7 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         url = await stack.enter_async_context(scratch_database(server_url))
         nats_url, monitor_url, nats = s.nats_url, None, None
         if chaos:
-            from shoal.ingest import NatsServer
+            from shoal.testing import NatsServer  # a development server, killed mid-run
 
             store = stack.enter_context(tempfile.TemporaryDirectory(prefix="shoal-polling-nats-"))
             nats = NatsServer(Path(store))
