@@ -28,6 +28,7 @@ from psycopg.conninfo import make_conninfo
 from shoal import FakeClock, Shoal
 from shoal.db import Database, EmbeddedPostgres, migrate
 from shoal.db.embedded import free_port
+from tests.install_helpers import Release, build_release, clean_venv
 
 __all__ = ["free_port", "wait_for", "with_dbname"]
 
@@ -352,6 +353,23 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
         server.stop()
 
 
+# -- the release: built once, installed once in a clean virtualenv ----------
+# No skip without a package index: CI reaches it, and a release that cannot
+# be installed is a failure (tests/install_helpers.py).
+
+
+@pytest.fixture(scope="session")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """This checkout's sdist and wheel, built by ``python -m build``."""
+    return build_release(tmp_path_factory.mktemp("release"))
+
+
+@pytest.fixture(scope="session")
+def core_venv(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clean virtualenv with the wheel installed, without extras: ``pip install shoal``."""
+    return clean_venv(tmp_path_factory.mktemp("core") / "venv", release.wheel)
+
+
 # -- browser tests: a loud line at the end when they did not run -------------
 
 # test_dashboard's `browser` fixture starts every skip reason with this; the
@@ -365,9 +383,6 @@ BROWSER_SKIP = "browser test skipped: "
 # skip into a failure: there, a missing program is a broken set-up.
 PROGRAM_SKIP = "program missing: "
 REQUIRE_PROGRAMS = "SHOAL_REQUIRE_SYSTEM_PACKAGES"
-# Tests that install packages (tests/test_core_install.py) skip with this
-# prefix when the package index cannot be reached, and the run says so at the end.
-NETWORK_SKIP = "package index unreachable: "
 
 
 def require_program(program: str, package: str) -> str:
@@ -402,13 +417,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterat
     if reasons:
         terminalreporter.write_line(
             f"BROWSER TESTS SKIPPED ({len(reasons)}): {reasons[0]} (README: Browser tests)",
-            red=True,
-            bold=True,
-        )
-    offline = _skip_reasons(terminalreporter, NETWORK_SKIP)
-    if offline:
-        terminalreporter.write_line(
-            f"TESTS SKIPPED WITHOUT A PACKAGE INDEX ({len(offline)}): {offline[0]}",
             red=True,
             bold=True,
         )
