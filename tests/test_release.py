@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psycopg
 
+from shoal.db.releases import RELEASES
 from tests.conftest import wait_for
 from tests.install_helpers import ROOT, Release, package_files, run, venv_env
 
@@ -98,6 +99,20 @@ def test_the_sdist_holds_what_building_the_wheel_again_needs(release: Release) -
     expected = {f"{top}/{name}" for name in package_files(release.source)}
     expected |= {f"{top}/pyproject.toml", f"{top}/README.md", f"{top}/PKG-INFO"}
     assert sorted(expected - names) == []
+
+
+def test_the_release_is_recorded_with_the_migrations_its_wheel_ships(release: Release) -> None:
+    # The record check_released holds every checkout to (shoal/db/releases.py),
+    # written when pyproject's version was released.
+    recorded = RELEASES.get(project_version())
+    assert recorded is not None, f"shoal/db/releases.py has no {project_version()}"
+    with zipfile.ZipFile(release.wheel) as wheel:
+        shipped = {
+            int(Path(name).name[:4])
+            for name in wheel.namelist()
+            if "/migrations/" in name and name.endswith(".sql")
+        }
+    assert set(recorded) <= shipped
 
 
 def test_twine_check_passes_on_both_files(release: Release) -> None:

@@ -26,6 +26,14 @@ RELEASES: Mapping[str, Mapping[int, str]] = {
         2: "6d19acc4b82a37a358e177d98dd0b689a161c0794fe911907d42ea8ef881bb20",
         3: "bbc0dd054baf6ce2ca769bd4dc0d9f959614541a13564f9c00018324c7338d96",
     },
+    "0.2.0": {
+        1: "1a503f06de36659f45d67faaf4ebcaae9ede86cb1d628aeb5bef6cc64df7f4d0",
+        2: "6d19acc4b82a37a358e177d98dd0b689a161c0794fe911907d42ea8ef881bb20",
+        3: "bbc0dd054baf6ce2ca769bd4dc0d9f959614541a13564f9c00018324c7338d96",
+        4: "5933d9e622faf2900ccce1e840910a67c74a7df89b1cf9c3bd6c215144b1eb6a",
+        5: "58ab679d37beb6734acc044a652febfea1a69eb70afc0af7e9187700da6d093d",
+        6: "7df8f7d37102dd9c76201e03e7ef6276a5d54fbb66ded39c5282500d22435ac0",
+    },
 }
 
 
