@@ -13,15 +13,9 @@ from typing import Any, cast
 import pytest
 
 from shoal import Shoal
-from shoal.cli import (
-    ENV_SETTINGS,
-    HelpFormatter,
-    apply_environment,
-    ingest_transport,
-    main,
-    parser,
-    prepare_threshold,
-)
+from shoal.cli import ingest_transport, main
+from shoal.cli.common import prepare_threshold
+from shoal.cli.parse import ENV_SETTINGS, HelpFormatter, apply_environment, parser
 from shoal.errors import InvalidInput
 
 ENV_NAMES = sorted({variable for _, _, variable, _, _ in ENV_SETTINGS})
@@ -221,7 +215,7 @@ def test_a_bad_ingest_transport_ends_worker_and_topic_before_anything_starts(
     monkeypatch.setenv("SHOAL_INGEST_TRANSPORT", "bogus")
     monkeypatch.setenv("COLUMNS", "60")
     if command[0] == "worker":
-        monkeypatch.setattr("shoal.cli.load_app", lambda spec: None)
+        monkeypatch.setattr("shoal.cli.run.load_app", lambda spec: None)
     assert main(command) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: SHOAL_INGEST_TRANSPORT: must be postgres or nats, got 'bogus'"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shoal.cli import main, parser
+from shoal.cli import main
+from shoal.cli.parse import parser
 
 ROOT = Path(__file__).parent.parent
 

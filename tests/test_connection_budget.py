@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from shoal import App, Message, Shoal, Topic
-from shoal.cli import worker_pool_size
+from shoal.cli.serve import worker_pool_size
 from shoal.db.pool import DEFAULT_POOL_SIZE
 from shoal.ingest.pipeline import check_connection_budget, pool_size_for
 from shoal.ingest.postgres import PostgresTransport

@@ -23,7 +23,7 @@ OPTIONAL = (
 
 def test_import_shoal_loads_no_web_framework_broker_client_or_embedded_server() -> None:
     code = (
-        "import sys, shoal, shoal.cli; shoal.cli.parser(); "
+        "import sys, shoal, shoal.cli.parse; shoal.cli.parse.parser(); "
         f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))"
     )
     out = subprocess.run(

@@ -32,7 +32,7 @@ from shoal.api.defaults import MAX_HEAD_BYTES
 from shoal.api.server import DEFAULT_HEADER_TIMEOUT_S, bounded_head_protocol
 from shoal.app import App
 from shoal.batch.item import Item
-from shoal.cli import parser
+from shoal.cli.parse import parser
 
 from .conftest import wait_for
 

@@ -16,7 +16,8 @@ import sys
 import httpx
 import pytest
 
-from shoal.cli import main, parser
+from shoal.cli import main
+from shoal.cli.parse import parser
 from shoal.logs import JsonFormatter
 
 from .conftest import wait_for

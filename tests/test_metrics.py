@@ -15,7 +15,7 @@ import pytest
 
 from shoal import PermanentError, Shoal, ShoalError, tracing
 from shoal.batch.item import Item
-from shoal.cli import metrics_class
+from shoal.cli.serve import metrics_class
 from shoal.ingest.message import Message
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import PostgresTransport

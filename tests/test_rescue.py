@@ -19,7 +19,7 @@ from shoal import JobId, Shoal
 from shoal.api import create_api
 from shoal.batch.kinds import BatchKind
 from shoal.batch.service import Batches
-from shoal.cli import parser
+from shoal.cli.parse import parser
 from shoal.clock import FakeClock
 from shoal.db import Database
 from shoal.db.pool import AsyncConn
