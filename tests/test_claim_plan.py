@@ -28,7 +28,7 @@ async def claim_plan(db_url: str) -> str:
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await explain_into(conn, notices)
         await conn.execute("BEGIN")
-        await conn.execute("SELECT * FROM shoal.claim_jobs_v3('q', 10, NULL, NULL, NULL)")
+        await conn.execute("SELECT * FROM shoal.claim_jobs_v4('q', 10, NULL, NULL, NULL, NULL)")
         await conn.execute("ROLLBACK")
     return "\n".join(notices)
 
@@ -76,8 +76,8 @@ async def test_an_item_claim_takes_its_jobs_by_primary_key_while_statistics_say_
     fake_boss: Shoal, db_url: str
 ) -> None:
     # Statistics taken while no job waited (every job of the table taken):
-    # the planner expects no waiting row. take_item_jobs_v1's fence (state
-    # IN ('created', 'retry'), job_claim's predicate) then let it scan every
+    # the planner expects no waiting row. A fence of state IN ('created',
+    # 'retry') (job_claim's predicate) then let it scan every
     # waiting job's entry of job_claim for each job taken: 37 s for a claim
     # of 500 with 290,000 jobs waiting.
     from .batch_helpers import make_batches
@@ -93,8 +93,8 @@ async def test_an_item_claim_takes_its_jobs_by_primary_key_while_statistics_say_
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await explain_into(conn, notices)
         cur = await conn.execute(
-            "SELECT count(*) FROM shoal.claim_items_v2('batch.test.kind', 100, NULL,"
-            " NULL, NULL, NULL) WHERE job_id IS NOT NULL"
+            "SELECT count(*) FROM shoal.claim_items_v3('batch.test.kind', 100, NULL,"
+            " NULL, NULL, NULL, NULL) WHERE job_id IS NOT NULL"
         )
         assert await cur.fetchone() == (100,)
     plan = next(n for n in notices if "Delete on job" in n)
@@ -122,7 +122,7 @@ async def test_an_ack_deletes_by_primary_key_while_statistics_say_no_job_is_acti
     boss: Shoal, db_url: str
 ) -> None:
     # Statistics taken while every job waited: the planner expects one active
-    # row. delete_jobs_v1's fence (state = 'active') then let it scan
+    # row. A fence of state = 'active' then let it scan
     # job_lease, every active job of every queue, once per id acked.
     await boss.insert([{"queue": "q"}] * 200 + [{"queue": "other"}] * 300)
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:

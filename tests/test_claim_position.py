@@ -45,7 +45,7 @@ async def entries_read_by_claim(db_url: str, after: tuple[int, int] | None) -> t
     """(jobs claimed, job_claim entries read) by one claim, rolled back."""
     priority, job_id = after if after is not None else (None, None)
     return await entries_read(
-        db_url, "SELECT * FROM shoal.claim_jobs_v3('q', 10, NULL, %s, %s)", (priority, job_id)
+        db_url, "SELECT * FROM shoal.claim_jobs_v4('q', 10, NULL, %s, %s, NULL)", (priority, job_id)
     )
 
 

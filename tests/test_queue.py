@@ -88,7 +88,7 @@ async def test_a_mixed_insert_gives_each_job_its_own_id_and_none_to_each_skipped
 
 
 async def test_a_worker_claim_reads_each_duration_the_job_was_sent_with(boss: Shoal) -> None:
-    # The worker's claim (claim_jobs_v3) reads the durations as float8
+    # The worker's claim (claim_jobs_v4) reads the durations as float8
     # seconds: fractions and day-long values come back exactly as sent.
     await boss.send(
         "q",
