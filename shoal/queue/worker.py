@@ -547,6 +547,11 @@ class Worker:
             # on a clock that never moves).
             if self._wake is not None:
                 self._wake.clear()
+            if self._limited:
+                # Likewise a slot freed (a job of this worker finished, or its
+                # completion was written) while the claim runs: the claim may
+                # not have seen it, and the idle wait must not miss it.
+                self._room.clear()
             started = self.clock.monotonic()
             work_started = work_seconds()
             try:
@@ -630,8 +635,8 @@ class Worker:
         events = [self._wake or asyncio.Event()]
         if self._limited:
             interval = min(interval, LIMITED_POLL_INTERVAL.total_seconds())
-            # One of this worker's own jobs finishing frees a slot.
-            self._room.clear()
+            # One of this worker's own jobs finishing frees a slot (cleared
+            # before the claim, not here: see the fetch loop).
             events.append(self._room)
         await self._wait_for(
             *events, seconds=max(0.0, interval - elapsed), real_seconds=head_due_in
