@@ -38,8 +38,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy tests
 	$(VENV)/bin/lint-imports
 
+# Two processes: most tests wait on servers and subprocesses, and each test
+# has a database of its own. A file's tests stay together (a module's fixtures,
+# such as the development set's parse, are made once).
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadfile
 
 # `make test` while busy processes keep every core loaded (docs/testing.md).
 stress-test: $(STAMP)
