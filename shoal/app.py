@@ -226,14 +226,15 @@ class App:
         classify: Classifier | None = None,
         global_concurrency: int | None = None,
         rate_limit: Rate | None = None,
-        partition_by: str | None = None,
+        partition_by: str | Partitioner | None = None,
     ) -> Callable[[ItemHandler], ItemHandler]:
         """Declare a batch kind: ``handler(item)`` runs once per item of its tasks.
 
         ``concurrency`` counts in each worker process; ``global_concurrency``
-        and ``rate_limit`` hold the kind's items across all of them (see
-        :class:`BatchKind` and docs/limits.md). Bad or unsupported limits
-        raise :class:`InvalidInput` here, naming the option.
+        and ``rate_limit`` hold the kind's items across all of them, per key
+        of ``partition_by`` (a field of the item's data, or a function of it)
+        when it is given (see :class:`BatchKind` and docs/limits.md). Bad
+        limits raise :class:`InvalidInput` here, naming the option.
 
         >>> app = App()
         >>> @app.batch("extract_paper", concurrency=10, retry_limit=3)
@@ -243,6 +244,9 @@ class App:
         ...            rate_limit=Rate(60, per=timedelta(minutes=1)))
         ... async def call_model(item):
         ...     item.report_cost(3)  # this run took 3 of the 60 a minute
+        >>> @app.batch("per_account", global_concurrency=1, partition_by="account_id")
+        ... async def per_account(item):
+        ...     return {"account": item.data["account_id"]}  # one at a time per account
         """
         if kind in self.kinds:
             raise InvalidInput("kind", f"batch kind {kind!r} is already declared")

@@ -2,9 +2,10 @@
 
 A kind's limits are its item queue's (``batch.<kind>``), declared by its
 workers and enforced by the queue's limited claim, which keeps the item jobs
-leased (a slot is an active job) until the item's run ends. What a kind cannot
-honour (a partition of its items) is refused where it is declared. Two real
-worker processes hold ``global_concurrency`` together at the end.
+leased (a slot is an active job) until the item's run ends. Bad limits are
+refused where they are declared. Two real worker processes hold
+``global_concurrency`` together at the end. Partitioned kinds:
+tests/test_batch_partitions.py.
 """
 
 from __future__ import annotations
@@ -228,14 +229,11 @@ async def test_a_kind_without_limits_claims_under_limits_declared_for_its_queue(
     assert (await batches.get(created.task_id)).progress.completed == 4
 
 
-def test_limits_a_kind_cannot_honour_are_refused_when_declared() -> None:
-    with pytest.raises(InvalidInput, match="partition_by") as refused:
-        BatchKind("extract", noop, partition_by="account")
-    assert refused.value.field == "partition_by"
-    app = App()
+def test_bad_limits_of_a_kind_are_refused_when_declared() -> None:
     with pytest.raises(InvalidInput) as refused:
-        app.batch("extract", partition_by="account")
-    assert refused.value.field == "partition_by"
+        BatchKind("extract", noop, global_concurrency=True)
+    assert refused.value.field == "global_concurrency"
+    app = App()
     with pytest.raises(InvalidInput) as refused:
         app.batch("extract", global_concurrency=0)
     assert refused.value.field == "global_concurrency"
@@ -246,21 +244,6 @@ def test_limits_a_kind_cannot_honour_are_refused_when_declared() -> None:
     app.batch("extract", global_concurrency=2, rate_limit=Rate(5))(noop)
     kind = app.kinds["extract"]
     assert (kind.limits.global_concurrency, kind.limits.rate) == (2, Rate(5))
-
-
-async def test_a_partition_of_a_kinds_items_is_refused_on_its_queue(boss: Shoal) -> None:
-    with pytest.raises(InvalidInput) as refused:
-        await boss.declare_limits(QUEUE, global_concurrency=2, partition_by="account")
-    assert refused.value.field == "partition_by"
-    with pytest.raises(InvalidInput) as refused:
-        boss.work(QUEUE, noop, partition_by="account")  # type: ignore[arg-type]
-    assert refused.value.field == "partition_by"
-    with pytest.raises(InvalidInput) as refused:
-        App().handler(QUEUE, partition_by="account")
-    assert refused.value.field == "partition_by"
-    assert await boss.limits(QUEUE) == []
-    # A kind's on_complete queue is a queue like any other.
-    await boss.declare_limits("batch.test.kind.on_complete", partition_by="account")
 
 
 @pytest.fixture
@@ -323,6 +306,9 @@ async def test_a_task_created_from_sql_is_held_by_its_kinds_limits_from_the_star
     batches = make_batches(boss, handler, concurrency=10, global_concurrency=2)
     async with running(batches):
         await batches.store_kinds()
+        # Once the worker has declared the limits (before its first claim,
+        # in its own task: without this wait, the create could come first).
+        await wait_for(lambda: boss.limits(QUEUE))
         # shoal.create_task() in SQL, as a trigger or psql would call it.
         ((task_id,),) = await sql(
             db_url, "SELECT shoal.create_task('test.kind', %s::jsonb)", '["a", "b", "c", "d"]'

@@ -328,6 +328,12 @@ BAD_CREATES: list[tuple[Any, Any, dict[str, Any]]] = [
     (KIND, ["a", {"ref": "b", "data": "x" * 9000}], {}),
     (KIND, ["a", "", "a"], {}),
     (KIND, ["a", "a", ""], {}),
+    (KIND, ["a", {"ref": "b", "partition_key": True}], {}),
+    (KIND, ["a", {"ref": "b", "partition_key": 1.5}], {}),
+    (KIND, ["a", {"ref": "b", "partition_key": ["k"]}], {}),
+    (KIND, ["a", {"ref": "b", "partition_key": "k" * 513}], {}),
+    (KIND, [{"ref": "a", "partition_key": {}}, "a"], {}),
+    (KIND, ["a", {"ref": "b", "partition_key": "k", "key": 1}], {}),
     (KIND, ["a"], {"params": "x" * 9000}),
 ]
 

@@ -25,6 +25,11 @@ ITEM_SCHEMA: dict[str, Any] = {
             "properties": {
                 "ref": {"type": "string", "minLength": 1, "maxLength": MAX_REF_LENGTH},
                 "data": {"description": "Any JSON value handed to the item's handler."},
+                "partition_key": {
+                    "type": ["string", "integer"],
+                    "description": "The item's partition of its kind's limits "
+                    "(docs/limits.md); by default its kind's partition_by gives it.",
+                },
             },
             "required": ["ref"],
             "additionalProperties": False,
@@ -46,7 +51,9 @@ class CreateTask(BaseModel):
     items: Annotated[
         list[Any],
         WithJsonSchema({"type": "array", "minItems": 1, "items": ITEM_SCHEMA}),
-    ] = Field(description='Refs ("doc-1") or {"ref", "data"} objects; refs are unique.')
+    ] = Field(
+        description='Refs ("doc-1") or {"ref", "data", "partition_key"} objects; refs are unique.'
+    )
     idempotency_key: str | None = Field(
         default=None,
         min_length=1,

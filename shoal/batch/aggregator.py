@@ -57,11 +57,12 @@ async def dispatch_items(
 ) -> int:
     """Send one job per item, in ``conn``'s transaction, due after ``delay``.
 
-    Returns how many were sent. Each job carries only the item's id. Its
-    singleton key names the item and attempt: a duplicate dispatch of the same
-    run is dropped, while a re-dispatch after a reap is not blocked by a job
-    of the dead worker's run that still waits (the phantom guard skips that
-    one).
+    Returns how many were sent. Each job carries only the item's id, and
+    the item's partition key (given when its task was created), so an item
+    sent again stays in its partition. Its singleton key names the item and
+    attempt: a duplicate dispatch of the same run is dropped, while a
+    re-dispatch after a reap is not blocked by a job of the dead worker's run
+    that still waits (the phantom guard skips that one).
     """
     groups: dict[tuple[str, str], list[Dispatch]] = {}  # by queue and options
     for item in items:
@@ -72,10 +73,12 @@ async def dispatch_items(
         options: dict[str, Any] = dict(group[0].job_options)
         if delay:
             options["start_after"] = delay
+        keyed = any(d.partition_key is not None for d in group)
         ids = await boss.insert_many(
             group[0].queue,
             [{"item": d.id} for d in group],
             singleton_keys=[f"item-{d.id}:{d.fence}" for d in group],
+            partition_keys=[d.partition_key for d in group] if keyed else None,
             conn=conn,
             **options,
         )

@@ -11,13 +11,16 @@ import hashlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from shoal.errors import InvalidInput
+from shoal.queue.limits import partition_key_of
 from shoal.queue.options import encode_payload, shown
 
 MAX_REF_LENGTH = 512
+# What an item given as a mapping may hold.
+ITEM_FIELDS = frozenset({"ref", "data", "partition_key"})
 MAX_KEY_LENGTH = 255
 # The longest deadline a task may ask for.
 MAX_DEADLINE_S = 10 * 365 * 86400
@@ -29,18 +32,20 @@ class ParsedItems:
 
     ``data`` holds None for an item without data (JSON null), and is empty
     when no item has any: the common ``["doc-1", "doc-2", ...]`` costs no
-    per-item encoding.
+    per-item encoding. ``partition_keys`` holds the key each item named
+    (None: none), and is empty when none named one.
     """
 
     refs: list[str]
     data: list[str | None]
+    partition_keys: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.refs)
 
 
 def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> ParsedItems:
-    """``[ref | {"ref", "data"}]`` validated; InvalidInput names the bad entry.
+    """``[ref | {"ref", "data", "partition_key"}]`` validated; InvalidInput names the bad entry.
 
     The one check that a task's refs are unique: the item table has no unique
     index on them (see 0002_batch.sql), and create is its only writer.
@@ -53,17 +58,19 @@ def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> Par
         raise InvalidInput("items", f"has {len(items)} entries, over the cap of {max_items}")
     refs: list[str] = []
     data: list[str | None] = []
+    keys: list[str | None] = []
     seen: set[str] = set()
-    any_data = False
+    any_data = any_key = False
     for i, entry in enumerate(items):
         text: str | None = None
+        key: object = None
         if isinstance(entry, str):
             ref: object = entry
         elif isinstance(entry, Mapping):
-            unknown = set(entry) - {"ref", "data"}
+            unknown = set(entry) - ITEM_FIELDS
             if unknown:
                 raise InvalidInput(f"items[{i}]", f"unknown field(s) {sorted(unknown)}")
-            ref, value = entry.get("ref"), entry.get("data")
+            ref, value, key = entry.get("ref"), entry.get("data"), entry.get("partition_key")
             if value is not None:
                 text = encode_payload(value, max_bytes=max_payload_bytes, field=f"items[{i}].data")
                 any_data = True
@@ -80,7 +87,12 @@ def parse_items(items: object, *, max_items: int, max_payload_bytes: int) -> Par
         seen.add(ref)
         refs.append(ref)
         data.append(text)
-    return ParsedItems(refs, data if any_data else [])
+        named = None
+        if key is not None:
+            named = partition_key_of(key, field=f"items[{i}].partition_key")
+            any_key = True
+        keys.append(named)
+    return ParsedItems(refs, data if any_data else [], keys if any_key else [])
 
 
 def request_hash(kind: str, items: ParsedItems, params: str, deadline_s: float | None) -> str:
@@ -98,6 +110,14 @@ def request_hash(kind: str, items: ParsedItems, params: str, deadline_s: float |
         ]
     )
     digest.update(text.encode())
+    if items.partition_keys:
+        # The keys items named are part of the request; a request that names
+        # none has the fingerprint it had before items could name one.
+        digest.update(
+            "".join(
+                [f"\x02{i}\x03{k}" for i, k in enumerate(items.partition_keys) if k is not None]
+            ).encode()
+        )
     return digest.hexdigest()
 
 
@@ -134,6 +154,7 @@ def canonical_uuid(value: object) -> str | None:
 
 
 __all__ = [
+    "ITEM_FIELDS",
     "MAX_KEY_LENGTH",
     "MAX_REF_LENGTH",
     "ParsedItems",

@@ -276,8 +276,15 @@ class ItemRunner:
         """Stop the guard's flusher task (a stopped worker's; the next guard starts another)."""
         await self._guard.close()
 
-    def _dispatch(self, item_id: ItemId, fence: int) -> Dispatch:
-        return Dispatch(item_id, fence, ItemStatus.PENDING, self.kind.queue, self.kind.job_options)
+    def _dispatch(self, item_id: ItemId, fence: int, partition_key: str | None) -> Dispatch:
+        return Dispatch(
+            item_id,
+            fence,
+            ItemStatus.PENDING,
+            self.kind.queue,
+            self.kind.job_options,
+            partition_key,
+        )
 
     async def _guard_many(self, ids: Sequence[ItemId]) -> list[GuardedItem | None]:
         passed = await self.store.guard_items(ids, now=self.clock.sql_now())
@@ -611,7 +618,7 @@ class ItemRunner:
 
         async def write() -> bool:
             async def fail(conn: AsyncConn) -> bool:
-                won = await self.store.fail_item(
+                failed = await self.store.fail_item(
                     item.id,
                     item.fence,
                     status=status,
@@ -620,11 +627,12 @@ class ItemRunner:
                     now=self.clock.sql_now(),
                     conn=conn,
                 )
-                if won and status is ItemStatus.ERROR:
+                if failed is not None and status is ItemStatus.ERROR:
                     await self._wake_if_finished(conn, {item.task_id})
-                if won and resend is not None:
-                    await self.send(conn, [self._dispatch(item.id, item.fence)], resend)
-                return won
+                if failed is not None and resend is not None:
+                    dispatch = self._dispatch(item.id, item.fence, failed.partition_key)
+                    await self.send(conn, [dispatch], resend)
+                return failed is not None
 
             return await self.store.db.run(fail)
 

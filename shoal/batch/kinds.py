@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal._deprecation import warn_renamed
 from shoal.errors import InvalidInput, PermanentError
-from shoal.queue.limits import HOOK_QUEUE_SUFFIX, ITEM_QUEUE_PREFIX, Limits, Rate
+from shoal.queue.limits import HOOK_QUEUE_SUFFIX, ITEM_QUEUE_PREFIX, Limits, Partitioner, Rate
 from shoal.queue.options import MAX_DURATION, check_queue_name, parse_options
 from shoal.queue.registry import DEFAULT_RESCUE_AFTER
 from shoal.queue.threaded import as_async
@@ -40,21 +40,20 @@ DEFAULT_ZOMBIE_TIMEOUT = DEFAULT_RESCUE_AFTER
 def check_kind_limits(
     kind: str, *, global_concurrency: object, rate_limit: object, partition_by: object
 ) -> Limits:
-    """A batch kind's limits, validated as a queue's are; what a kind cannot honour raises.
+    """A batch kind's limits, validated as a queue's are (InvalidInput naming the option).
 
-    An item's partition would be a field of the item's data, which the item
-    queue's jobs do not carry (their data is the item's id): its key could
-    not be stamped on every job of the item (a re-dispatch after a reap
-    has only the id), so ``partition_by`` is refused rather than ignored.
+    ``partition_by`` is a field of the item's data or a function of it, as
+    a queue's is of a job's: each item is keyed by it when its task is
+    created, and keeps that key through every job of its runs.
     """
-    if partition_by is not None:
-        raise InvalidInput(
-            "partition_by",
-            f"batch kind {kind!r}: batch kinds cannot be partitioned yet "
-            f"(got {partition_by!r}); use global_concurrency and rate_limit for the whole kind, "
-            "or a kind per partition",
+    try:
+        return Limits.of(
+            global_concurrency=global_concurrency,
+            rate_limit=rate_limit,
+            partition_by=partition_by,
         )
-    return Limits.of(global_concurrency=global_concurrency, rate_limit=rate_limit)
+    except InvalidInput as exc:
+        raise InvalidInput(exc.field, f"batch kind {kind!r}: {exc.message}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +71,11 @@ class KindSettings:
     item_queue: str
     job_options: Mapping[str, Any]
     on_complete_queue: str | None
+    # How its items are keyed when a task is created: by this field of each
+    # item's data, or by a function (named here; run only where the kind's
+    # code is). Both None: the kind is not partitioned.
+    partition_field: str | None = None
+    partition_function: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +93,17 @@ class BatchKind:
     at once, and at most ``rate_limit`` start per period, each start costing
     one token unless the handler reports what its run really cost
     (:meth:`Item.report_cost <shoal.batch.item.Item.report_cost>`).
-    ``partition_by`` cannot be honoured for a kind yet, and raises.
+    ``partition_by`` (a field of the item's data, or a function of the data)
+    counts both per key: each item is keyed when its task is created (an
+    item may name its own key, ``{"ref", "data", "partition_key"}``), and
+    keeps that key through its retries and re-sends.
 
     >>> kind = BatchKind("extract", handler=lambda item: None, global_concurrency=2)
     >>> kind.limits.global_concurrency
     2
+    >>> BatchKind("call", handler=lambda item: None, rate_limit=Rate(60),
+    ...           partition_by="model").settings.partition_field
+    'model'
     """
 
     name: str
@@ -111,7 +121,7 @@ class BatchKind:
     extra: dict[str, Any] = field(default_factory=dict)
     global_concurrency: int | None = None
     rate_limit: Rate | None = None
-    partition_by: str | None = None
+    partition_by: str | Partitioner | None = None
 
     def __post_init__(self) -> None:
         check_queue_name(self.queue, field="kind")
@@ -152,7 +162,13 @@ class BatchKind:
     @property
     def limits(self) -> Limits:
         """The limits of this kind's item queue (falsy when it has none)."""
-        return Limits(self.global_concurrency, self.rate_limit)
+        return Limits(self.global_concurrency, self.rate_limit, self.partition_by)
+
+    @property
+    def partitioner(self) -> Partitioner | None:
+        """The kind's ``partition_by`` function, when it is partitioned by one."""
+        by = self.partition_by
+        return None if by is None or isinstance(by, str) else by
 
     @property
     def queue(self) -> str:
@@ -183,6 +199,7 @@ class BatchKind:
     @property
     def settings(self) -> KindSettings:
         """What creating a task of this kind needs of it (stored when a worker starts)."""
+        limits = self.limits
         return KindSettings(
             name=self.name,
             max_attempts=self.retry_limit + 1,
@@ -190,6 +207,8 @@ class BatchKind:
             item_queue=self.queue,
             job_options=self.job_options,
             on_complete_queue=self.hook_queue,
+            partition_field=limits.partition_field,
+            partition_function=None if self.partitioner is None else limits.partition_description,
         )
 
     def is_permanent(self, error: BaseException) -> bool:

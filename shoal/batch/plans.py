@@ -45,6 +45,7 @@ from shoal.errors import (
     StillCreating,
     TransientError,
 )
+from shoal.queue.limits import Partitioner, partition_key_of
 from shoal.queue.options import JobOptions, encode_payload
 from shoal.queue.rows import JobSettings
 
@@ -76,11 +77,19 @@ def task_id_of(task_id: object) -> TaskId:
 
 @dataclass(frozen=True, slots=True)
 class CreatePlan:
-    """A validated create request: the task row, its items and their jobs' options."""
+    """A validated create request: the task row, its items and their jobs' options.
+
+    ``partition_keys`` holds each item's key as this process knows it (the
+    one it named, or its kind's ``partition_by`` function's; empty when no
+    item has one); ``partition_field`` is the field of each item's data the
+    database reads the others' keys from (None: the kind has none).
+    """
 
     task: NewTask
     items: ParsedItems
     item_jobs: JobSettings
+    partition_keys: list[str | None]
+    partition_field: str | None
 
     @classmethod
     def of(
@@ -94,16 +103,20 @@ class CreatePlan:
         max_items: int,
         max_payload_bytes: int,
         defaults: JobOptions,
+        partitioner: Partitioner | None = None,
     ) -> CreatePlan:
         """Check a request (InvalidInput names the first bad field) and plan its writes.
 
-        The checks run in this order, and ``create_task_v1`` in SQL checks in
+        The checks run in this order, and ``create_task_v3`` in SQL checks in
         the same order: kind (the caller's :func:`find_kind`), idempotency
-        key, deadline, items, params.
+        key, deadline, items (their partition keys last), params.
+        ``partitioner`` is the kind's ``partition_by`` function, given by a
+        process that has the kind's code.
         """
         check_idempotency_key(idempotency_key)
         deadline_s = positive_seconds("deadline_s", deadline)
         parsed = parse_items(items, max_items=max_items, max_payload_bytes=max_payload_bytes)
+        keys = item_partition_keys(kind, items, parsed, partitioner)
         params_text = encode_payload(params, max_bytes=max_payload_bytes, field="params")
         task = NewTask(
             kind=kind.name,
@@ -120,7 +133,8 @@ class CreatePlan:
         )
         # Options of the item jobs, as dispatch_items sends them.
         item_jobs = JobSettings.of(kind.item_queue, defaults.merged(kind.job_options))
-        return cls(task, parsed, item_jobs)
+        field = None if kind.partition_function is not None else kind.partition_field
+        return cls(task, parsed, item_jobs, keys, field)
 
     def existing(self, found: tuple[TaskId, str] | None) -> Created:
         """The answer when the idempotency key was taken: ``found`` is its (task, fingerprint)."""
@@ -132,6 +146,47 @@ class CreatePlan:
                 f"idempotency_key {key!r} was used for a different request (task {found[0]})"
             )
         return Created(found[0], created=False)
+
+
+def item_partition_keys(
+    kind: KindSettings,
+    items: Sequence[str | Mapping[str, Any]],
+    parsed: ParsedItems,
+    partitioner: Partitioner | None,
+) -> list[str | None]:
+    """Each item's partition key as this process can tell it (empty: none has one).
+
+    The key an item named wins. Else, for a kind partitioned by a function,
+    the function of the item's data (None for an item without): only a
+    process with the kind's code has it, so elsewhere an item must name its
+    key, and InvalidInput names the first that does not. A kind partitioned
+    by a field leaves the others to the insert, which reads the field.
+    """
+    named = parsed.partition_keys
+    if kind.partition_function is None:
+        return named
+    keys: list[str | None] = list(named) if named else [None] * len(parsed)
+    for i, key in enumerate(keys):
+        if key is not None:
+            continue
+        if partitioner is None:
+            raise InvalidInput(
+                f"items[{i}].partition_key",
+                f"batch kind {kind.name!r} is partitioned by {kind.partition_function}, which "
+                "runs only in a process with the kind's code (Batches of its App); give each "
+                "item a partition_key",
+            )
+        entry = items[i]
+        data = entry.get("data") if isinstance(entry, Mapping) else None
+        try:
+            found = partitioner(data)
+        except Exception as exc:
+            raise InvalidInput(
+                f"items[{i}].data",
+                f"the partition_by function of batch kind {kind.name!r} failed: {exc!r}",
+            ) from exc
+        keys[i] = partition_key_of(found, field=f"items[{i}].partition_key")
+    return keys
 
 
 # Items (with their jobs) one deadline covers in a create: 100,000, the
@@ -175,6 +230,7 @@ __all__ = [
     "check_cancellable",
     "create_deadline",
     "find_kind",
+    "item_partition_keys",
     "still_creating",
     "task_id_of",
 ]

@@ -49,45 +49,61 @@ SELECT set_config('statement_timeout', %(timeout)s, true)
 -- for creators without the kinds' code (SyncBatches, create_task() in SQL).
 -- In kind order, so two workers starting at once lock the rows in one order.
 INSERT INTO {schema}.batch_kind (
-    kind, max_attempts, zombie_timeout, item_queue, job_options, on_complete_queue, updated_at)
+    kind, max_attempts, zombie_timeout, item_queue, job_options, on_complete_queue,
+    partition_field, partition_function, updated_at)
 SELECT u.kind, u.max_attempts, u.zombie_timeout_s * interval '1 second', u.item_queue,
-       u.job_options::jsonb, u.on_complete_queue, coalesce(%(now)s::timestamptz, now())
+       u.job_options::jsonb, u.on_complete_queue, u.partition_field, u.partition_function,
+       coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(kinds)s::text[], %(max_attempts)s::int[], %(zombie_timeout_s)s::float8[],
-            %(item_queues)s::text[], %(job_options)s::text[], %(on_complete_queues)s::text[])
-     AS u(kind, max_attempts, zombie_timeout_s, item_queue, job_options, on_complete_queue)
+            %(item_queues)s::text[], %(job_options)s::text[], %(on_complete_queues)s::text[],
+            %(partition_fields)s::text[], %(partition_functions)s::text[])
+     AS u(kind, max_attempts, zombie_timeout_s, item_queue, job_options, on_complete_queue,
+          partition_field, partition_function)
 ORDER BY u.kind
 ON CONFLICT (kind) DO UPDATE
 SET max_attempts = excluded.max_attempts, zombie_timeout = excluded.zombie_timeout,
     item_queue = excluded.item_queue, job_options = excluded.job_options,
-    on_complete_queue = excluded.on_complete_queue, updated_at = excluded.updated_at
+    on_complete_queue = excluded.on_complete_queue, partition_field = excluded.partition_field,
+    partition_function = excluded.partition_function, updated_at = excluded.updated_at
 
 -- name: get_kinds
 -- Every stored kind (a handful of rows), for a create by a client without the kinds' code.
 SELECT kind, max_attempts, extract(epoch FROM zombie_timeout)::float8, item_queue, job_options,
-       on_complete_queue
+       on_complete_queue, partition_field, partition_function
 FROM {schema}.batch_kind
 ORDER BY kind
 
 -- name: insert_items
 -- The task's items and one job per item, in one statement; returns how many
 -- jobs were sent. Items are numbered in input order. The jobs are the queue's
--- to write (insert_item_jobs_v2 in shoal/queue/migrations, which gives the
+-- to write (insert_item_jobs_v3 in shoal/queue/migrations, which gives the
 -- jobs of a kind with limits their partition key): each carries its item's
 -- id and its turn, and the singleton key item-<id>:0 (the key of an item's
 -- first run; see dispatch_items in aggregator.py). The options are
 -- the queue's insert_jobs ones, shared by every job of the task: written
 -- here, the ids of 100,000 items never travel to the client and back as
 -- 100,000 payloads. A NULL data entry (or none at all) is JSON null.
+-- Each item keeps its partition key (CreatePlan): the one in partition_keys
+-- (an empty array when no item has one), else, for a kind partitioned by a
+-- field (partition_field), that field of its data ('' when absent), else
+-- none; its job gets it. Only a keyed task (keyed) passes its keys on: an
+-- array of 100,000 NULLs is not built for a kind without.
 WITH items AS (
-    INSERT INTO {schema}.item (task_id, ref, data, updated_at)
+    INSERT INTO {schema}.item (task_id, ref, data, partition_key, updated_at)
     SELECT %(task_id)s::uuid, u.ref, coalesce(u.data::jsonb, 'null'),
+           coalesce(u.partition_key,
+                    CASE WHEN %(partition_field)s::text IS NOT NULL
+                         THEN coalesce(u.data::jsonb ->> %(partition_field)s::text, '') END),
            coalesce(%(now)s::timestamptz, now())
-    FROM unnest(%(refs)b::text[], %(data)b::text[]) WITH ORDINALITY AS u(ref, data, ord)
+    FROM unnest(%(refs)b::text[], %(data)b::text[], %(partition_keys)b::text[])
+        WITH ORDINALITY AS u(ref, data, partition_key, ord)
     ORDER BY u.ord
-    RETURNING id
+    RETURNING id, partition_key
 )
-SELECT {schema}.insert_item_jobs_v2(
+SELECT {schema}.insert_item_jobs_v3(
     ARRAY(SELECT id FROM items), ARRAY(SELECT 'item-' || id || ':0' FROM items),
+    CASE WHEN %(keyed)s::bool THEN ARRAY(SELECT partition_key FROM items)
+         ELSE '{{}}'::text[] END,
     %(queue)s::text, %(priority)s::int, %(retry_limit)s::int, %(retry_delay_s)s::float8,
     %(retry_backoff)s::bool, %(retry_delay_max_s)s::float8, %(expire_in_s)s::float8,
     %(dead_letter)s::text, %(start_at)s::timestamptz, %(start_in_s)s::float8,
@@ -161,7 +177,7 @@ SET status = %(status)s::{schema}.item_status,
     finished_at = CASE WHEN %(status)s = 'error' THEN coalesce(%(now)s::timestamptz, now()) END,
     updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(item_id)s AND status = 'running' AND attempt = %(attempt)s
-RETURNING id
+RETURNING id, partition_key
 
 -- name: hand_back_items
 -- running -> pending for runs our own shutdown stopped (guarded but never
@@ -183,7 +199,8 @@ SET status = 'pending',
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt), {schema}.task t
 WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
   AND i.attempt = u.attempt AND t.id = i.task_id
-RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
+RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options,
+          i.partition_key
 
 -- name: mark_handlers
 -- Marks running items whose handler runs now (on = true) and unmarks those
@@ -246,7 +263,8 @@ FROM stale, {schema}.task t
 WHERE i.id = stale.id AND t.id = i.task_id
   AND i.status = 'running'
   AND i.updated_at < coalesce(%(now)s::timestamptz, now()) - t.zombie_timeout
-RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
+RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options,
+          i.partition_key
 
 -- name: sweep_orphans
 -- Pending items that truly have no job: no job of their queue with their
@@ -288,7 +306,8 @@ UPDATE {schema}.item i
 SET updated_at = coalesce(%(now)s::timestamptz, now())
 FROM orphans, {schema}.task t
 WHERE i.id = orphans.id AND t.id = i.task_id AND i.status = 'pending'
-RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
+RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options,
+          i.partition_key
 
 -- name: expire_deadlines
 -- Tasks past their deadline stop taking new work, as timed_out.
@@ -363,7 +382,8 @@ SET status = 'pending', attempt_base = i.attempt, error = NULL, result = NULL,
     finished_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM {schema}.task t
 WHERE i.task_id = %(task_id)s::uuid AND i.status = 'error' AND t.id = i.task_id
-RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options
+RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options,
+          i.partition_key
 
 -- name: reopen_task
 UPDATE {schema}.task

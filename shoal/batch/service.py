@@ -40,7 +40,7 @@ from shoal.batch.plans import (
     task_id_of,
 )
 from shoal.batch.states import ItemId, ItemStatus, TaskOutcome, TaskStatus
-from shoal.batch.store import BatchStore, ItemRow, TaskRow
+from shoal.batch.store import BatchStore, ItemKeys, ItemRow, TaskRow
 from shoal.batch.views import Created, ItemsPage, Progress, TaskView, task_view
 from shoal.db.pool import AsyncConn, statement_timeout_for
 from shoal.errors import (
@@ -94,8 +94,9 @@ class Batches:
     def work(self, kind: str, *, poll_interval: timedelta = DEFAULT_POLL_INTERVAL) -> KindWorker:
         """Start running ``kind``'s items in this process (``App.run`` does this for each kind).
 
-        A kind with limits (``global_concurrency``, ``rate_limit``) declares
-        them and is claimed within them, across every process; one without
+        A kind with limits (``global_concurrency``, ``rate_limit``,
+        ``partition_by``) declares them and is claimed within them, across
+        every process; one without
         claims within those its item queue has, if another process declared
         some (docs/limits.md, "Batch kinds").
         """
@@ -133,7 +134,9 @@ class Batches:
         taken, as ``runner.claim`` takes them) until the item's run ends: its
         result recorded (finalize completes the job), its failure retried by
         the queue, its run handed back at shutdown, or its lease expired. The
-        runner guards each item as its run starts.
+        runner guards each item as its run starts. Its jobs carry their items'
+        partition keys (given when each task was created), so ``partition_by``
+        is declared with the queue's limits and never run on a job.
         """
         return self.boss.work(
             spec.queue,
@@ -145,6 +148,8 @@ class Batches:
             store_output=False,
             global_concurrency=spec.global_concurrency,
             rate_limit=spec.rate_limit,
+            partition_by=spec.partition_by,
+            keys_given=True,
         )
 
     def kind(self, name: object) -> BatchKind:
@@ -189,7 +194,13 @@ class Batches:
         request is still being created it raises :class:`StillCreating`.
         Nothing is written when anything is invalid. ``kind`` is one of this
         process's kinds or one a worker stored (:meth:`kind_settings`).
+
+        Each item is a ref, or ``{"ref", "data", "partition_key"}``: a kind
+        with ``partition_by`` keys each item by it (an item's own
+        ``partition_key`` wins), and the item keeps that key through every
+        run (docs/limits.md, "Batch kinds").
         """
+        own = self.kinds.get(kind) if isinstance(kind, str) else None
         plan = CreatePlan.of(
             await self.kind_settings(kind),
             items,
@@ -199,6 +210,7 @@ class Batches:
             max_items=self.max_items,
             max_payload_bytes=self.boss.max_payload_bytes,
             defaults=self.boss.defaults,
+            partitioner=None if own is None else own.partitioner,
         )
         now = self.clock.sql_now()
         # A big task's one statement of items and jobs is given as long as
@@ -218,7 +230,13 @@ class Batches:
                 limit = statement_timeout_for(within)
                 before = await self.store.raise_statement_timeout(conn, limit)
             await self.store.insert_items(
-                conn, task_id, plan.items.refs, plan.items.data, jobs=plan.item_jobs, now=now
+                conn,
+                task_id,
+                plan.items.refs,
+                plan.items.data,
+                jobs=plan.item_jobs,
+                keys=ItemKeys(plan.partition_keys, plan.partition_field),
+                now=now,
             )
             if big:
                 await self.store.set_statement_timeout(conn, before)

@@ -115,13 +115,23 @@ class CompletedItems:
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """An item that needs a job: its queue, options and current fence."""
+    """An item that needs a job: its queue, options, current fence and partition key."""
 
     id: ItemId
     fence: int  # the item row's attempt column; its jobs' singleton key names it
     status: ItemStatus
     queue: str
     job_options: Mapping[str, Any]
+    # The item's key (item.partition_key), which each of its jobs carries;
+    # None when its kind was not partitioned and it named none.
+    partition_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRun:
+    """A failed run recorded (``fail_item``): what a new job of its item needs."""
+
+    partition_key: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +223,7 @@ def _counts(rows: Iterable[tuple[str, int]]) -> dict[ItemStatus, int]:
 
 
 def _dispatch(row: Sequence[Any]) -> Dispatch:
-    return Dispatch(ItemId(row[0]), row[1], ItemStatus(row[2]), row[3], row[4])
+    return Dispatch(ItemId(row[0]), row[1], ItemStatus(row[2]), row[3], row[4], row[5])
 
 
 def _task_params(task: NewTask, now: datetime | None) -> dict[str, Any]:
@@ -234,16 +244,40 @@ def _task_params(task: NewTask, now: datetime | None) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class ItemKeys:
+    """How ``insert_items`` keys a task's items (see ``CreatePlan``).
+
+    ``named``: each item's key as the creator knows it (empty: none);
+    ``field``: the field of each item's data that keys the others (None: none).
+    """
+
+    named: Sequence[str | None] = ()
+    field: str | None = None
+
+
+NO_KEYS = ItemKeys()
+
+
 def _items_params(
     task_id: TaskId,
     refs: Sequence[str],
     data: Sequence[str | None],
     jobs: JobSettings,
+    keys: ItemKeys,
     now: datetime | None,
 ) -> dict[str, Any]:
     """The parameters of ``insert_items``."""
     params: dict[str, Any] = jobs.params()
-    params.update(task_id=task_id, refs=refs, data=data, now=now)
+    params.update(
+        task_id=task_id,
+        refs=refs,
+        data=data,
+        partition_keys=list(keys.named),
+        partition_field=keys.field,
+        keyed=bool(keys.named) or keys.field is not None,
+        now=now,
+    )
     return params
 
 
@@ -267,12 +301,14 @@ def _kinds_params(kinds: Sequence[KindSettings], now: datetime | None) -> dict[s
         "item_queues": [k.item_queue for k in kinds],
         "job_options": [json.dumps(dict(k.job_options)) for k in kinds],
         "on_complete_queues": [k.on_complete_queue for k in kinds],
+        "partition_fields": [k.partition_field for k in kinds],
+        "partition_functions": [k.partition_function for k in kinds],
         "now": now,
     }
 
 
 def _kind_settings(row: Sequence[Any]) -> KindSettings:
-    return KindSettings(row[0], row[1], row[2], row[3], row[4], row[5])
+    return KindSettings(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
 
 
 class BatchStore:
@@ -331,14 +367,16 @@ class BatchStore:
         data: Sequence[str | None],
         *,
         jobs: JobSettings,
+        keys: ItemKeys = NO_KEYS,
         now: datetime | None,
     ) -> int:
         """Insert the task's items, in input order, and one job per item; returns how many.
 
         ``data`` holds each item's JSON text, None for null; it may be empty
-        when every item's data is null.
+        when every item's data is null. Each item is keyed by ``keys``, and
+        its job carries its key.
         """
-        params = _items_params(task_id, refs, data, jobs, now)
+        params = _items_params(task_id, refs, data, jobs, keys, now)
         rows = await self._rows("insert_items", params, conn)
         return int(rows[0][0])
 
@@ -483,8 +521,8 @@ class BatchStore:
         entry: Mapping[str, Any],
         now: datetime | None,
         conn: AsyncConn | None = None,
-    ) -> bool:
-        """running -> ``status`` (error or pending), fenced; False when the fence failed."""
+    ) -> FailedRun | None:
+        """running -> ``status`` (error or pending), fenced; None when the fence failed."""
         rows = await self._rows(
             "fail_item",
             {
@@ -497,7 +535,7 @@ class BatchStore:
             },
             conn,
         )
-        return bool(rows)
+        return FailedRun(rows[0][1]) if rows else None
 
     async def hand_back_items(
         self,
@@ -794,10 +832,12 @@ class SyncBatchStore:
         data: Sequence[str | None],
         *,
         jobs: JobSettings,
+        keys: ItemKeys = NO_KEYS,
         now: datetime | None,
     ) -> int:
         """As :meth:`BatchStore.insert_items`."""
-        rows = self._rows(cur, "insert_items", _items_params(task_id, refs, data, jobs, now))
+        params = _items_params(task_id, refs, data, jobs, keys, now)
+        rows = self._rows(cur, "insert_items", params)
         return int(rows[0][0])
 
     def get_task(self, cur: SyncCursor, task_id: TaskId) -> TaskRow | None:

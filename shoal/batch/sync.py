@@ -36,7 +36,7 @@ from shoal.batch.plans import (
     task_id_of,
 )
 from shoal.batch.states import TaskOutcome
-from shoal.batch.store import SyncBatchStore, TaskRow
+from shoal.batch.store import ItemKeys, SyncBatchStore, TaskRow
 from shoal.batch.views import Created, TaskView, task_view
 from shoal.db.pool import statement_timeout_for
 from shoal.db.sync import SyncConn, SyncCursor
@@ -112,7 +112,13 @@ class SyncBatches:
             if big:
                 before = self.store.raise_statement_timeout(cur, statement_timeout_for(within))
             self.store.insert_items(
-                cur, task_id, plan.items.refs, plan.items.data, jobs=plan.item_jobs, now=now
+                cur,
+                task_id,
+                plan.items.refs,
+                plan.items.data,
+                jobs=plan.item_jobs,
+                keys=ItemKeys(plan.partition_keys, plan.partition_field),
+                now=now,
             )
             if big:
                 self.store.set_statement_timeout(cur, before)

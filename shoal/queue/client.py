@@ -178,17 +178,23 @@ class Shoal:
         payloads: Sequence[Any],
         *,
         singleton_keys: Sequence[str | None] | None = None,
+        partition_keys: Sequence[str | None] | None = None,
         conn: AsyncConn | None = None,
         **options: Unpack[SharedJobOptions],
     ) -> list[JobId | None]:
         """Enqueue many jobs of one queue sharing ``options``, in one statement.
 
         The fast path of :meth:`insert` for fan-out: the options are validated
-        once, each payload on its own. ``singleton_keys``, when given, holds
-        one key (or None) per payload.
+        once, each payload on its own. ``singleton_keys`` and
+        ``partition_keys``, when given, hold one key (or None) per payload.
         """
         jobs = self.builder.many(
-            queue, payloads, options, singleton_keys=singleton_keys, trace=carrier()
+            queue,
+            payloads,
+            options,
+            singleton_keys=singleton_keys,
+            partition_keys=partition_keys,
+            trace=carrier(),
         )
         return await self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
 
@@ -256,6 +262,7 @@ class Shoal:
         rate_limit: Rate | None = None,
         partition_by: str | Partitioner | None = None,
         max_hold: timedelta | None = None,
+        keys_given: bool = False,
     ) -> Worker:
         """Start running ``handler`` on ``queue`` in this process; returns the running worker.
 
@@ -276,7 +283,12 @@ class Shoal:
         With ``store_output=False`` handlers' return values are not kept on
         the job rows. ``max_hold`` bounds the claimed jobs the worker holds
         unstarted to what its runners start in that long at the current rate
-        (at most a quarter of a job's lease in any case).
+        (at most a quarter of a job's lease in any case). ``keys_given=True``
+        says a layer above sends every job of ``queue`` with its partition
+        key (``partition_key=``), as the batch layer sends a kind's item jobs
+        keyed by their items: ``partition_by`` is then declared with the
+        limits, never run on what this client sends, and may partition a
+        batch kind's queue.
         """
         check_queue_name(queue)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
@@ -286,10 +298,13 @@ class Shoal:
         limits = Limits.of(
             global_concurrency=global_concurrency, rate_limit=rate_limit, partition_by=partition_by
         )
-        check_queue_limits(queue, limits)
+        if keys_given:
+            self.builder.partitioners.pop(queue, None)
+        else:
+            check_queue_limits(queue, limits)
         if limits and claim is not None:
             raise InvalidInput("claim", "a worker with limits claims through the limited claim")
-        if limits:
+        if limits and not keys_given:
             self._register_partitioner(queue, limits)
         name = callable_name(handler)
         handler = as_async(handler, threads=concurrency, name=queue)

@@ -168,14 +168,29 @@ class JobBuilder:
         options: Mapping[str, Any],
         *,
         singleton_keys: Sequence[str | None] | None = None,
+        partition_keys: Sequence[str | None] | None = None,
         trace: Mapping[str, str] | None = None,
     ) -> list[NewJob]:
-        """The jobs of ``insert_many``: options checked once, each payload on its own."""
+        """The jobs of ``insert_many``: options checked once, each payload on its own.
+
+        ``partition_keys`` gives each job its own key (None: as if none were
+        sent), in place of the ``partition_key`` option.
+        """
         if singleton_keys is not None and len(singleton_keys) != len(payloads):
             raise InvalidInput(
                 "singleton_keys",
                 f"has {len(singleton_keys)} keys for {len(payloads)} payloads",
             )
+        if partition_keys is not None:
+            if len(partition_keys) != len(payloads):
+                raise InvalidInput(
+                    "partition_keys",
+                    f"has {len(partition_keys)} keys for {len(payloads)} payloads",
+                )
+            if "partition_key" in options:
+                raise InvalidInput(
+                    "partition_key", "give partition_keys=[...] or one key, not both"
+                )
         if len(payloads) > MAX_INSERT:
             raise InvalidInput("payloads", f"more than {MAX_INSERT} jobs in one insert")
         if "singleton_key" in options:
@@ -185,7 +200,19 @@ class JobBuilder:
         for i, key in enumerate(keys):
             if key is not None and (not isinstance(key, str) or not key or "\x00" in key):
                 raise InvalidInput(f"singleton_keys[{i}]", "must be a non-empty string")
+        given = [
+            None if key is None else partition_key_of(key, field=f"partition_keys[{i}]")
+            for i, key in enumerate(partition_keys or ())
+        ]
         by_function = template.partition_key is None and queue in self.partitioners
+
+        def partition_key(i: int, payload: object) -> str | None:
+            if given and given[i] is not None:
+                return given[i]
+            if by_function:
+                return self.partition_key(queue, payload, f"payloads[{i}].")
+            return template.partition_key
+
         return [
             NewJob(
                 template.settings,
@@ -195,11 +222,7 @@ class JobBuilder:
                     field=f"payloads[{i}]",
                 ),
                 key,
-                (
-                    self.partition_key(queue, payload, f"payloads[{i}].")
-                    if by_function
-                    else template.partition_key
-                ),
+                partition_key(i, payload),
                 template.cost,
             )
             for i, (payload, key) in enumerate(zip(payloads, keys, strict=True))

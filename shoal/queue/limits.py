@@ -154,20 +154,28 @@ def partition_key_of(key: object, *, field: str = "partition_key") -> str:
 
 
 # The batch layer's item queues are named so (BatchKind.queue): their jobs'
-# data is {"item": id}, and the field a kind would partition by is in the
-# item's data, which no job of the queue carries.
+# data is {"item": id}, and the field a kind is partitioned by is in the
+# item's data, which no job of the queue carries. The batch layer keys each
+# item when its task is created and sends every job of the item with that
+# key, so only the kind's own declaration can partition its queue.
 ITEM_QUEUE_PREFIX = "batch."
 HOOK_QUEUE_SUFFIX = ".on_complete"
 
 
+def is_item_queue(queue: str) -> bool:
+    """Whether ``queue`` holds a batch kind's item jobs (not its ``on_complete`` hooks)."""
+    return queue.startswith(ITEM_QUEUE_PREFIX) and not queue.endswith(HOOK_QUEUE_SUFFIX)
+
+
 def check_queue_limits(queue: str, limits: Limits) -> Limits:
-    """Refuse limits the queue's jobs cannot honour: a partition of a batch kind's items."""
-    is_item_queue = queue.startswith(ITEM_QUEUE_PREFIX) and not queue.endswith(HOOK_QUEUE_SUFFIX)
-    if is_item_queue and limits.partition_by is not None:
+    """Refuse limits the queue's jobs cannot honour: a partition of a batch kind's items
+    declared on its queue rather than on the kind."""
+    if is_item_queue(queue) and limits.partition_by is not None:
         raise InvalidInput(
             "partition_by",
-            f"queue {queue!r} holds a batch kind's items, which cannot be partitioned yet; "
-            "declare global_concurrency or rate_limit on the kind (BatchKind, @app.batch)",
+            f"queue {queue!r} holds a batch kind's items, whose partition keys are given "
+            "when their task is created: declare partition_by on the kind "
+            "(BatchKind, @app.batch), not on its queue",
         )
     return limits
 

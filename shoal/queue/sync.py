@@ -121,12 +121,18 @@ class SyncClient:
         payloads: Sequence[Any],
         *,
         singleton_keys: Sequence[str | None] | None = None,
+        partition_keys: Sequence[str | None] | None = None,
         conn: SyncConn | None = None,
         **options: Unpack[SharedJobOptions],
     ) -> list[JobId | None]:
         """Enqueue many jobs of one queue sharing ``options``, in one statement."""
         jobs = self.builder.many(
-            queue, payloads, options, singleton_keys=singleton_keys, trace=carrier()
+            queue,
+            payloads,
+            options,
+            singleton_keys=singleton_keys,
+            partition_keys=partition_keys,
+            trace=carrier(),
         )
         return self.store.insert(jobs, now=self.clock.sql_now(), conn=conn)
 
