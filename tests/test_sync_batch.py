@@ -378,5 +378,5 @@ async def test_the_sql_examples_of_the_batch_page_run(boss: Shoal, db_url: str) 
             "SELECT total, idempotency_key, params FROM shoal.task ORDER BY created_at, total"
         ).fetchall()
     assert sorted(tasks, key=str) == sorted(
-        [(2, None, None), (2, "upload-7", {"model": "small"}), (1, "upload-8", None)], key=str
+        [(2, None, None), (3, "upload-7", {"model": "small"}), (1, "upload-8", None)], key=str
     )

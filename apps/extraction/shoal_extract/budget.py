@@ -15,6 +15,12 @@ One row per model in ``model_budget`` holds what all workers share:
 Claims lock the row, so two workers never both take the last request; the
 lock is held for one short transaction, never across a model call. A worker
 that must wait sleeps on its clock and asks again.
+
+Not the extraction kind's limits (partitioned by model), which hold item
+starts: an item makes several calls, the budget has two buckets, a call's
+tokens are known only inside the run, a pause must hold the calls of running
+items, and the model is the worker's setting, not the item's
+(docs/extraction.md, "The model budget across workers").
 """
 
 from __future__ import annotations
