@@ -238,7 +238,7 @@ async def test_a_kind_partitioned_by_a_function_keys_items_where_its_code_is(
     overlap = Overlap()
     batches = make_batches(boss, overlap, global_concurrency=1, partition_by=by_model)
     await batches.store_kinds()
-    items = [
+    items: list[dict[str, Any]] = [
         {"ref": "gpt-0", "data": {"model": "GPT"}},
         {"ref": "gpt-1", "data": {"model": "gpt"}},
         {"ref": "claude-0", "data": {"model": "Claude"}},

@@ -9,7 +9,8 @@ caller's open transaction: the task, its items and their jobs commit with
 the caller's own writes, and vanish if the caller rolls back.
 
 The kinds' code lives in the worker. What a create needs of a kind (its
-item queue, job options, attempts, zombie timeout, hook queue) is stored in
+item queue, job options, attempts, zombie timeout, hook queue, partition
+field or the name of its partition function) is stored in
 the database when a worker of the App that declares it starts
 (:meth:`Batches.store_kinds <shoal.batch.service.Batches.store_kinds>`), and
 read here in the create's transaction.
