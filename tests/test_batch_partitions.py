@@ -344,20 +344,9 @@ async def test_an_items_partition_key_is_part_of_its_requests_fingerprint(
         await batches.create(KIND, [{"ref": "a", "partition_key": "j"}], idempotency_key="1")
     # A request that names no key has the fingerprint it had before items
     # could name one (an idempotent retry across the upgrade finds its task):
-    # in Python, the digest of 944515e's request_hash ...
+    # the digest of 944515e's request_hash.
     plain = parse_items(["a", {"ref": "b", "data": {"x": 1}}], max_items=9, max_payload_bytes=99)
     assert request_hash(KIND, plain, "null", None) == PLAIN_HASH
-    # ... and in SQL, create_task_v2's.
-    await batches.store_kinds()
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        options = Jsonb({"idempotency_key": "sql"})
-        row = conn.execute(
-            "SELECT shoal.create_task_v2(%s, %s, %s)", (KIND, Jsonb(["a", "b"]), options)
-        ).fetchone()
-        repeat = conn.execute(
-            "SELECT shoal.create_task(%s, %s, %s)", (KIND, Jsonb(["a", "b"]), options)
-        ).fetchone()
-    assert row is not None and repeat == row
 
 
 # request_hash("test.kind", ["a", {"ref": "b", "data": {"x": 1}}], "null", None) at 944515e.

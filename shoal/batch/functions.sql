@@ -11,7 +11,7 @@
 -- release 0.1.0 and are not called by this code.
 --
 -- These functions reach the job table only through the queue layer's
--- (lock_item_jobs_v2, take_item_jobs_v2, complete_jobs_v1, insert_item_jobs_v2,
+-- (lock_item_jobs_v2, take_item_jobs_v2, complete_jobs_v1, insert_item_jobs_v3,
 -- singleton_held_v1): the contract, checked by tests/test_layer_sql.py.
 --
 -- Lock order, everywhere in this layer: job rows first, then item rows, and
@@ -214,7 +214,7 @@ CREATE OR REPLACE FUNCTION {schema}.create_task(kind text, items jsonb, options 
 RETURNS uuid
 LANGUAGE sql
 AS $$
-    SELECT {schema}.create_task_v2(kind, items, options);
+    SELECT {schema}.create_task_v3(kind, items, options);
 $$;
 
 -- Creates a task of a stored kind with its items and their jobs, in the
@@ -222,8 +222,14 @@ $$;
 -- order, the same messages, SQLSTATE 22023 naming the field), except that the
 -- payload cap (8 KiB) is measured on jsonb's text, the item cap is the default
 -- 100,000, and the item jobs take shoal's defaults where the kind names no
--- option. The item jobs are written by the queue's insert_item_jobs_v2, which
--- gives them their partition key when the kind declares limits. Returns the
+-- option. An item may name its partition key (an entry {{"ref", "data",
+-- "partition_key"}}); otherwise a kind partitioned by a field of the item's
+-- data keys it from that field, and a kind partitioned by a function (which
+-- only a process with the kind's code can run) refuses an item that names no
+-- key, with InvalidInput naming items[i].partition_key. The key is kept on the
+-- item row, and the item jobs are written by the queue's insert_item_jobs_v3
+-- with those keys. A request whose items name no key has the fingerprint it
+-- had before items could name one. Returns the
 -- task's id; with an idempotency key already used for the same request (as
 -- this function fingerprints it), that task's id. The same key for a different
 -- request raises 23505; a concurrent create holding the key past 5 s raises
@@ -233,7 +239,7 @@ $$;
 -- The fingerprint is of the request's jsonb, so it differs from the Python
 -- API's (which hashes its own JSON text): a key is matched against requests
 -- made through the same API.
-CREATE OR REPLACE FUNCTION {schema}.create_task_v2(p_kind text, p_items jsonb, p_options jsonb)
+CREATE OR REPLACE FUNCTION {schema}.create_task_v3(p_kind text, p_items jsonb, p_options jsonb)
 RETURNS uuid
 LANGUAGE plpgsql
 -- A concurrent create with the same key holds the unique index entry until
@@ -261,6 +267,8 @@ DECLARE
     v_hash text;
     v_task uuid;
     v_existing record;
+    v_partition jsonb;
+    v_unkeyed bigint;
 BEGIN
     SELECT * INTO v_kind FROM {schema}.batch_kind k WHERE k.kind = p_kind;
     IF NOT FOUND THEN
@@ -341,7 +349,7 @@ BEGIN
                                      ORDER BY k COLLATE "C") || ']'
             INTO v_unknown
             FROM jsonb_object_keys(v_entry) AS k
-            WHERE k NOT IN ('ref', 'data');
+            WHERE k NOT IN ('ref', 'data', 'partition_key');
             IF v_unknown IS NOT NULL THEN
                 PERFORM {schema}.invalid_input_v1(format('items[%s]', v_ord),
                     'unknown field(s) ' || v_unknown);
@@ -369,7 +377,40 @@ BEGIN
             PERFORM {schema}.invalid_input_v1(format('items[%s].ref', v_ord),
                 'duplicate ref ' || {schema}.value_text_v1(v_ref));
         END IF;
+        -- A string or an integer, as shoal.queue.limits.partition_key_of
+        -- takes it (the type named as Python names the decoded value); null
+        -- is no key.
+        v_partition := CASE jsonb_typeof(v_entry) WHEN 'object'
+                            THEN coalesce(v_entry -> 'partition_key', 'null') ELSE 'null' END;
+        IF jsonb_typeof(v_partition) = 'string'
+           OR (jsonb_typeof(v_partition) = 'number' AND v_partition::text ~ '^-?[0-9]+$') THEN
+            IF length(v_partition #>> '{{}}') > 512 THEN
+                PERFORM {schema}.invalid_input_v1(format('items[%s].partition_key', v_ord),
+                    'must be at most 512 characters, without NUL');
+            END IF;
+        ELSIF jsonb_typeof(v_partition) <> 'null' THEN
+            PERFORM {schema}.invalid_input_v1(format('items[%s].partition_key', v_ord),
+                'a partition key must be a string or an integer, got '
+                || CASE jsonb_typeof(v_partition) WHEN 'boolean' THEN 'bool'
+                        WHEN 'number' THEN 'float' WHEN 'array' THEN 'list'
+                        ELSE 'dict' END);
+        END IF;
     END LOOP;
+    -- A kind partitioned by a function: only a process with the kind's code
+    -- can key an item that names no key of its own, as CreatePlan says.
+    IF v_kind.partition_function IS NOT NULL THEN
+        SELECT min(u.ord) - 1 INTO v_unkeyed
+        FROM jsonb_array_elements(p_items) WITH ORDINALITY AS u(e, ord)
+        WHERE jsonb_typeof(u.e) <> 'object'
+           OR jsonb_typeof(u.e -> 'partition_key') IS NULL
+           OR jsonb_typeof(u.e -> 'partition_key') = 'null';
+        IF v_unkeyed IS NOT NULL THEN
+            PERFORM {schema}.invalid_input_v1(format('items[%s].partition_key', v_unkeyed),
+                format('batch kind %s is partitioned by %s, which runs only in a process with '
+                       'the kind''s code (Batches of its App); give each item a partition_key',
+                       {schema}.value_text_v1(to_jsonb(p_kind)), v_kind.partition_function));
+        END IF;
+    END IF;
 
     v_params := coalesce(v_options -> 'params', 'null'::jsonb);
     v_size := octet_length(v_params::text);
@@ -386,6 +427,11 @@ BEGIN
                    CASE jsonb_typeof(u.e) WHEN 'string' THEN u.e #>> '{{}}' ELSE u.e ->> 'ref' END,
                    CASE jsonb_typeof(u.e) WHEN 'object' THEN coalesce(u.e -> 'data', 'null')
                                           ELSE 'null' END)
+                   -- An item's key, when it names one, is part of the request;
+                   -- one without a key is fingerprinted as create_task_v2 did.
+                   || CASE WHEN jsonb_typeof(u.e -> 'partition_key') IN ('string', 'number')
+                           THEN jsonb_build_array(u.e ->> 'partition_key')
+                           ELSE '[]'::jsonb END
                    ORDER BY u.ord))::text, 'UTF8')), 'hex')
     INTO v_hash
     FROM jsonb_array_elements(p_items) WITH ORDINALITY AS u(e, ord);
@@ -417,21 +463,28 @@ BEGIN
     END IF;
 
     -- The items in input order and one job each, as the insert_items query
-    -- of shoal/batch/queries.sql writes them.
+    -- of shoal/batch/queries.sql writes them: each item keyed by its own
+    -- partition_key, else by its kind's partition field ('' when its data
+    -- has none), else not at all (its kind is not partitioned).
     WITH items AS (
-        INSERT INTO {schema}.item (task_id, ref, data, updated_at)
+        INSERT INTO {schema}.item (task_id, ref, data, partition_key, updated_at)
         SELECT v_task,
                CASE jsonb_typeof(u.e) WHEN 'string' THEN u.e #>> '{{}}' ELSE u.e ->> 'ref' END,
                CASE jsonb_typeof(u.e) WHEN 'object' THEN coalesce(u.e -> 'data', 'null')
                                       ELSE 'null' END,
+               CASE WHEN jsonb_typeof(u.e -> 'partition_key') IN ('string', 'number')
+                    THEN u.e ->> 'partition_key'
+                    WHEN v_kind.partition_field IS NOT NULL
+                    THEN coalesce(u.e -> 'data' ->> v_kind.partition_field, '') END,
                now()
         FROM jsonb_array_elements(p_items) WITH ORDINALITY AS u(e, ord)
         ORDER BY u.ord
-        RETURNING id
+        RETURNING id, partition_key
     )
-    SELECT {schema}.insert_item_jobs_v2(
+    SELECT {schema}.insert_item_jobs_v3(
         ARRAY(SELECT id FROM items ORDER BY id),
         ARRAY(SELECT 'item-' || id || ':0' FROM items ORDER BY id),
+        ARRAY(SELECT partition_key FROM items ORDER BY id),
         v_kind.item_queue,
         coalesce((v_kind.job_options ->> 'priority')::integer, 0),
         coalesce((v_kind.job_options ->> 'retry_limit')::integer, 2),

@@ -619,23 +619,31 @@ $$;
 -- within its backoff plus one claim whatever the queue holds.
 
 -- One job per item of p_items, all with one set of options, each with the
--- singleton key at the same place in p_keys; the turns continue from the
+-- singleton key and the partition key at the same place in p_keys and
+-- p_partition_keys (an empty array: none); the turns continue from the
 -- queue's current turn (that of its first due item job with a turn, 0 with
 -- none) in p_items' order. Returns how many were inserted. A key an unfinished
 -- job of the queue holds fails the statement: the keys are new.
 --
--- A batch kind may declare limits (global_concurrency, rate_limit), held on its
--- item queue's queue_limit row and enforced by the limited claim, which sees
--- only jobs with a partition key and counts only keyed active jobs as slots.
--- So the queue_limit row is read once per statement (a primary-key probe) and
--- every job is stamped with its key: '' for a queue that is not partitioned,
--- else the partition field of the job's data ('' when absent). A queue without
--- limits gets NULL, so its jobs cost nothing more.
-CREATE OR REPLACE FUNCTION {schema}.insert_item_jobs_v2(
-    p_items bigint[], p_keys text[], p_queue text, p_priority integer, p_retry_limit integer,
-    p_retry_delay_s float8, p_retry_backoff boolean, p_retry_delay_max_s float8,
-    p_expire_in_s float8, p_dead_letter text, p_start_at timestamptz, p_start_in_s float8,
-    p_now timestamptz)
+-- A batch kind may declare limits (global_concurrency, rate_limit, partitions),
+-- held on its item queue's queue_limit row and enforced by the limited claim,
+-- which sees only jobs with a partition key and counts only keyed active jobs
+-- as slots. An item job's data is only its item's id and turn: the field a
+-- kind is partitioned by is in the item's data, which this layer never reads,
+-- and a key from a partition_by function can only be computed by the process
+-- that has the function. So the batch layer keys each item when its task is
+-- created and passes the keys here. The queue_limit row is read once per
+-- statement (a primary-key probe), and each job gets the key a job sent with
+-- that key would get: the key passed when the queue has no limits yet (a task
+-- created before its kind's workers first declared them keeps its keys); ''
+-- when it has limits but no partitions (one partition, whatever key was
+-- passed); else the key passed, '' for none. An unkeyed kind passes no keys,
+-- and its jobs cost nothing more.
+CREATE OR REPLACE FUNCTION {schema}.insert_item_jobs_v3(
+    p_items bigint[], p_keys text[], p_partition_keys text[], p_queue text, p_priority integer,
+    p_retry_limit integer, p_retry_delay_s float8, p_retry_backoff boolean,
+    p_retry_delay_max_s float8, p_expire_in_s float8, p_dead_letter text,
+    p_start_at timestamptz, p_start_in_s float8, p_now timestamptz)
 RETURNS bigint
 LANGUAGE sql
 SET enable_seqscan = off
@@ -656,10 +664,10 @@ AS $$
             ORDER BY j.priority DESC, (j.data->'turn') NULLS FIRST, j.id
             LIMIT 1), 0) AS first
     ), limited AS (
-        -- One row: whether the queue has limits, and its partition field.
+        -- One row: whether the queue has limits, and whether it is partitioned.
         SELECT EXISTS (SELECT 1 FROM {schema}.queue_limit l WHERE l.queue = p_queue) AS on_,
-               (SELECT l.partition_field FROM {schema}.queue_limit l
-                WHERE l.queue = p_queue) AS field
+               EXISTS (SELECT 1 FROM {schema}.queue_limit l
+                       WHERE l.queue = p_queue AND l.partition_by IS NOT NULL) AS partitioned
     ), jobs AS (
         INSERT INTO {schema}.job (
             queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
@@ -671,10 +679,12 @@ AS $$
                coalesce(p_start_at,
                         coalesce(p_now, now()) + coalesce(p_start_in_s, 0) * interval '1 second'),
                coalesce(p_now, now()),
-               CASE WHEN NOT limited.on_ THEN NULL
-                    WHEN limited.field IS NULL THEN ''
-                    ELSE coalesce(d.data ->> limited.field, '') END
-        FROM unnest(p_items, p_keys) WITH ORDINALITY AS u(item, key, ord), turn, limited,
+               CASE WHEN NOT limited.on_ THEN u.partition_key
+                    WHEN NOT limited.partitioned THEN ''
+                    ELSE coalesce(u.partition_key, '') END
+        FROM unnest(p_items, p_keys, p_partition_keys)
+                 WITH ORDINALITY AS u(item, key, partition_key, ord),
+             turn, limited,
              LATERAL (SELECT jsonb_build_object('item', u.item, 'turn', turn.first + u.ord - 1)
                       AS data) d
         RETURNING 1

@@ -1,5 +1,5 @@
 -- The ingest layer's part of shoal 0.2.0's schema change from 0.1.0: the
--- migrations written while 0.2.0 was developed (steps 4-34, in their order),
+-- migrations written while 0.2.0 was developed (steps 4-36, in their order),
 -- folded into one file per layer at the release. Only the database functions
 -- 0.2.0's code calls are created; versions replaced before the release never
 -- shipped and are left out. Each live function's definition and the reasons

@@ -1,5 +1,5 @@
 -- The queue layer's part of shoal 0.2.0's schema change from 0.1.0: the
--- migrations written while 0.2.0 was developed (steps 4-34, in their order),
+-- migrations written while 0.2.0 was developed (steps 4-36, in their order),
 -- folded into one file per layer at the release. Only the database functions
 -- 0.2.0's code calls are created; versions replaced before the release never
 -- shipped and are left out. Each live function's definition and the reasons
@@ -1008,60 +1008,6 @@ AS $$
                 ELSE p_at END;
 $$;
 
--- ---- step 30 of the development of 0.2.0 ----
-
--- insert_item_jobs_v2: its definition and the reasons for it are in shoal/queue/functions.sql.
-CREATE FUNCTION {schema}.insert_item_jobs_v2(
-    p_items bigint[], p_keys text[], p_queue text, p_priority integer, p_retry_limit integer,
-    p_retry_delay_s float8, p_retry_backoff boolean, p_retry_delay_max_s float8,
-    p_expire_in_s float8, p_dead_letter text, p_start_at timestamptz, p_start_in_s float8,
-    p_now timestamptz)
-RETURNS bigint
-LANGUAGE sql
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET enable_sort = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-AS $$
-    WITH turn AS (
-        SELECT coalesce((
-            SELECT (j.data->>'turn')::bigint
-            FROM {schema}.job j
-            WHERE j.queue = p_queue
-              AND j.state IN ('created', 'retry')
-              AND j.data ? 'item'
-              AND j.data ? 'turn'
-              AND j.start_after <= coalesce(p_now, now())
-            ORDER BY j.priority DESC, (j.data->'turn') NULLS FIRST, j.id
-            LIMIT 1), 0) AS first
-    ), limited AS (
-        -- One row: whether the queue has limits, and its partition field.
-        SELECT EXISTS (SELECT 1 FROM {schema}.queue_limit l WHERE l.queue = p_queue) AS on_,
-               (SELECT l.partition_field FROM {schema}.queue_limit l
-                WHERE l.queue = p_queue) AS field
-    ), jobs AS (
-        INSERT INTO {schema}.job (
-            queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
-            expire_in, singleton_key, dead_letter, start_after, created_at, partition_key)
-        SELECT p_queue, d.data,
-               p_priority, p_retry_limit, p_retry_delay_s * interval '1 second', p_retry_backoff,
-               p_retry_delay_max_s * interval '1 second', p_expire_in_s * interval '1 second',
-               u.key, p_dead_letter,
-               coalesce(p_start_at,
-                        coalesce(p_now, now()) + coalesce(p_start_in_s, 0) * interval '1 second'),
-               coalesce(p_now, now()),
-               CASE WHEN NOT limited.on_ THEN NULL
-                    WHEN limited.field IS NULL THEN ''
-                    ELSE coalesce(d.data ->> limited.field, '') END
-        FROM unnest(p_items, p_keys) WITH ORDINALITY AS u(item, key, ord), turn, limited,
-             LATERAL (SELECT jsonb_build_object('item', u.item, 'turn', turn.first + u.ord - 1)
-                      AS data) d
-        RETURNING 1
-    )
-    SELECT count(*) FROM jobs;
-$$;
-
 -- ---- step 31 of the development of 0.2.0 ----
 -- Rescue of the jobs of a worker process whose heartbeat stopped.
 --
@@ -1407,4 +1353,60 @@ AS $$
            || ', worker ' || w.id
     FROM {schema}.worker w
     WHERE w.no = p_no;
+$$;
+
+-- ---- step 35 of the development of 0.2.0 ----
+
+-- insert_item_jobs_v3: its definition and the reasons for it are in shoal/queue/functions.sql.
+CREATE FUNCTION {schema}.insert_item_jobs_v3(
+    p_items bigint[], p_keys text[], p_partition_keys text[], p_queue text, p_priority integer,
+    p_retry_limit integer, p_retry_delay_s float8, p_retry_backoff boolean,
+    p_retry_delay_max_s float8, p_expire_in_s float8, p_dead_letter text,
+    p_start_at timestamptz, p_start_in_s float8, p_now timestamptz)
+RETURNS bigint
+LANGUAGE sql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+    WITH turn AS (
+        SELECT coalesce((
+            SELECT (j.data->>'turn')::bigint
+            FROM {schema}.job j
+            WHERE j.queue = p_queue
+              AND j.state IN ('created', 'retry')
+              AND j.data ? 'item'
+              AND j.data ? 'turn'
+              AND j.start_after <= coalesce(p_now, now())
+            ORDER BY j.priority DESC, (j.data->'turn') NULLS FIRST, j.id
+            LIMIT 1), 0) AS first
+    ), limited AS (
+        -- One row: whether the queue has limits, and whether it is partitioned.
+        SELECT EXISTS (SELECT 1 FROM {schema}.queue_limit l WHERE l.queue = p_queue) AS on_,
+               EXISTS (SELECT 1 FROM {schema}.queue_limit l
+                       WHERE l.queue = p_queue AND l.partition_by IS NOT NULL) AS partitioned
+    ), jobs AS (
+        INSERT INTO {schema}.job (
+            queue, data, priority, retry_limit, retry_delay, retry_backoff, retry_delay_max,
+            expire_in, singleton_key, dead_letter, start_after, created_at, partition_key)
+        SELECT p_queue, d.data,
+               p_priority, p_retry_limit, p_retry_delay_s * interval '1 second', p_retry_backoff,
+               p_retry_delay_max_s * interval '1 second', p_expire_in_s * interval '1 second',
+               u.key, p_dead_letter,
+               coalesce(p_start_at,
+                        coalesce(p_now, now()) + coalesce(p_start_in_s, 0) * interval '1 second'),
+               coalesce(p_now, now()),
+               CASE WHEN NOT limited.on_ THEN u.partition_key
+                    WHEN NOT limited.partitioned THEN ''
+                    ELSE coalesce(u.partition_key, '') END
+        FROM unnest(p_items, p_keys, p_partition_keys)
+                 WITH ORDINALITY AS u(item, key, partition_key, ord),
+             turn, limited,
+             LATERAL (SELECT jsonb_build_object('item', u.item, 'turn', turn.first + u.ord - 1)
+                      AS data) d
+        RETURNING 1
+    )
+    SELECT count(*) FROM jobs;
 $$;
