@@ -61,11 +61,12 @@ from shoal.ingest.supervisor import (
     start_pipeline,
 )
 from shoal.queue.client import Shoal
-from shoal.queue.cron import check_cron, check_timezone
-from shoal.queue.history import HistorySampler
+from shoal.queue.cron import CRON_DUTY, check_cron, check_timezone
+from shoal.queue.history import HISTORY_DUTY, HistorySampler
 from shoal.queue.inspect import QueueInspector
 from shoal.queue.job import Handler, Job
 from shoal.queue.limits import Limits, Partitioner, Rate, check_queue_limits
+from shoal.queue.maintenance import MAINTENANCE_DUTY
 from shoal.queue.options import (
     QueueDefaults,
     SendOptions,
@@ -403,8 +404,9 @@ class App:
         kinds) is stored whatever the choice. ``maintenance`` (lease expiry,
         archiving, the history sampler), ``scheduler`` (cron ticks) and
         ``aggregator`` (the batch aggregator's passes, when the App declares
-        batch kinds) choose which of the cluster's duties this process takes
-        a share of. Setting ``hurry`` after ``stop`` cuts the grace short:
+        batch kinds) choose which of the cluster's duties this process
+        contends for: each runs in one process at a time, the duty's leader
+        (shoal.db.leadership). Setting ``hurry`` after ``stop`` cuts the grace short:
         running handlers are stopped at once and their work handed back.
         """
         served = self.select(queues, exclude_queues)
@@ -489,11 +491,17 @@ class App:
                 kind_workers.append(batches.work(kind.name))
                 if kind.hook_queue is not None:
                     workers.append(boss.work(kind.hook_queue, _on_complete(batches, kind)))
+        # Each duty runs in the one process that leads it; each term starts
+        # it afresh (a new Maintenance counts silence from its own first pass).
+        elector = boss.elector()
+        led: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         if scheduler:
-            loops.append(asyncio.create_task(boss.scheduler().run(), name="shoal-scheduler"))
+            led.append((CRON_DUTY, lambda: boss.scheduler().run()))
         if maintenance:
-            loops.append(asyncio.create_task(boss.maintenance().run(), name="shoal-maintenance"))
-            loops.append(asyncio.create_task(HistorySampler(boss).run(), name="shoal-history"))
+            led.append((MAINTENANCE_DUTY, lambda: boss.maintenance().run()))
+            led.append((HISTORY_DUTY, lambda: HistorySampler(boss).run()))
+        for duty, work in led:
+            loops.append(asyncio.create_task(elector.lead(duty, work), name=f"shoal-{duty}"))
         ingest_stop = asyncio.Event()
         ingest: asyncio.Task[None] | None = None
         if self._pipeline is not None:

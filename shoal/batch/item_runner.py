@@ -67,6 +67,7 @@ from shoal.batch.states import ItemId, ItemStatus, TaskId
 from shoal.batch.store import BatchStore, Dispatch, GuardedItem
 from shoal.clock import Clock, work_seconds
 from shoal.db.coalesce import Coalescer
+from shoal.db.leadership import this_process
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.hooks import Hooks
@@ -74,7 +75,6 @@ from shoal.queue.completer import backoff_s
 from shoal.queue.cursor import ClaimCursor, ItemPosition, item_order
 from shoal.queue.job import Completed, Job, Outcome, error_entry
 from shoal.queue.notifier import CancelNote
-from shoal.queue.registry import this_process
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
 from shoal.queue.rows import ClaimedJob
@@ -89,7 +89,7 @@ CANCELLED_SKIPS = "cancelled_skips"
 FINAL_WRITE_TRIES = 5
 NO_DELAY = timedelta(0)
 # History notes of items handed back at shutdown, naming the process
-# (``{process}``: shoal.queue.registry.this_process()).
+# (``{process}``: shoal.db.leadership.this_process()).
 HANDED_BACK = "handed back at shutdown of worker process {process} before it ran"
 INTERRUPTED = (
     "stopped by the shutdown of worker process {process}; handed back without spending an attempt"

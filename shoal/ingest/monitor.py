@@ -10,22 +10,24 @@ topic's pause flag past ``pause_depth``, clearing it only below half of that,
 so producers do not flap around the threshold. Producers read the flag with
 ``Pipeline.admit``.
 
-Leadership is a session advisory lock held on a dedicated connection: when
-the leader dies its connection closes, the lock is released, and another
-process takes over at its next try.
+One process leads :data:`MONITOR_DUTY` (shoal.db.leadership): the elector
+given (``shoal worker`` passes its client's), else one of the monitor's own
+that tries every ``interval``. When the leader dies its connection closes,
+its lock is released, and another process takes over at its next try; when
+it stops, it resigns and another takes over at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from shoal.clock import SYSTEM_CLOCK, Clock
-from shoal.db.pool import AsyncConn
+from shoal.db.leadership import DEFAULT_DEPOSE_AFTER, MIN_RENEWALS_PER_DEPOSE, Elector
+from shoal.errors import TransientError
 from shoal.hooks import Hooks
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import Depth, Transport
@@ -38,6 +40,9 @@ DEFAULT_PAUSE_DEPTH = 500_000
 DEFAULT_ALERT_WAIT = timedelta(minutes=10)
 # Expired done-markers are deleted in statements of this many.
 PRUNE_BATCH = 10_000
+# The duty whose leader runs the monitor. Its lock is the one the monitor
+# took before the elector existed: old and new monitors contend for one lock.
+MONITOR_DUTY = "ingest.monitor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,7 @@ class BacklogMonitor:
         alert_wait: timedelta = DEFAULT_ALERT_WAIT,
         clock: Clock = SYSTEM_CLOCK,
         hooks: Hooks | None = None,
+        elector: Elector | None = None,
     ) -> None:
         self.transport = transport
         self.store = store
@@ -73,7 +79,14 @@ class BacklogMonitor:
         self.clock = clock
         # Observers of each sample (shoal.testing.Probe).
         self.hooks = hooks if hooks is not None else Hooks()
-        self.is_leader = False
+        self.elector = elector
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process leads the monitor now."""
+        elector = self.elector
+        leadership = None if elector is None else elector.leadership(MONITOR_DUTY)
+        return leadership is not None and leadership.is_leader
 
     async def check(self) -> list[Reading]:
         """One round over every topic (the leader's job; callable directly in tests)."""
@@ -121,42 +134,42 @@ class BacklogMonitor:
         return removed
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Try to lead; while leading, check every ``interval``. Ends when ``stop`` is set."""
-        while not stop.is_set():
-            conn: AsyncConn | None = None
+        """Contend for the monitor; while leading, check every ``interval``. Ends when
+        ``stop`` is set, resigning (and closing the monitor's own elector, if it made one)."""
+        elector = self.elector
+        own = elector is None
+        if elector is None:
+            elector = self.elector = Elector(
+                self.store.db,
+                clock=self.clock,
+                retry=self.interval,
+                depose_after=max(DEFAULT_DEPOSE_AFTER, MIN_RENEWALS_PER_DEPOSE * self.interval),
+            )
+        lead = asyncio.ensure_future(elector.lead(MONITOR_DUTY, self._watch))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait([lead, stopped], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (lead, stopped):
+                task.cancel()
             try:
-                conn = await self.store.db.connect()
-                cur = await conn.execute(
-                    "SELECT pg_try_advisory_lock(hashtext(%s))", (self._lock_name(),)
-                )
-                row = await cur.fetchone()
-                self.is_leader = bool(row and row[0])
-                while self.is_leader and not stop.is_set():
-                    await self.check()
-                    await self.prune()
-                    await _wait(stop, self.interval, self.clock)
-                    await conn.execute("SELECT 1")  # still connected, so still the leader
-            except Exception as exc:
-                log.warning("backlog monitor: %s", exc)
+                # Not an await of lead: a cancellation of run() meanwhile must pass.
+                await asyncio.wait([lead])
             finally:
-                self.is_leader = False
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-            await _wait(stop, self.interval, self.clock)
+                if own:
+                    await elector.close()
+        failed = None if lead.cancelled() else lead.exception()
+        if failed is not None:
+            raise failed
 
-    def _lock_name(self) -> str:
-        return f"{self.store.db.schema}.ingest.monitor"
-
-
-async def _wait(stop: asyncio.Event, interval: timedelta, clock: Clock) -> None:
-    """Wait ``interval`` of ``clock``'s time, or until ``stop`` is set."""
-    waits = [
-        asyncio.ensure_future(clock.sleep(interval.total_seconds())),
-        asyncio.ensure_future(stop.wait()),
-    ]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waits:
-            waiter.cancel()
+    async def _watch(self) -> None:
+        """The leader's rounds, every ``interval``, until its term ends."""
+        while True:
+            try:
+                await self.check()
+                await self.prune()
+            except TransientError as exc:
+                log.warning("backlog monitor: %s", exc)
+            except Exception:  # loop boundary: the monitor must keep running
+                log.exception("backlog monitor round failed")
+            await self.clock.sleep(self.interval.total_seconds())

@@ -218,8 +218,12 @@ async def run_ingest(
         topics = [(c.topic.name, c.options.get("group", "shoal")) for c in consumers] + [
             (s.topic.name, s.options.get("group", "shoal")) for s in sinks
         ]
+        # The worker's elector: one connection leads every duty of this process.
         monitor = pipeline.monitor(
-            topics, interval=settings.monitor_interval, **settings.monitor_options
+            topics,
+            interval=settings.monitor_interval,
+            elector=boss.elector(),
+            **settings.monitor_options,
         )
         tasks.append(asyncio.create_task(monitor.run(stop)))
     log.info(

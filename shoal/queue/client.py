@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, Unpack
 
 from shoal.clock import SYSTEM_CLOCK, Clock
+from shoal.db.leadership import Elector, this_process
 from shoal.db.migrate import migrate
 from shoal.db.pool import AsyncConn, Database
 from shoal.db.writes import STALL_ERROR_AFTER, WriteStallWatch
@@ -103,6 +104,8 @@ class Shoal:
         self.write_stall_after = write_stall_after
         # The maintenance of maintain()'s passes (made by the first).
         self._maintenance: Maintenance | None = None
+        # This process's side of the cluster's duties (elector(): made by the first call).
+        self._elector: Elector | None = None
 
     @classmethod
     async def connect(
@@ -120,6 +123,8 @@ class Shoal:
         for worker in list(self._workers):
             await worker.stop()
         await self._leave_registry()
+        if self._elector is not None:
+            await self._elector.close()  # resigns: the other processes take over at once
         if self.notifier is not None:
             await self.notifier.stop()
         await self.db.close()
@@ -642,6 +647,14 @@ class Shoal:
 
     def _tick_job(self, row: ScheduleRow) -> NewJob:
         return self._new_job(row.queue, row.data, row.options, "")
+
+    def elector(self) -> Elector:
+        """This client's side of the once-per-cluster duties (maintenance, cron, the
+        history sampler, the aggregator, the backlog monitor): one connection of
+        its own, on which it leads the duties it wins (shoal.db.leadership)."""
+        if self._elector is None:
+            self._elector = Elector(self.db, clock=self.clock, identity=this_process())
+        return self._elector
 
     def maintenance(self, **kwargs: Any) -> Maintenance:
         return Maintenance(self.store, clock=self.clock, jitter=self.jitter, **kwargs)

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from shoal.clock import Clock
+from shoal.db.leadership import this_process
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.hooks import Hooks
@@ -33,7 +34,6 @@ from shoal.queue.job import (
     error_entry,
     event_entry,
 )
-from shoal.queue.registry import this_process
 from shoal.queue.retry import Jitter, after_failure
 from shoal.queue.rows import ClaimedJob, Failure
 from shoal.queue.states import JobId, JobState

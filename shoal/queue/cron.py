@@ -3,9 +3,13 @@
 A schedule row holds ``last_tick``. Each pass reads the database clock, finds
 the latest tick of each schedule at or before it, and moves ``last_tick`` to
 that tick with a conditional update; only the process whose update wins
-inserts the tick's job, in the same transaction. However many processes run
-the scheduler, each tick is enqueued once. Ticks missed while nothing ran are
-not replayed one by one: the latest missed tick is enqueued, once.
+inserts the tick's job, in the same transaction. Ticks missed while nothing
+ran are not replayed one by one: the latest missed tick is enqueued, once.
+
+``shoal worker`` runs the scheduler in one process of the cluster, the leader
+of :data:`CRON_DUTY` (shoal.db.leadership). The conditional update stays the
+guarantee: however many schedulers run (a deposed leader that has not yet
+noticed, ``Shoal.scheduler()`` called by hand), each tick is enqueued once.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from shoal.queue.rows import NewJob, ScheduleRow
 from shoal.queue.store import JobStore
 
 log = logging.getLogger("shoal.cron")
+
+# The duty a worker process leads to run the scheduler (shoal.db.leadership).
+CRON_DUTY = "queue.cron"
 
 # The scheduler looks at least this often, so new schedules start promptly.
 MAX_SLEEP_S = 1.0

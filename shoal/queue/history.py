@@ -1,10 +1,12 @@
 """History for the console's charts: samples of every queue every 10 s and 5 min.
 
-Every worker process runs a :class:`HistorySampler` (with maintenance), but
-one sample is taken per interval in the whole cluster, whatever the number of
-processes: a sampler first takes a transaction advisory lock (the others skip
-the round) and writes only when the latest sample is older than the current
-slot. A sample per queue, plus one for all queues (queue ``*``), holds:
+One sample is taken per interval in the whole cluster, whatever the number of
+processes: ``shoal worker`` runs the :class:`HistorySampler` in the leader of
+:data:`HISTORY_DUTY` (shoal.db.leadership; a process that takes maintenance
+contends for it), and a sample is written only when the latest one is older
+than the current slot, each row once (``ON CONFLICT DO NOTHING``), so
+samplers that race write one sample. A sample per queue, plus one for all
+queues (queue ``*``), holds:
 
 - ``completed``, ``failed``: jobs that finished in the interval (past
   ``FINISHED_CAP`` of them, estimated from the latest ``FINISHED_CAP``);
@@ -38,6 +40,9 @@ from shoal.queue.client import Shoal
 from shoal.queue.registry import GONE_S
 
 log = logging.getLogger("shoal.history")
+
+# The duty a worker process leads to run the sampler (shoal.db.leadership).
+HISTORY_DUTY = "queue.history"
 
 FINE_S = 10
 COARSE_S = 300
@@ -109,20 +114,15 @@ class HistorySampler:
         self.boss = boss
         self.clock = boss.clock
         self.sql = load_queries("shoal.queue", boss.db.schema, file="history.sql")
-        self._lock_key = f"shoal.history:{boss.db.schema}"
         self.finished_cap = FINISHED_CAP
         self.depth_cap = DEPTH_CAP
 
     async def sample_once(self) -> dict[int, int]:
         """Take the due samples (10 s and 5 min) and prune old ones; rows written
-        per resolution (0 when another process took it, or it exists)."""
+        per resolution (0 when the slot's sample exists, or another sampler wrote it)."""
         now = self.clock.sql_now()
 
         async def run(conn: AsyncConn) -> dict[int, int]:
-            cur = await conn.execute(self.sql["try_lead"], {"key": self._lock_key})
-            row = await cur.fetchone()
-            if not (row and row[0]):
-                return {FINE_S: 0, COARSE_S: 0}
             await conn.execute(self.sql["plan_switches"])
             written = {}
             for resolution, keep_s in RETENTION_S.items():
@@ -178,6 +178,7 @@ __all__ = [
     "DEPTH_CAP",
     "FINE_S",
     "FINISHED_CAP",
+    "HISTORY_DUTY",
     "SERIES",
     "WINDOWS",
     "HistorySampler",

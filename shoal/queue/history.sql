@@ -156,10 +156,6 @@ WHERE resolution = %(resolution)s AND queue = %(queue)s
   AND at > coalesce(%(now)s::timestamptz, now()) - %(window_s)s * interval '1 second'
 ORDER BY at
 
--- name: try_lead
--- One sampler at a time in the whole cluster: the others skip this round.
-SELECT pg_try_advisory_xact_lock(hashtextextended(%(key)s, 0))
-
 -- name: register_worker
 INSERT INTO {schema}.worker (id, host, pid, app, queues, started_at, heartbeat_at,
                              rescue_after_s)

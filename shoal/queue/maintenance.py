@@ -14,9 +14,14 @@ the database was away: a pass counts a process's silence only from when this
 process's passes began reaching the database without a failure in between,
 so after an outage every process gets its ``rescue_after`` to heartbeat again.
 
-Every worker process runs it; passes in different processes never judge the
-same job twice (rows are locked with SKIP LOCKED, and each write is fenced by
-the attempt and by the lease still being past due).
+``shoal worker`` runs it in one process of the cluster, the leader of
+:data:`MAINTENANCE_DUTY` (shoal.db.leadership); each term starts a fresh
+:class:`Maintenance`, so a new leader counts silence from its own first pass
+(a process that died while leading has its jobs handed back one ``retry`` of
+the elector later than ``rescue_after``). Passes that do race (a deposed
+leader that has not yet noticed, ``Shoal.maintain()``) never judge the same
+job twice: rows are locked with SKIP LOCKED, and each write is fenced by the
+attempt and by the lease still being past due.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from shoal.queue.states import JobId, JobState
 from shoal.queue.store import JobStore
 
 log = logging.getLogger("shoal.maintenance")
+
+# The duty a worker process leads to run maintenance (shoal.db.leadership).
+MAINTENANCE_DUTY = "queue.maintenance"
 
 DEFAULT_INTERVAL = timedelta(seconds=5)
 # Finished jobs stay in the live table this long (inspectable, and singleton

@@ -67,14 +67,6 @@ def check_rescue_after(value: object) -> timedelta:
 Counters = Callable[[], tuple[Mapping[str, int], int]]
 
 
-def this_process() -> str:
-    """This process as the Workers page shows it: ``host:pid``.
-
-    Named in the history notes of work it hands back at shutdown.
-    """
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     id: str
@@ -140,7 +132,7 @@ class WorkerRegistry:
             "register_worker",
             {
                 "id": self.id,
-                "host": socket.gethostname(),  # as this_process() names it
+                "host": socket.gethostname(),  # as shoal.db.leadership.this_process() names it
                 "pid": os.getpid(),
                 "app": self.app,
                 "queues": json.dumps(self.queues),
