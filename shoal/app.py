@@ -23,12 +23,7 @@ from datetime import timedelta
 from typing import Any, Unpack
 
 from shoal._deprecation import retry_limit_from_max_attempts
-from shoal.batch.aggregator import (
-    AGGREGATOR_CRON,
-    AGGREGATOR_JOB_OPTIONS,
-    AGGREGATOR_QUEUE,
-    AGGREGATOR_SCHEDULE,
-)
+from shoal.batch.aggregator import AGGREGATOR_DUTY, AGGREGATOR_QUEUE, AGGREGATOR_SCHEDULE
 from shoal.batch.kind_worker import KindWorker
 from shoal.batch.kinds import (
     DEFAULT_CONCURRENCY as DEFAULT_BATCH_CONCURRENCY,
@@ -479,14 +474,7 @@ class App:
         batches = self.batches(boss)
         kind_workers: list[KindWorker] = []
         if self.kinds:
-            await boss.schedule(
-                AGGREGATOR_SCHEDULE,
-                AGGREGATOR_CRON,
-                queue=AGGREGATOR_QUEUE,
-                **AGGREGATOR_JOB_OPTIONS,
-            )
-            if aggregator:
-                workers.append(boss.work(AGGREGATOR_QUEUE, _aggregate(batches), concurrency=1))
+            await _drop_aggregator_schedule(boss)
             for kind in served.kinds.values():
                 kind_workers.append(batches.work(kind.name))
                 if kind.hook_queue is not None:
@@ -500,6 +488,8 @@ class App:
         if maintenance:
             led.append((MAINTENANCE_DUTY, lambda: boss.maintenance().run()))
             led.append((HISTORY_DUTY, lambda: HistorySampler(boss).run()))
+        if self.kinds and aggregator:
+            led.append((AGGREGATOR_DUTY, batches.aggregator.run))
         for duty, work in led:
             loops.append(asyncio.create_task(elector.lead(duty, work), name=f"shoal-{duty}"))
         ingest_stop = asyncio.Event()
@@ -581,17 +571,14 @@ def _retry_limit_option(options: dict[str, Any]) -> None:
         )
 
 
-def _aggregate(batches: Batches) -> Handler:
-    async def aggregate(job: Job) -> dict[str, int]:
-        report = await batches.aggregator.run_once()
-        return {
-            "closed": len(report.closed),
-            "reaped": report.reaped_to_pending + report.reaped_to_error,
-            "redispatched": report.redispatched,
-            "timed_out": report.timed_out,
-        }
-
-    return aggregate
+async def _drop_aggregator_schedule(boss: Shoal) -> None:
+    """Remove the schedule that ran the aggregator's passes as jobs before the elector, and
+    the pass it may have left waiting (the leader of AGGREGATOR_DUTY runs them now)."""
+    if await boss.unschedule(AGGREGATOR_SCHEDULE):
+        log.info("schedule %s: removed, the aggregator runs in its leader", AGGREGATOR_SCHEDULE)
+    waiting = [j.id for j in await boss.jobs(AGGREGATOR_QUEUE) if j.state in ("created", "retry")]
+    if waiting:
+        await boss.cancel(waiting, by="shoal: the aggregator runs in its leader")
 
 
 def _on_complete(batches: Batches, kind: BatchKind) -> Handler:

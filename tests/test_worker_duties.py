@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 from shoal import Shoal
+from shoal.batch.aggregator import AGGREGATOR_DUTY
+from shoal.db.leadership import leaders
+from shoal.queue.maintenance import MAINTENANCE_DUTY
 
 from . import dutyapp
 from .conftest import wait_for
@@ -45,6 +48,12 @@ async def served_by(client: Shoal, pid: int) -> set[str]:
     return set(found[0][0]) if found else set()
 
 
+async def leader_pid(client: Shoal, duty: str) -> int | None:
+    """The pid of the worker process that leads ``duty`` (None: nobody does)."""
+    (holder,) = await leaders(client.db, [duty])
+    return None if holder.process is None else int(holder.process.rsplit(":", 1)[1])
+
+
 async def test_each_process_runs_only_the_queues_and_kinds_it_was_given(
     observer: Shoal, workers: WorkerProcesses
 ) -> None:
@@ -66,6 +75,14 @@ async def test_each_process_runs_only_the_queues_and_kinds_it_was_given(
     # No process serves the heavy queue yet: its job waits.
     assert (await observer.get_job(heavy)).state == "created"
 
+    # The first process leads the duties it took; the aggregator, which it did
+    # not take, nobody leads.
+    async def first_maintains() -> bool:
+        return await leader_pid(observer, MAINTENANCE_DUTY) == first.pid
+
+    await wait_for(first_maintains, timeout_s=START_TIMEOUT_S)
+    assert await leader_pid(observer, AGGREGATOR_DUTY) is None
+
     second = workers.start(args=["--exclude-queues", "duty_light,duty.items"])
 
     async def heavy_done() -> bool:
@@ -77,10 +94,16 @@ async def test_each_process_runs_only_the_queues_and_kinds_it_was_given(
 
     async def second_registered() -> bool:
         served = await served_by(observer, second.pid)
-        return {"duty_heavy", "duty_block", "shoal.batch.aggregate"} <= served
+        return {"duty_heavy", "duty_block"} <= served
 
     await wait_for(second_registered, timeout_s=START_TIMEOUT_S)
     assert not await served_by(observer, second.pid) & {"duty_light", "batch.duty.items"}
+
+    async def second_aggregates() -> bool:
+        return await leader_pid(observer, AGGREGATOR_DUTY) == second.pid
+
+    await wait_for(second_aggregates, timeout_s=START_TIMEOUT_S)
+    assert await leader_pid(observer, MAINTENANCE_DUTY) == first.pid
 
 
 def test_a_name_the_app_does_not_declare_is_refused_before_anything_starts(db_url: str) -> None:

@@ -1,7 +1,7 @@
 """A worker's routine ticks log at DEBUG; INFO is kept for what an operator wants to see.
 
 One worker's log was 275 lines of "schedule shoal.batch.aggregate: enqueued
-tick" out of 278: the batch aggregator's schedule ticks every second and each
+tick" out of 278: the batch aggregator's schedule ticked every second and each
 tick was an INFO line. Ticks, maintenance and aggregator passes with nothing to
 report now log nothing at INFO; creating a schedule (once per start) does.
 """
@@ -14,18 +14,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shoal import App, FakeClock, Shoal
-from shoal.batch.aggregator import (
-    AGGREGATOR_CRON,
-    AGGREGATOR_JOB_OPTIONS,
-    AGGREGATOR_QUEUE,
-    AGGREGATOR_SCHEDULE,
-)
 from shoal.batch.item import Item
 from shoal.db.pool import AsyncConn
 from shoal.ingest.guard import newer_than_applied
 from tests.ingest_helpers import create_schema
 
 TICKS = 5
+# An every-second schedule, as the batch aggregator's was.
+SCHEDULE, CRON, QUEUE = "logs.every_second", "* * * * * *", "logs.tick"
 
 
 def info_records(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -46,13 +42,9 @@ async def test_ticks_of_a_every_second_schedule_log_nothing_at_info(
         pass
 
     caplog.set_level(logging.DEBUG, logger="shoal")
-    # As App.run declares the aggregator's schedule on every start.
-    await fake_boss.schedule(
-        AGGREGATOR_SCHEDULE, AGGREGATOR_CRON, queue=AGGREGATOR_QUEUE, **AGGREGATOR_JOB_OPTIONS
-    )
+    await fake_boss.schedule(SCHEDULE, CRON, queue=QUEUE)
     assert info_records(caplog) == [
-        f"shoal.cron: schedule {AGGREGATOR_SCHEDULE}: {AGGREGATOR_CRON!r} (UTC) sends to "
-        f"{AGGREGATOR_QUEUE}"
+        f"shoal.cron: schedule {SCHEDULE}: {CRON!r} (UTC) sends to {QUEUE}"
     ]
     caplog.clear()
 

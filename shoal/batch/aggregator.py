@@ -1,4 +1,4 @@
-"""The aggregator: one component, two duties, run as a cluster-wide singleton.
+"""The aggregator: one component, two duties, run by one process of the cluster.
 
 Each pass, in its own short transactions:
 
@@ -13,13 +13,22 @@ Each pass, in its own short transactions:
    transaction, so the hook runs exactly once per close even when two
    aggregators race.
 
-It runs as the job of a 1-second cron schedule with a singleton key, so one
-pass runs at a time across all processes; the statements are safe to race
-anyway (row locks with SKIP LOCKED, guarded updates).
+``shoal worker`` runs :meth:`Aggregator.run` in the leader of
+:data:`AGGREGATOR_DUTY` (shoal.db.leadership): a pass every second, and one at
+once when a worker finishes a task's last items (:meth:`Aggregator.wake`
+notifies, the leader's listener hears it). The statements are safe to race
+anyway (row locks with SKIP LOCKED, guarded updates), for the moments when a
+deposed leader has not yet noticed.
+
+Before the elector, the passes were the jobs of a 1-second cron schedule
+with a singleton key (:data:`AGGREGATOR_SCHEDULE`): 86,400 jobs a day
+through the job table, the archive and the console's charts. ``shoal
+worker`` removes that schedule where an earlier release left it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,23 +39,23 @@ from shoal.batch.states import ItemStatus
 from shoal.batch.store import BatchStore, ClosedTask, Dispatch
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
+from shoal.errors import TransientError
 from shoal.queue.client import Shoal
 
 log = logging.getLogger("shoal.aggregator")
 
+# The duty whose leader runs the aggregator (shoal.db.leadership).
+AGGREGATOR_DUTY = "batch.aggregator"
+# A pass this often. Workers also wake it the moment they finish a task's
+# last items, so completion is noticed at once; the interval bounds how late
+# a deadline, a zombie or a close is noticed when no wake-up comes (a worker
+# without LISTEN, a lost notification).
+AGGREGATOR_INTERVAL = timedelta(seconds=1)
+# The wake-up: a notification on the jobs channel naming this (no job is
+# sent: the name is that of the queue the aggregator's jobs had).
 AGGREGATOR_QUEUE = "shoal.batch.aggregate"
+# The cron schedule that ran the passes as jobs, removed at start.
 AGGREGATOR_SCHEDULE = "shoal.batch.aggregate"
-# Every second. Workers also wake it the
-# moment they finish a task's last items, so completion is noticed at once.
-AGGREGATOR_CRON = "* * * * * *"
-# One pass at a time across the cluster: a tick (or wake-up) that finds the
-# previous pass unfinished is dropped. A pass takes milliseconds; one whose
-# process died loses its lease after expire_in (maintenance looks every 5 s).
-AGGREGATOR_JOB_OPTIONS: dict[str, Any] = {
-    "singleton_key": "aggregate",
-    "retry_limit": 0,
-    "expire_in": 5,
-}
 ZOMBIES_REAPED = "zombies_reaped"
 # Rows handled per statement, so one pass never holds many locks for long.
 BATCH_LIMIT = 1000
@@ -102,8 +111,8 @@ class Aggregator:
         self.clock = clock
 
     async def wake(self, conn: AsyncConn) -> None:
-        """Enqueue a pass now (in ``conn``'s transaction); a no-op while one is pending."""
-        await self.boss.insert([{"queue": AGGREGATOR_QUEUE, **AGGREGATOR_JOB_OPTIONS}], conn=conn)
+        """Ask the leading aggregator for a pass now (when ``conn``'s transaction commits)."""
+        await self.boss.store.notify(conn, [AGGREGATOR_QUEUE])
 
     async def _dispatch(self, conn: AsyncConn, items: Sequence[Dispatch]) -> int:
         pending = [d for d in items if d.status is ItemStatus.PENDING]
@@ -184,3 +193,32 @@ class Aggregator:
         if self.boss.hooks:
             self.boss.hooks.emit("aggregator_pass", report=report)
         return report
+
+    async def run(self) -> None:
+        """A pass every :data:`AGGREGATOR_INTERVAL`, and at each wake-up, until cancelled."""
+        notifier = self.boss.notifier
+        woken = asyncio.Event()
+        if notifier is not None:
+            notifier.start()
+            woken = notifier.subscribe(AGGREGATOR_QUEUE)
+        try:
+            while True:
+                woken.clear()  # a wake-up during the pass asks for the next one
+                try:
+                    await self.run_once()
+                except TransientError as exc:
+                    log.warning("aggregator pass failed: %s", exc)
+                except Exception:  # loop boundary: the aggregator must keep running
+                    log.exception("aggregator pass failed")
+                waits = [
+                    asyncio.ensure_future(self.clock.sleep(AGGREGATOR_INTERVAL.total_seconds())),
+                    asyncio.ensure_future(woken.wait()),
+                ]
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in waits:
+                        waiter.cancel()
+        finally:
+            if notifier is not None:
+                notifier.unsubscribe(AGGREGATOR_QUEUE, woken)
