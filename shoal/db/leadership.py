@@ -295,6 +295,10 @@ class Elector:
         # session the server still keeps after the elector lost it (a network
         # cut) may still hold a duty, and is ended as soon as it is seen.
         self._lost_sessions: list[int] = []
+        # The server's pid of the current connection's session, and whether
+        # it changed under the connection (a pooler in transaction mode).
+        self._session: int | None = None
+        self._pooled = False
         self._task: asyncio.Task[None] | None = None
         # Set by close() while it ends the loop: the terms end by choice.
         self._closing = False
@@ -382,11 +386,10 @@ class Elector:
         while True:
             try:
                 conn = await self.db.connect(application_name=self.name)
-                pid = conn.info.backend_pid
                 try:
                     await self._serve(conn)
                 finally:
-                    await self._hang_up(conn, pid)
+                    await self._hang_up(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # loop boundary: leadership outlives a lost connection
@@ -398,6 +401,8 @@ class Elector:
         with abandon_after(conn, ROUND_DEADLINE.total_seconds()):
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             await conn.execute(_KEEPALIVES)
+            self._session = await self._server_pid(conn)
+        self._pooled = False
         self._conn = conn
         self._seen.clear()
         while True:
@@ -405,10 +410,12 @@ class Elector:
             self.connected.set()
             await self._wait(conn)
 
-    async def _hang_up(self, conn: AsyncConn, pid: int) -> None:
+    async def _hang_up(self, conn: AsyncConn) -> None:
         """The connection is going: every term ends now; followers are told."""
         self._conn = None
-        self._lost_sessions = [*self._lost_sessions, pid][-MAX_LOST_SESSIONS:]
+        if self._session is not None:
+            self._lost_sessions = [*self._lost_sessions, self._session][-MAX_LOST_SESSIONS:]
+            self._session = None
         self.connected.clear()
         held = sorted(d for d, ship in self._duties.items() if ship.is_leader) + sorted(
             self._released
@@ -419,7 +426,7 @@ class Elector:
             log.debug("resigned %s (%s): closing", ", ".join(held), self.identity)
         elif held:
             log.warning("gave up leading %s: the elector's connection closed", ", ".join(held))
-        if held and not conn.broken:
+        if held and not conn.broken and not self._pooled:
             # Best effort: the lock goes with the session anyway; the note lets
             # the followers take over now rather than at their next try.
             with contextlib.suppress(Exception), abandon_after(conn, 2.0):
@@ -457,7 +464,7 @@ class Elector:
         """Wake a round when a leader resigns a duty this process wants. Raises when
         the connection fails, which is how a leader learns at once that it lost."""
         async for note in conn.notifies():
-            if note.payload in self._wanted and note.pid != conn.info.backend_pid:
+            if note.payload in self._wanted and note.pid != self._session:
                 self._wake.set()
 
     async def run_once(self) -> Round:
@@ -471,6 +478,10 @@ class Elector:
         elected: list[str] = []
         deposed: list[Holder] = []
         with abandon_after(conn, ROUND_DEADLINE.total_seconds()):
+            if not self._pooled and await self._server_pid(conn) != self._session:
+                self._go_pooled()
+            if self._pooled:
+                return self._lockless_round()
             released = sorted(self._released)
             if released:
                 await conn.execute(_RELEASE, self._release_params(released))
@@ -487,10 +498,9 @@ class Elector:
                 # Every round runs this, so it is also the leader's renewal.
                 cur = await conn.execute(_HOLDERS, _params(schema, wanted))
                 holders = [Holder(*row) for row in await cur.fetchall()]
-            me = conn.info.backend_pid
             for holder in holders:
                 leadership = self._duties[holder.duty]
-                if holder.pid == me:
+                if holder.pid == self._session:
                     self._seen.pop(holder.duty, None)
                     continue
                 if leadership.is_leader and holder.duty not in elected:
@@ -520,6 +530,36 @@ class Elector:
         self.rounds += 1
         leading = tuple(sorted(d for d, ship in self._duties.items() if ship.is_leader))
         return Round(leading, tuple(sorted(set(elected))), tuple(deposed))
+
+    @staticmethod
+    async def _server_pid(conn: AsyncConn) -> int:
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _go_pooled(self) -> None:
+        """The connection's server session changed under it: a pooler in transaction
+        mode (PgBouncer) sits between, where a session lock cannot be held."""
+        self._pooled = True
+        log.error(
+            "the elector's connection goes through a pooler in transaction mode: its server "
+            "session changed between two statements. Leadership cannot be held there, so "
+            "this process runs every duty it takes (%s), as every other such process does; "
+            "the duties are safe to race, only costlier. Connect shoal worker to PostgreSQL "
+            "directly (docs/deploying.md, PgBouncer in transaction mode)",
+            ", ".join(sorted(self._wanted)) or "none yet",
+        )
+
+    def _lockless_round(self) -> Round:
+        """A round behind a transaction pooler: every duty wanted is led, none is locked."""
+        self._released.clear()
+        elected = sorted(d for d in self._wanted if not self._duties[d].is_leader)
+        for duty in elected:
+            self._duties[duty]._begin()
+        self.rounds += 1
+        leading = tuple(sorted(d for d, ship in self._duties.items() if ship.is_leader))
+        return Round(leading, tuple(elected), ())
 
     def _stalled(self, holder: Holder) -> bool:
         """Whether ``holder`` is an elector whose renewals stopped ``depose_after`` ago, or
