@@ -44,6 +44,7 @@ from shoal.errors import InvalidInput, ShoalError
 from shoal.ingest.consumer import DEFAULT_CONCURRENCY as DEFAULT_CONSUMER_CONCURRENCY
 from shoal.ingest.consumer import Apply, WriteBatch
 from shoal.ingest.message import Topic
+from shoal.ingest.monitor import MONITOR_DUTY
 from shoal.ingest.pipeline import Pipeline
 from shoal.ingest.postgres import QUEUE_PREFIX as TOPIC_QUEUE_PREFIX
 from shoal.ingest.postgres import PostgresTransport
@@ -74,6 +75,11 @@ from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Work
 from shoal.tracing import traced_apply
 
 log = logging.getLogger("shoal.app")
+
+# Every duty a worker process may lead (shoal.db.leadership), as ``shoal
+# status`` lists them: its App's maintenance, cron, history sampler,
+# aggregator (when it declares batch kinds) and backlog monitor (topics).
+DUTIES = (CRON_DUTY, MAINTENANCE_DUTY, HISTORY_DUTY, AGGREGATOR_DUTY, MONITOR_DUTY)
 
 
 StartHook = Callable[[Shoal], Awaitable[None]]

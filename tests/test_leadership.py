@@ -247,3 +247,20 @@ def test_bad_settings_are_refused_with_their_names(db_url: str) -> None:
         Elector(db, retry=timedelta(0))
     with pytest.raises(InvalidInput, match="duty"):
         Elector(db).contend("Has Spaces")
+
+
+async def test_shoal_status_names_the_process_that_leads_each_duty(
+    make: Callable[..., Elector], db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shoal.cli import main
+    from shoal.queue.maintenance import MAINTENANCE_DUTY
+
+    await started(make("host-a:41"), MAINTENANCE_DUTY)
+    capsys.readouterr()
+    # main() runs its own event loop: in a thread of its own.
+    assert await asyncio.to_thread(main, ["--database-url", db_url, "status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (maintenance,) = [line for line in lines if MAINTENANCE_DUTY in line]
+    assert "host-a:41" in maintenance
+    (cron,) = [line for line in lines if "queue.cron" in line]
+    assert "nobody" in cron

@@ -19,11 +19,14 @@ from shoal.cli.common import connect_existing, console, ingest_transport
 from shoal.errors import InvalidInput
 
 if TYPE_CHECKING:
+    from shoal.db.leadership import Holder
     from shoal.ingest.store import TopicState
     from shoal.queue.rows import QueueStateCount
 
 
 async def cmd_status(args: argparse.Namespace, url: str) -> int:
+    from shoal.app import DUTIES
+    from shoal.db.leadership import leaders
     from shoal.ingest.store import IngestStore
 
     boss = await connect_existing(args, url)
@@ -32,9 +35,11 @@ async def cmd_status(args: argparse.Namespace, url: str) -> int:
             rows = await boss.stats()
             paused = set(await boss.paused_queues())
             topics = await IngestStore(boss.db).topic_states()
+            holders = await leaders(boss.db, DUTIES)
             if args.watch:
                 Console().clear()
             print_status(args, rows, paused, topics)
+            print_leaders(holders)
             if not args.watch:
                 return 0
             await asyncio.sleep(args.watch)  # until Ctrl-C
@@ -75,6 +80,21 @@ def print_status(
     Console(width=max(120, Console().width)).print(table)
     if topics:
         print_topics(topics)
+
+
+def print_leaders(holders: list[Holder]) -> None:
+    """Who leads each of the cluster's duties: a process (``host:pid``), or nobody."""
+    table = Table(title="duties (each run by the process that leads it)")
+    for column in ("duty", "leader", "connected since"):
+        table.add_column(column)
+    for h in holders:
+        if h.pid is None:
+            leader = "nobody"
+        else:  # an elector's process, or another session holding the lock (an old monitor)
+            leader = escape(h.process or f"{h.application_name} (backend {h.pid})")
+        since = "" if h.connected_at is None else h.connected_at.isoformat(timespec="seconds")
+        table.add_row(h.duty, leader, since)
+    Console(width=max(120, Console().width)).print(table)
 
 
 def print_topics(topics: list[TopicState]) -> None:
