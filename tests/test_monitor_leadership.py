@@ -1,9 +1,10 @@
 """Monitor leadership: of two backlog monitors on one database, only the leader samples
 and alerts; when the leader goes, the other takes over.
 
-Leadership is a session advisory lock on the monitor's own connection, so it is
-per connection, not per process: two monitors with separate pools in one process
-contend exactly as two processes do (and this keeps the test fast).
+Leadership is a session advisory lock on the connection of each monitor's own
+elector (shoal.db.leadership), so it is per connection, not per process: two
+monitors with separate pools in one process contend exactly as two processes
+do (and this keeps the test fast).
 """
 
 from __future__ import annotations

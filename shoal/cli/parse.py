@@ -286,7 +286,8 @@ def parser() -> argparse.ArgumentParser:
         worker.add_argument(
             f"--no-{duty}",
             action="store_true",
-            help=f"leave {what} to other processes (default: every process takes a share)",
+            help=f"leave {what} to other processes (default: every process contends for it, "
+            "and the one that leads it runs it)",
         )
     worker.add_argument(
         "--grace",
@@ -385,7 +386,7 @@ def parser() -> argparse.ArgumentParser:
         help="refuse every request that would change something (403): a console to look, "
         "not to touch",
     )
-    status = command("status", "queue depths as a table")
+    status = command("status", "queue depths, and who leads each duty, as tables")
     status.add_argument(
         "--watch",
         type=positive_seconds,

@@ -3,7 +3,7 @@
     shoal migrate                     create or upgrade the schema
     shoal worker --app module:attr    run an App's handlers, schedules and maintenance
     shoal api --app module:attr       serve the HTTP API and dashboard for an App's batch kinds
-    shoal status                      queue depths as a table
+    shoal status                      queue depths, and who leads each duty
     shoal queue pause|resume NAME     stop or restart claiming from a queue, everywhere
     shoal queue redrive DLQ           send dead-lettered jobs back to their queues
     shoal jobs [--queue Q] [--state S] list jobs, failed first; shoal job ID shows one
