@@ -150,6 +150,23 @@ async def test_a_resigning_leader_hands_over_at_once(
     await event(leader.leadership(DUTY).elected)  # type: ignore[union-attr]
 
 
+async def test_a_duty_given_up_and_taken_again_at_once_can_still_be_given_up(
+    make: Callable[..., Elector], clock: FakeClock
+) -> None:
+    leader, follower = make("host-a:1"), make("host-b:2")
+    await started(leader)
+    await started(follower)
+    rounds = leader.rounds
+    # Given up and asked for again before a round unlocked it: the lock counts
+    # each acquisition, so taking it again first would leave one behind.
+    leader.withdraw(DUTY)
+    leader.contend(DUTY)
+    await next_round(leader, rounds)
+    leader.withdraw(DUTY)
+    await event(follower.leadership(DUTY).elected)  # type: ignore[union-attr]
+    assert not is_leader(leader)
+
+
 async def test_a_stalled_leader_is_deposed_after_depose_after_and_not_before(
     make: Callable[..., Elector], clock: FakeClock, db_url: str
 ) -> None:

@@ -311,7 +311,8 @@ class Elector:
         if leadership is None:
             leadership = self._duties[duty] = Leadership(duty)
         self._wanted.add(duty)
-        self._released.discard(duty)
+        # A duty given up but not yet unlocked stays to be unlocked first: the
+        # lock counts each acquisition, and a second would outlive the unlock.
         self._wake.set()
         return leadership
 
