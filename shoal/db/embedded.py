@@ -16,6 +16,7 @@ import fcntl
 import importlib.util
 import os
 import pwd
+import random
 import signal
 import socket
 import stat
@@ -60,9 +61,41 @@ def _bin_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
+# Ports below the kernel's range for outgoing connections: a port the kernel
+# hands out for bind(0) is one it may give the next outgoing connection (to
+# PostgreSQL, say) before the server that was to listen on it starts.
+_LISTEN_PORTS = (20000, 32767)
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _listen_port_range() -> tuple[int, int]:
+    """Ports no outgoing connection takes: below the kernel's ephemeral range, where known."""
+    low, high = _LISTEN_PORTS
+    try:
+        first = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return low, high
+    if first > 2048:
+        return min(low, first // 2), first - 1
+    return low, high
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Chosen at random below the range of ports outgoing connections take, so
+    no connection made meanwhile takes it before its server binds it.
+    """
+    low, high = _listen_port_range()
+    for _ in range(100):
+        port = random.randint(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: any port the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
