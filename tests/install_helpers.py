@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).parent.parent
 # What the distribution is built from: pyproject.toml names the package and
 # the readme; nothing else of the checkout goes in.
-BUILD_INPUTS = ("pyproject.toml", "README.md")
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE")
 PACKAGE = "shoal"
 # The test extra installs them (make .venv/.installed).
 RELEASE_TOOLS = ("build", "twine", "uv")

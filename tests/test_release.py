@@ -88,6 +88,8 @@ def test_the_wheel_holds_every_file_of_the_package_and_nothing_else(release: Rel
     } <= packaged
     version = project_version()
     assert f"shoal-{version}.dist-info/METADATA" in names
+    # The licence's text travels with the wheel (PEP 639's license-files).
+    assert f"shoal-{version}.dist-info/licenses/LICENSE" in names
     metadata = {name for name in names if name.startswith(f"shoal-{version}.dist-info/")}
     assert set(names) - packaged - metadata == set()
 
@@ -97,7 +99,7 @@ def test_the_sdist_holds_what_building_the_wheel_again_needs(release: Release) -
     with tarfile.open(release.sdist) as sdist:
         names = {member.name for member in sdist.getmembers() if member.isfile()}
     expected = {f"{top}/{name}" for name in package_files(release.source)}
-    expected |= {f"{top}/pyproject.toml", f"{top}/README.md", f"{top}/PKG-INFO"}
+    expected |= {f"{top}/pyproject.toml", f"{top}/README.md", f"{top}/PKG-INFO", f"{top}/LICENSE"}
     assert sorted(expected - names) == []
 
 
