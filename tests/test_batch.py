@@ -12,9 +12,9 @@ import pytest
 
 from shoal import Conflict, FakeClock, InvalidInput, NotFound, PermanentError, Shoal
 from shoal.batch.item import Item
+from shoal.batch.rows import GuardedItem
 from shoal.batch.service import Batches, IdempotencyMismatch
 from shoal.batch.states import ItemStatus, TaskOutcome, TaskStatus
-from shoal.batch.store import GuardedItem
 from shoal.hooks import Event
 from shoal.testing import Probe
 

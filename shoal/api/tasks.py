@@ -29,9 +29,9 @@ from shoal.api.contract import (
 from shoal.api.errors import ErrorBody
 from shoal.api.storable import check_storable
 from shoal.batch.inputs import MAX_KEY_LENGTH, MAX_REF_LENGTH
+from shoal.batch.rows import ItemRow
 from shoal.batch.service import Batches
 from shoal.batch.states import TaskStatus
-from shoal.batch.store import ItemRow
 from shoal.errors import InvalidInput, NotFound
 
 DEFAULT_LIST_LIMIT = 50

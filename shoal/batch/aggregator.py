@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from shoal.batch.rows import ClosedTask, Dispatch
 from shoal.batch.states import ItemStatus
-from shoal.batch.store import BatchStore, ClosedTask, Dispatch
+from shoal.batch.store import BatchStore
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError

@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shoal._deprecation import warn_renamed
+from shoal.batch.rows import GuardedItem
 from shoal.batch.states import ItemId, TaskId
-from shoal.batch.store import GuardedItem
 from shoal.errors import JobCancelled
 from shoal.queue.job import Job
 

@@ -63,8 +63,9 @@ from typing import Any, NamedTuple
 
 from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
+from shoal.batch.rows import Dispatch, GuardedItem
 from shoal.batch.states import ItemId, ItemStatus, TaskId
-from shoal.batch.store import BatchStore, Dispatch, GuardedItem
+from shoal.batch.store import BatchStore
 from shoal.clock import Clock, work_seconds
 from shoal.db.coalesce import Coalescer
 from shoal.db.leadership import this_process

@@ -34,8 +34,8 @@ from shoal.batch.inputs import (
     request_hash,
 )
 from shoal.batch.kinds import KindSettings
+from shoal.batch.rows import NewTask, TaskRow
 from shoal.batch.states import TaskId, TaskStatus
-from shoal.batch.store import NewTask, TaskRow
 from shoal.batch.views import Created
 from shoal.errors import (
     Conflict,

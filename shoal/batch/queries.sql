@@ -1,4 +1,4 @@
--- SQL of the batch layer. Run only by shoal/batch/store.py.
+-- SQL of the batch layer. Run only by shoal/batch/store.py and sync_store.py.
 -- Every time-dependent statement takes %(now)s; NULL means the database clock.
 
 -- name: insert_task

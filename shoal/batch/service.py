@@ -39,8 +39,9 @@ from shoal.batch.plans import (
     still_creating,
     task_id_of,
 )
+from shoal.batch.rows import ItemKeys, ItemRow, TaskRow
 from shoal.batch.states import ItemId, ItemStatus, TaskOutcome, TaskStatus
-from shoal.batch.store import BatchStore, ItemKeys, ItemRow, TaskRow
+from shoal.batch.store import BatchStore
 from shoal.batch.views import Created, ItemsPage, Progress, TaskView, task_view
 from shoal.db.pool import AsyncConn, statement_timeout_for
 from shoal.errors import (

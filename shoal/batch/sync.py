@@ -36,8 +36,9 @@ from shoal.batch.plans import (
     still_creating,
     task_id_of,
 )
+from shoal.batch.rows import ItemKeys, TaskRow
 from shoal.batch.states import TaskOutcome
-from shoal.batch.store import ItemKeys, SyncBatchStore, TaskRow
+from shoal.batch.sync_store import SyncBatchStore
 from shoal.batch.views import Created, TaskView, task_view
 from shoal.db.pool import statement_timeout_for
 from shoal.db.sync import SyncConn, SyncCursor

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from shoal.batch.rows import ItemRow, TaskRow
 from shoal.batch.states import ItemStatus, TaskId, TaskOutcome, TaskStatus
-from shoal.batch.store import ItemRow, TaskRow
 
 
 @dataclass(frozen=True, slots=True)

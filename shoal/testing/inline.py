@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
+from shoal.batch.rows import GuardedItem
 from shoal.batch.states import ItemId, TaskId
-from shoal.batch.store import GuardedItem
 from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.errors import InvalidInput
 from shoal.queue.client import Shoal
