@@ -549,7 +549,7 @@ class App:
                     with contextlib.suppress(asyncio.CancelledError):
                         await loop
             jobs = sum(w.stats.handed_back for w in running)
-            items = sum(k.runner.handed_back for k in kind_workers)
+            items = sum(k.runner.recorder.handed_back for k in kind_workers)
             log.info(
                 "stopped: handed back %d job(s) and %d batch item(s), no attempt spent",
                 jobs,

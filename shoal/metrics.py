@@ -78,7 +78,7 @@ WAIT_BUCKETS = RUN_BUCKETS
 
 # A batch item's job reports its item's outcome: an item in error is a failed
 # job, and a delivery that ran nothing (phantom, cancelled, superseded) is
-# ``skipped`` (shoal.batch.item_runner.job_outcome).
+# ``skipped`` (shoal.batch.recorder.job_outcome).
 JOB_OUTCOMES = (
     "completed",
     "failed",

@@ -66,7 +66,7 @@ async def run_items(boss: Shoal, batches: Batches) -> None:
         jitter=boss.jitter,
         notifier=None,
         claim=runner.claim,
-        finalize=runner.finalize,
+        finalize=runner.recorder.finalize,
         store_output=False,
     )
     while await worker.run_inline():

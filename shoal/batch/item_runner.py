@@ -7,7 +7,8 @@ skip, unless its item was cancelled (its task was stopped before the item
 ran): that delivery was expected, and counts as a cancelled skip.
 It runs for a whole claimed batch in the statement that claims its jobs
 (``claim``). The worker writes only its own item row, never the task row. Each
-outcome is written fenced by the attempt the guard handed out:
+outcome is written, by the runner's recorder (:mod:`shoal.batch.recorder`),
+fenced by the attempt the guard handed out:
 
 - the handler returns: ``completed`` with its result, written by ``finalize``
   for a whole batch of finished items in the statement that completes their
@@ -57,24 +58,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
-from shoal.batch.rows import Dispatch, GuardedItem
-from shoal.batch.states import ItemId, ItemStatus, TaskId
+from shoal.batch.recorder import NO_DELAY, SKIPPED, ItemDone, ItemRecorder, Send, Wake
+from shoal.batch.rows import GuardedItem
+from shoal.batch.states import ItemId, ItemStatus
 from shoal.batch.store import BatchStore
 from shoal.clock import Clock, work_seconds
 from shoal.db.coalesce import Coalescer
-from shoal.db.leadership import this_process
-from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.hooks import Hooks
 from shoal.queue.completer import backoff_s
 from shoal.queue.cursor import ClaimCursor, ItemPosition, item_order
-from shoal.queue.job import Completed, Job, Outcome, error_entry
+from shoal.queue.job import Job
 from shoal.queue.notifier import CancelNote
 from shoal.queue.results import callable_name, encode_result, returned_by
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, retry_delay
@@ -86,15 +86,6 @@ log = logging.getLogger("shoal.batch")
 
 PHANTOM_SKIPS = "phantom_skips"
 CANCELLED_SKIPS = "cancelled_skips"
-# Attempts to record an outcome before giving up on it (the sweep recovers).
-FINAL_WRITE_TRIES = 5
-NO_DELAY = timedelta(0)
-# History notes of items handed back at shutdown, naming the process
-# (``{process}``: shoal.db.leadership.this_process()).
-HANDED_BACK = "handed back at shutdown of worker process {process} before it ran"
-INTERRUPTED = (
-    "stopped by the shutdown of worker process {process}; handed back without spending an attempt"
-)
 SUPERSEDED_SKIPS = "superseded_skips"
 # A handler is marked as running once it has run this long. Shorter runs are
 # never marked (the many marks of fast items would cost a write each); the
@@ -114,55 +105,12 @@ class Held(NamedTuple):
     at: float
 
 
-class ItemDone(NamedTuple):
-    """A finished run's result, carried to ``finalize`` as the job's outcome."""
-
-    item_id: ItemId
-    fence: int
-    task_id: TaskId
-    result: str | None  # as JSON text (shoal.queue.results.encode_result)
-
-
-# What an item job's run returns when it ends without a result to record:
-# ``{"item": "error" | "retry"}``, or ``{SKIPPED: why}`` when it ran nothing.
-SKIPPED = "skipped"
-
-
-def job_outcome(outcome: Outcome, recorded: Collection[ItemId]) -> str:
-    """The outcome an item job reports (``job_finished``): its item's, in a job's words.
-
-    Every item job completes, whatever its item's run did; what it reports
-    follows the item: ``completed`` (its result recorded), ``lost`` (its
-    fence moved on first), ``failed`` (the item is in error), ``retried``
-    (back to pending for another run), ``skipped`` (a phantom, cancelled or
-    superseded delivery that ran nothing). So an alert on failed jobs sees
-    failed items.
-    """
-    output = outcome.output if isinstance(outcome, Completed) else None
-    if isinstance(output, ItemDone):
-        return "completed" if output.item_id in recorded else "lost"
-    if isinstance(output, dict):
-        if output.get("item") == "error":
-            return "failed"
-        if output.get("item") == "retry":
-            return "retried"
-        if SKIPPED in output:
-            return SKIPPED
-    return "completed"
-
-
 # Marks a job missing from ItemRunner._prepared.
 _UNCLAIMED: Any = object()
 
-# Enqueues an aggregator pass in the given transaction.
-Wake = Callable[[AsyncConn], Awaitable[None]]
-# Sends pending items a new job each, due after a delay, in the given
-# transaction (dispatch_items); returns how many were sent.
-Send = Callable[[AsyncConn, Sequence[Dispatch], timedelta], Awaitable[int]]
-
 
 class ItemRunner:
-    """The queue handler of one kind's item jobs (with ``claim`` and ``finalize``)."""
+    """The queue handler of one kind's item jobs (with ``claim``; its ``recorder`` finalizes)."""
 
     def __init__(
         self,
@@ -178,9 +126,7 @@ class ItemRunner:
         self.store = store
         self.kind = kind
         self.clock = clock
-        self.send = send
         self.jitter = jitter
-        self.wake = wake
         # Items held by this process (claimed, buffered or running), by id,
         # with their fence and when it was last confirmed. Written by claims,
         # runs and the heartbeat loop (which drops what its answer no longer
@@ -208,15 +154,23 @@ class ItemRunner:
         # Where the next claim of the kind's item jobs starts (claim() only;
         # the worker's idle wait reads when a claim from the head is owed).
         self.cursor: ClaimCursor[ItemPosition] = ClaimCursor(item_order)
-        # Observers of item outcomes (item_finished; shoal.metrics counts them).
-        self.hooks = hooks if hooks is not None else Hooks()
+        # Writes the outcomes of runs (shoal.batch.recorder); its hooks are
+        # the observers of item outcomes (item_finished).
+        self.recorder = ItemRecorder(
+            store,
+            kind,
+            clock=clock,
+            send=send,
+            forget=self._forget,
+            wake=wake,
+            hooks=hooks,
+        )
+        self.hooks = self.recorder.hooks
         # The guard and the completion of concurrent items share round trips.
         self._guard: Coalescer[ItemId, GuardedItem | None] = Coalescer(
             self._guard_many, name=f"shoal-guard:{kind.name}"
         )
         self.superseded_skips = 0
-        # Items handed back at shutdown (unstarted, or stopped mid-run).
-        self.handed_back = 0
         # Prefixes the error of a run whose result cannot be stored.
         self._returned_by = returned_by(callable_name(kind.handler), f"batch kind {kind.name!r}")
 
@@ -257,35 +211,15 @@ class ItemRunner:
             self._held.pop(item_id, None)
         if not unstarted:
             return 0
-
-        async def release(conn: AsyncConn) -> int:
-            back = await self.store.hand_back_items(
-                conn,
-                unstarted,
-                message=HANDED_BACK.format(process=this_process()),
-                now=self.clock.sql_now(),
-            )
-            if back:
-                await self.send(conn, back, NO_DELAY)
-            return len(back)
-
-        handed = await self.store.db.run(release)
-        self.handed_back += handed
-        return handed
+        return await self.recorder.hand_back_unstarted(unstarted)
 
     async def close(self) -> None:
         """Stop the guard's flusher task (a stopped worker's; the next guard starts another)."""
         await self._guard.close()
 
-    def _dispatch(self, item_id: ItemId, fence: int, partition_key: str | None) -> Dispatch:
-        return Dispatch(
-            item_id,
-            fence,
-            ItemStatus.PENDING,
-            self.kind.queue,
-            self.kind.job_options,
-            partition_key,
-        )
+    def _forget(self, item_id: ItemId) -> None:
+        """Hold ``item_id`` no longer (its result is written, or lost its fence)."""
+        self._held.pop(item_id, None)
 
     async def _guard_many(self, ids: Sequence[ItemId]) -> list[GuardedItem | None]:
         passed = await self.store.guard_items(ids, now=self.clock.sql_now())
@@ -349,48 +283,6 @@ class ItemRunner:
             self._heard(asked, still, sent)
             return guarded.id in still
 
-    async def finalize(
-        self, conn: AsyncConn, batch: Sequence[tuple[ClaimedJob, Outcome]]
-    ) -> dict[JobId, str]:
-        """Record finished items' results, for a whole batch, and complete their jobs.
-
-        One fenced statement; a task it leaves with nothing pending or running
-        wakes the aggregator. Jobs ``claim`` took are gone already (deleted); any
-        other (a job this runner did not claim) is completed in the same
-        statement. Returns the jobs complete, each with the outcome of its
-        item's run as a job outcome (:func:`job_outcome`).
-        """
-        done = [
-            outcome.output
-            for _, outcome in batch
-            if isinstance(outcome, Completed) and isinstance(outcome.output, ItemDone)
-        ]
-        leased = [(c.id, c.attempt) for c, _ in batch if c.lease_expires_at is not None]
-        recorded = await self.store.record_items(
-            conn, [(d.item_id, d.fence, d.result) for d in done], leased, now=self.clock.sql_now()
-        )
-        for d in done:
-            self._held.pop(d.item_id, None)
-            if self.hooks:
-                self._report(d.item_id, "completed" if d.item_id in recorded.items else "lost")
-            if d.item_id not in recorded.items:
-                log.warning(
-                    "item %s: a run lost its fence (reaped or cancelled meanwhile); "
-                    "its result was not recorded",
-                    d.item_id,
-                )
-        if recorded.finished_tasks and self.wake is not None:
-            await self.store.db.run(self.wake)
-        return {
-            claim.id: job_outcome(outcome, recorded.items)
-            for claim, outcome in batch
-            if claim.lease_expires_at is None or claim.id in recorded.jobs
-        }
-
-    async def _wake_if_finished(self, conn: AsyncConn, task_ids: set[TaskId]) -> None:
-        if self.wake is not None and await self.store.finished_tasks(conn, list(task_ids)):
-            await self.wake(conn)
-
     @property
     def heartbeat_interval(self) -> timedelta:
         return self.kind.zombie_timeout / 4
@@ -413,12 +305,12 @@ class ItemRunner:
             if counted == CANCELLED_SKIPS:
                 log.debug("item %s: cancelled, its delivery skipped (job %s)", item_id, job.id)
                 if self.hooks:
-                    self._report(item_id, "skipped_cancelled")
+                    self.recorder.report(item_id, "skipped_cancelled")
                 return {SKIPPED: "cancelled"}
             self.phantom_skips += 1
             log.info("item %s: phantom delivery skipped (job %s)", item_id, job.id)
             if self.hooks:
-                self._report(item_id, "phantom")
+                self.recorder.report(item_id, "phantom")
             return {SKIPPED: "phantom"}
         if not buffered:
             # Guarded just now, for this run: confirmed by the guard itself.
@@ -436,14 +328,14 @@ class ItemRunner:
             )
             await self.store.count_event(SUPERSEDED_SKIPS)
             if self.hooks:
-                self._report(guarded.id, "superseded")
+                self.recorder.report(guarded.id, "superseded")
             return {SKIPPED: "superseded"}
         item = Item(guarded, job, self._heartbeat)
         if guarded.run > guarded.max_attempts:
             error = RuntimeError(f"no attempts left ({guarded.max_attempts} allowed)")
-            await self._final(item, ItemStatus.ERROR, error)
+            await self.recorder.fail(item, ItemStatus.ERROR, error)
             if self.hooks:
-                self._report(item.id, "error")
+                self.recorder.report(item.id, "error")
             return {"item": "error"}
         # A job claim() took is gone already (a one-shot delivery): a run
         # that ends without a result sends its item a new job. Any other job
@@ -465,11 +357,11 @@ class ItemRunner:
                 return self._stopped(item)
             if is_shutdown(cancel):
                 # Our own shutdown stopped it: no attempt spent, no error.
-                await self._hand_back(item, resend=taken)
+                await self.recorder.hand_back(item, resend=taken)
                 outcome = "released"
             else:
                 # The execution timeout (expire_in) cut it off: a failed run.
-                await self._final(
+                await self.recorder.fail(
                     item,
                     ItemStatus.PENDING,
                     TimeoutError(f"run cut off by expire_in={self.kind.expire_in}"),
@@ -477,7 +369,7 @@ class ItemRunner:
                 )
                 outcome = "retried"
             if self.hooks:
-                self._report(item.id, outcome)
+                self.recorder.report(item.id, outcome)
             raise
         except Exception as exc:
             self._held.pop(guarded.id, None)
@@ -486,18 +378,18 @@ class ItemRunner:
                 return self._stopped(item)
             last = guarded.run >= guarded.max_attempts
             if self.kind.is_permanent(exc) or last:
-                await self._final(item, ItemStatus.ERROR, exc)
+                await self.recorder.fail(item, ItemStatus.ERROR, exc)
                 if self.hooks:
-                    self._report(item.id, "error")
+                    self.recorder.report(item.id, "error")
                 return {"item": "error"}
             if self.hooks:
-                self._report(item.id, "retried")
+                self.recorder.report(item.id, "retried")
             if taken:
                 # The backoff the queue would apply, counted in runs of the item.
                 delay = retry_delay(guarded.run, job.claim.policy, self.jitter)
-                await self._final(item, ItemStatus.PENDING, exc, resend=delay)
+                await self.recorder.fail(item, ItemStatus.PENDING, exc, resend=delay)
                 return {"item": "retry", "in_s": delay.total_seconds()}
-            await self._final(item, ItemStatus.PENDING, exc)
+            await self.recorder.fail(item, ItemStatus.PENDING, exc)
             raise
         finally:
             del self._in_handler[guarded.id]
@@ -514,7 +406,7 @@ class ItemRunner:
         """A run whose item was cancelled: nothing to write, the item is cancelled already."""
         log.info("item %s: its task was cancelled; its handler was stopped", item.id)
         if self.hooks:
-            self._report(item.id, "cancelled")
+            self.recorder.report(item.id, "cancelled")
         return {"item": "cancelled"}
 
     # -- cancels -----------------------------------------------------------
@@ -562,99 +454,6 @@ class ItemRunner:
         item.mark_cancelled()
         log.info("item %s: its task was cancelled; stopping its handler", item.id)
         stop_run(task)
-
-    def _report(self, item_id: ItemId, outcome: str) -> None:
-        self.hooks.emit(
-            "item_finished", self.kind.queue, kind=self.kind.name, item_id=item_id, outcome=outcome
-        )
-
-    async def _hand_back(self, item: Item, *, resend: bool) -> None:
-        """running -> pending for a run our shutdown stopped, costing no attempt.
-
-        With ``resend``, the item gets a new job due at once, in the same
-        transaction. Shielded from cancellation and retried when transient.
-        """
-
-        async def hand_back(conn: AsyncConn) -> bool:
-            back = await self.store.hand_back_items(
-                conn,
-                [(item.id, item.fence)],
-                message=INTERRUPTED.format(process=this_process()),
-                now=self.clock.sql_now(),
-            )
-            if back and resend:
-                await self.send(conn, back, NO_DELAY)
-            if not back:
-                log.warning(
-                    "item %s: run %d lost its fence before its hand-back", item.id, item.fence
-                )
-            return bool(back)
-
-        for attempt in range(FINAL_WRITE_TRIES):
-            try:
-                if await asyncio.shield(self.store.db.run(hand_back)):
-                    self.handed_back += 1
-                return
-            except TransientError as exc:
-                if attempt == FINAL_WRITE_TRIES - 1:
-                    raise
-                log.warning("item %s: handing back failed (%s); retrying", item.id, exc)
-                await self.clock.sleep(0.2 * 2**attempt)
-
-    async def _final(
-        self,
-        item: Item,
-        status: ItemStatus,
-        error: BaseException,
-        *,
-        resend: timedelta | None = None,
-    ) -> None:
-        """The fenced write of a failed run (error, or back to pending).
-
-        With ``resend``, an item put back to pending gets a new job due after
-        that delay, in the same transaction. Shielded from cancellation and
-        retried when transient; when the item is now an error and its task has
-        nothing left, the aggregator is woken.
-        """
-
-        async def write() -> bool:
-            async def fail(conn: AsyncConn) -> bool:
-                failed = await self.store.fail_item(
-                    item.id,
-                    item.fence,
-                    status=status,
-                    message=f"{type(error).__name__}: {error}",
-                    entry=error_entry(item.attempt, error, self.clock.now().isoformat()),
-                    now=self.clock.sql_now(),
-                    conn=conn,
-                )
-                if failed is not None and status is ItemStatus.ERROR:
-                    await self._wake_if_finished(conn, {item.task_id})
-                if failed is not None and resend is not None:
-                    dispatch = self._dispatch(item.id, item.fence, failed.partition_key)
-                    await self.send(conn, [dispatch], resend)
-                return failed is not None
-
-            return await self.store.db.run(fail)
-
-        for attempt in range(FINAL_WRITE_TRIES):
-            try:
-                won = await asyncio.shield(write())
-            except TransientError as exc:
-                if attempt == FINAL_WRITE_TRIES - 1:
-                    raise
-                log.warning("item %s: recording %s failed (%s); retrying", item.id, status, exc)
-                await self.clock.sleep(0.2 * 2**attempt)
-                continue
-            if not won:
-                log.warning(
-                    "item %s: run %d lost its fence (reaped or cancelled meanwhile); "
-                    "its %s was not recorded",
-                    item.id,
-                    item.attempt,
-                    status,
-                )
-            return
 
     async def _heartbeat(self, item: Item) -> bool:
         asked = [(item.id, item.fence)]

@@ -116,7 +116,7 @@ class Batches:
             batch_size=ITEM_CLAIM_BATCH,
             claim=runner.claim,
             claim_cursor=runner.cursor,
-            finalize=runner.finalize,
+            finalize=runner.recorder.finalize,
             # The item row holds the result; the job needs no copy.
             store_output=False,
             # Buffered items are running (the aggregator reaps them past the
@@ -145,7 +145,7 @@ class Batches:
             concurrency=spec.concurrency,
             poll_interval=poll_interval,
             batch_size=ITEM_CLAIM_BATCH,
-            finalize=runner.finalize,
+            finalize=runner.recorder.finalize,
             store_output=False,
             global_concurrency=spec.global_concurrency,
             rate_limit=spec.rate_limit,
