@@ -15,16 +15,14 @@ the rest back without spending an attempt.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Unpack
 
 from shoal._deprecation import retry_limit_from_max_attempts
-from shoal.batch.aggregator import AGGREGATOR_DUTY, AGGREGATOR_QUEUE, AGGREGATOR_SCHEDULE
-from shoal.batch.kind_worker import KindWorker
+from shoal.batch.aggregator import AGGREGATOR_DUTY
 from shoal.batch.kinds import (
     DEFAULT_CONCURRENCY as DEFAULT_BATCH_CONCURRENCY,
 )
@@ -41,24 +39,21 @@ from shoal.batch.kinds import (
 )
 from shoal.batch.service import Batches
 from shoal.errors import InvalidInput, ShoalError
-from shoal.ingest.consumer import DEFAULT_CONCURRENCY as DEFAULT_CONSUMER_CONCURRENCY
 from shoal.ingest.consumer import Apply, WriteBatch
 from shoal.ingest.message import Topic
 from shoal.ingest.monitor import MONITOR_DUTY
 from shoal.ingest.pipeline import Pipeline
-from shoal.ingest.postgres import QUEUE_PREFIX as TOPIC_QUEUE_PREFIX
 from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.supervisor import (
     ConsumerSpec,
     IngestSettings,
     SinkSpec,
     TransportFactory,
-    run_ingest,
     start_pipeline,
 )
 from shoal.queue.client import Shoal
 from shoal.queue.cron import CRON_DUTY, check_cron, check_timezone
-from shoal.queue.history import HISTORY_DUTY, HistorySampler
+from shoal.queue.history import HISTORY_DUTY
 from shoal.queue.inspect import QueueInspector
 from shoal.queue.job import Handler, Job
 from shoal.queue.limits import Limits, Partitioner, Rate, check_queue_limits
@@ -72,7 +67,7 @@ from shoal.queue.options import (
 )
 from shoal.queue.threaded import is_async_callable
 from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Worker
-from shoal.tracing import traced_apply
+from shoal.worker_process import run_process
 
 log = logging.getLogger("shoal.app")
 
@@ -433,9 +428,11 @@ class App:
             if self._pipeline is None:  # stopped while waiting for the transport
                 return []
         try:
-            return await self._run_started(
+            return await run_process(
+                self,
                 boss,
                 served,
+                self._pipeline,
                 stop=stop,
                 hurry=hurry,
                 grace=grace,
@@ -446,128 +443,6 @@ class App:
             if pipeline is not None:
                 await pipeline.close()
 
-    async def _run_started(
-        self,
-        boss: Shoal,
-        served: Served,
-        *,
-        stop: asyncio.Event,
-        hurry: asyncio.Event | None,
-        grace: timedelta,
-        duties: tuple[bool, bool, bool],
-    ) -> list[Worker]:
-        maintenance, scheduler, aggregator = duties
-        for hook in self.start_hooks:
-            await hook(boss)
-        # This process's registry row (kept by the client from its first
-        # worker on): named after the App, with the topics it consumes.
-        registry = boss.process_registry()
-        registry.app = self.name or ""
-        registry.also_served = _consumed(served)
-        loops: list[asyncio.Task[None]] = []
-        workers = [
-            boss.work(
-                s.queue,
-                s.handler,
-                concurrency=s.concurrency,
-                batch_size=s.batch_size,
-                global_concurrency=s.limits.global_concurrency,
-                rate_limit=s.limits.rate,
-                partition_by=s.limits.partition_by,
-            )
-            for s in served.handlers
-        ]
-        batches = self.batches(boss)
-        kind_workers: list[KindWorker] = []
-        if self.kinds:
-            await _drop_aggregator_schedule(boss)
-            for kind in served.kinds.values():
-                kind_workers.append(batches.work(kind.name))
-                if kind.hook_queue is not None:
-                    workers.append(boss.work(kind.hook_queue, _on_complete(batches, kind)))
-        # Each duty runs in the one process that leads it; each term starts
-        # it afresh (a new Maintenance counts silence from its own first pass).
-        elector = boss.elector()
-        led: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-        if scheduler:
-            led.append((CRON_DUTY, lambda: boss.scheduler().run()))
-        if maintenance:
-            led.append((MAINTENANCE_DUTY, lambda: boss.maintenance().run()))
-            led.append((HISTORY_DUTY, lambda: HistorySampler(boss).run()))
-        if self.kinds and aggregator:
-            led.append((AGGREGATOR_DUTY, batches.aggregator.run))
-        for duty, work in led:
-            loops.append(asyncio.create_task(elector.lead(duty, work), name=f"shoal-{duty}"))
-        ingest_stop = asyncio.Event()
-        ingest: asyncio.Task[None] | None = None
-        if self._pipeline is not None:
-            # A span per apply when tracing is on by now (shoal.tracing).
-            consumers = [
-                replace(c, apply=traced_apply(c.topic.name, c.apply)) for c in served.consumers
-            ]
-            ingest = asyncio.create_task(
-                run_ingest(
-                    self._pipeline,
-                    consumers,
-                    served.sinks,
-                    self.ingest_settings,
-                    ingest_stop,
-                    grace=grace,
-                ),
-                name="shoal-ingest",
-            )
-            loops.append(ingest)
-        queues = [w.queue for w in workers] + [k.worker.queue for k in kind_workers]
-        log.info("running %d worker(s): %s", len(queues), ", ".join(queues))
-        boss.register_process()  # also when only consumers run here
-        try:
-            await stop.wait()
-        finally:
-            log.info("stopping: finishing running jobs (grace %s)", grace)
-            ingest_stop.set()
-            # Every worker of this client, the kind workers' own included.
-            running = boss.workers
-            stopping: asyncio.Future[Any] = asyncio.ensure_future(
-                asyncio.gather(boss.stop_workers(grace), *(k.stop(grace) for k in kind_workers))
-            )
-            hurried: asyncio.Future[Any] = asyncio.ensure_future((hurry or asyncio.Event()).wait())
-            try:
-                await asyncio.wait([stopping, hurried], return_when=asyncio.FIRST_COMPLETED)
-                if not stopping.done():
-                    log.warning("stopping at once: handing back what still runs")
-                    for worker in running:
-                        worker.hurry()
-                await stopping
-                if ingest is not None and not hurried.done():
-                    # Consumers finish their applies within the grace too.
-                    await asyncio.wait([ingest, hurried], timeout=grace.total_seconds())
-            finally:
-                hurried.cancel()
-                for loop in loops:
-                    loop.cancel()
-                for loop in loops:
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await loop
-            jobs = sum(w.stats.handed_back for w in running)
-            items = sum(k.runner.recorder.handed_back for k in kind_workers)
-            log.info(
-                "stopped: handed back %d job(s) and %d batch item(s), no attempt spent",
-                jobs,
-                items,
-            )
-        return workers
-
-
-def _consumed(served: Served) -> dict[str, int]:
-    """The topic queues a process's consumers and sinks serve, with their concurrency."""
-    queues: dict[str, int] = {}
-    for consumer in served.consumers:
-        queue = f"{TOPIC_QUEUE_PREFIX}{consumer.topic.name}"
-        queues[queue] = int(consumer.options.get("concurrency", DEFAULT_CONSUMER_CONCURRENCY))
-    for sink in served.sinks:
-        queues.setdefault(f"{TOPIC_QUEUE_PREFIX}{sink.topic.name}", 1)
-    return queues
-
 
 def _retry_limit_option(options: dict[str, Any]) -> None:
     """Turn a deprecated ``max_attempts=`` into ``retry_limit=``, warning at the caller's line."""
@@ -575,26 +450,6 @@ def _retry_limit_option(options: dict[str, Any]) -> None:
         options["retry_limit"] = retry_limit_from_max_attempts(
             options.get("retry_limit"), options.pop("max_attempts"), stacklevel=3
         )
-
-
-async def _drop_aggregator_schedule(boss: Shoal) -> None:
-    """Remove the schedule that ran the aggregator's passes as jobs before the elector, and
-    the pass it may have left waiting (the leader of AGGREGATOR_DUTY runs them now)."""
-    if await boss.unschedule(AGGREGATOR_SCHEDULE):
-        log.info("schedule %s: removed, the aggregator runs in its leader", AGGREGATOR_SCHEDULE)
-    waiting = [j.id for j in await boss.jobs(AGGREGATOR_QUEUE) if j.state in ("created", "retry")]
-    if waiting:
-        await boss.cancel(waiting, by="shoal: the aggregator runs in its leader")
-
-
-def _on_complete(batches: Batches, kind: BatchKind) -> Handler:
-    hook = kind.on_complete
-    assert hook is not None
-
-    async def on_complete(job: Job) -> None:
-        await hook(await batches.get(job.data["task_id"]))
-
-    return on_complete
 
 
 __all__ = ["App", "HandlerSpec", "Job", "ScheduleSpec"]
