@@ -54,7 +54,7 @@ T = TypeVar("T")
 DEFAULT_MAX_ITEMS = 100_000
 # How long a create waits for a concurrent identical create holding the same
 # idempotency key before answering "still being created" (HTTP 409). The SQL
-# function create_task_v1 waits as long (its SET lock_timeout).
+# function create_task_v3 waits as long (its SET lock_timeout).
 IDEMPOTENCY_WAIT = timedelta(seconds=5)
 LOCK_NOT_AVAILABLE = "55P03"
 

@@ -11,7 +11,7 @@ another version or removed. A database records each applied file's name and
 SHA-256 digest, and this runner refuses a schema whose record differs from the
 file of the same version (:class:`MigrationChanged`). A change to the schema is
 a new file with the next version; a database function whose behaviour changes
-gets a new versioned name (``claim_jobs_v2``) created beside the old one, which
+gets a new versioned name (``claim_jobs_v5``) created beside the old one, which
 a later migration drops once no released worker calls it (docs/upgrading.md).
 
 The text names the schema as ``{schema}``, bound as an identifier. All pending

@@ -3,7 +3,7 @@
 A queue's limits are declared by the workers that serve it (``Shoal.work(...,
 global_concurrency=..., rate_limit=..., partition_by=...)``), stored in the
 ``queue_limit`` table and enforced by the claim itself
-(``claim_limited_jobs_v1``), so they hold however many processes claim. See
+(``claim_limited_jobs_v2``), so they hold however many processes claim. See
 docs/limits.md.
 
 >>> limits = Limits.of(global_concurrency=20, partition_by="account_id")

@@ -108,8 +108,8 @@ SELECT id FROM {schema}.complete_jobs_v2(
 -- error. With %(expired_only)s the row must also still be past its lease: a
 -- heartbeat that landed after the rescuer read the row wins. A job that fails
 -- for good with a dead_letter queue leaves a copy there, in this statement.
--- A job back to retry loses its holder: a claim by a process of the previous
--- release (claim_jobs_v3) would not replace it, and the rescue of that
+-- A job back to retry loses its holder: a claim by a process of 0.1.0
+-- (claim_jobs) would not replace it, and the rescue of that
 -- holder's jobs would then take a job another process runs.
 WITH u AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(states)s::{schema}.job_state[],

@@ -14,8 +14,8 @@
 
 A take deletes a waiting job in the step that delivers it, without a lease:
 the batch layer's claim of item jobs (take_item_jobs_v2), whose item rows
-record the run and its outcome instead (the previous release's
-take_item_jobs_v1 completed the job instead, the edge retry -> completed,
+record the run and its outcome instead (0.1.0's take_jobs completed
+the job instead, the edge retry -> completed,
 which this release's code no longer makes). ``redrive()`` completes the
 waiting copies in a dead-letter queue it sends back as new jobs. An ingest message's
 job leaves ``active`` by being deleted when its consumer acknowledges it
