@@ -27,7 +27,9 @@ from shoal import (
     InvalidInput,
     PermanentError,
     Rate,
+    RetryAfter,
     Shoal,
+    Snooze,
     SyncBatches,
     SyncClient,
 )
@@ -416,3 +418,65 @@ async def test_insert_many_takes_a_partition_key_per_job(boss: Shoal, db_url: st
     with pytest.raises(InvalidInput) as refused:
         await boss.insert_many("keyed", [{}], partition_keys=[True])  # type: ignore[list-item]
     assert refused.value.field == "partition_keys[0]"
+
+
+async def test_retry_after_in_an_item_holds_back_its_partition_and_spends_no_attempt(
+    fake_boss: Shoal, clock: FakeClock, db_url: str
+) -> None:
+    runs: list[str] = []
+
+    async def handler(item: Item) -> None:
+        runs.append(item.ref)
+        if item.ref == "a-0" and runs.count("a-0") == 1:
+            raise RetryAfter(60)  # the service behind account a said to wait a minute
+
+    batches = make_batches(
+        fake_boss, handler, global_concurrency=1, partition_by="account", retry_limit=0
+    )
+    probe = Probe(fake_boss)
+    async with running(batches):
+        created = await batches.create(
+            KIND, [by_account(0, "a"), by_account(1, "a"), by_account(0, "b")]
+        )
+        await probe.job_finished(QUEUE, count=2)  # a-0 snoozed, b-0 done
+        await probe.idle(QUEUE)
+        # a-1 waits behind a-0's pause; the partition b went on.
+        assert sorted(runs) == ["a-0", "b-0"]
+        probe.discard()
+        clock.advance(timedelta(seconds=61))
+        await probe.job_finished(QUEUE, count=2)
+        await probe.idle(QUEUE)
+    await settle(batches, created.task_id)
+    view = await batches.get(created.task_id)
+    # One attempt allowed, and a-0 ran twice: the snooze spent none.
+    assert (view.status, view.progress.completed) == ("completed", 3)
+    assert sorted(runs) == ["a-0", "a-0", "a-1", "b-0"]
+    (history,) = await sql(db_url, "SELECT errors FROM shoal.item WHERE ref = 'a-0'")
+    assert [e["type"] for e in history[0]] == ["RetryAfter"]
+
+
+async def test_a_snooze_in_an_item_of_a_kind_without_limits_runs_it_again_after_the_delay(
+    fake_boss: Shoal, clock: FakeClock, db_url: str
+) -> None:
+    runs: list[str] = []
+
+    async def handler(item: Item) -> None:
+        runs.append(item.ref)
+        if len(runs) == 1:
+            raise Snooze(30)
+
+    batches = make_batches(fake_boss, handler, retry_limit=0)
+    probe = Probe(fake_boss)
+    async with running(batches):
+        created = await batches.create(KIND, ["only"])
+        await probe.job_finished(QUEUE)
+        await probe.idle(QUEUE)
+        assert runs == ["only"]
+        probe.discard()
+        clock.advance(timedelta(seconds=31))
+        await probe.job_finished(QUEUE)
+    await settle(batches, created.task_id)
+    view = await batches.get(created.task_id)
+    assert (view.status, runs) == ("completed", ["only", "only"])
+    (history,) = await sql(db_url, "SELECT errors FROM shoal.item WHERE ref = 'only'")
+    assert [e["type"] for e in history[0]] == ["Snoozed"]

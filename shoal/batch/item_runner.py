@@ -70,7 +70,7 @@ from shoal.batch.states import ItemId, ItemStatus
 from shoal.batch.store import BatchStore
 from shoal.clock import Clock, work_seconds
 from shoal.db.coalesce import Coalescer
-from shoal.errors import TransientError
+from shoal.errors import RetryAfter, Snooze, TransientError
 from shoal.hooks import Hooks
 from shoal.queue.completer import backoff_s
 from shoal.queue.cursor import ClaimCursor, ItemPosition, item_order
@@ -357,7 +357,7 @@ class ItemRunner:
                 return self._stopped(item)
             if is_shutdown(cancel):
                 # Our own shutdown stopped it: no attempt spent, no error.
-                await self.recorder.hand_back(item, resend=taken)
+                await self.recorder.hand_back(item, resend=NO_DELAY if taken else None)
                 outcome = "released"
             else:
                 # The execution timeout (expire_in) cut it off: a failed run.
@@ -376,6 +376,8 @@ class ItemRunner:
             if item.cancelled:
                 take_cancel(task)
                 return self._stopped(item)
+            if isinstance(exc, Snooze):
+                return await self._snoozed(item, exc, taken)
             last = guarded.run >= guarded.max_attempts
             if self.kind.is_permanent(exc) or last:
                 await self.recorder.fail(item, ItemStatus.ERROR, exc)
@@ -401,6 +403,30 @@ class ItemRunner:
             return self._stopped(item)
         # Still held (heartbeats continue) until finalize records the result.
         return ItemDone(guarded.id, guarded.fence, guarded.task_id, stored)
+
+    async def _snoozed(self, item: Item, snooze: Snooze, taken: bool) -> dict[str, Any]:
+        """A handler that raised Snooze or RetryAfter: its item waits ``delay``, no attempt spent.
+
+        A job taken without a lease (a kind without limits) is gone: the item
+        gets a new job due after the delay. A leased job (a kind with limits)
+        is the queue's to put back: the Snooze goes on up to the queue's
+        worker, which releases the job for the delay and, for RetryAfter,
+        holds back the job's partition as long (docs/limits.md).
+        """
+        pause = isinstance(snooze, RetryAfter)
+        note_type = "RetryAfter" if pause else "Snoozed"
+        message = f"{snooze}: back to pending without spending an attempt"
+        await self.recorder.hand_back(
+            item,
+            resend=snooze.delay if taken else None,
+            message=message,
+            note_type=note_type,
+        )
+        if self.hooks:
+            self.recorder.report(item.id, "snoozed")
+        if not taken:
+            raise snooze
+        return {"item": "snoozed", "in_s": snooze.delay.total_seconds()}
 
     def _stopped(self, item: Item) -> dict[str, str]:
         """A run whose item was cancelled: nothing to write, the item is cancelled already."""

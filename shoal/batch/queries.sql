@@ -180,20 +180,22 @@ WHERE id = %(item_id)s AND status = 'running' AND attempt = %(attempt)s
 RETURNING id, partition_key
 
 -- name: hand_back_items
--- running -> pending for runs our own shutdown stopped (guarded but never
--- started, or cut off after the grace period), fenced by attempt. No attempt
--- is spent: attempt (the fencing token) stays monotonic, and attempt_base
--- moves up with it, so the runs counted (attempt - attempt_base) are as
--- before the run. Not an error either: the item's error is left alone, and
--- an "Interrupted" note is appended to its history. Returns the items handed
--- back, as dispatches of a new job.
+-- running -> pending for runs that cost no attempt: those our own shutdown
+-- stopped (guarded but never started, or cut off after the grace period), and
+-- those whose handler snoozed (Snooze, RetryAfter), fenced by attempt. No
+-- attempt is spent: attempt (the fencing token) stays monotonic, and
+-- attempt_base moves up with it, so the runs counted (attempt - attempt_base)
+-- are as before the run. Not an error either: the item's error is left
+-- alone, and a note of %(type)s ("Interrupted", "Snoozed", "RetryAfter") is
+-- appended to its history. Returns the items handed back, as dispatches of a
+-- new job.
 UPDATE {schema}.item i
 SET status = 'pending',
     attempt_base = i.attempt_base + 1,
     errors = i.errors || jsonb_build_array(jsonb_build_object(
         'attempt', i.attempt, 'run', i.attempt - i.attempt_base, 'started_at', i.started_at,
         'at', coalesce(%(now)s::timestamptz, now()),
-        'type', 'Interrupted', 'message', %(message)s::text, 'traceback', NULL)),
+        'type', %(type)s::text, 'message', %(message)s::text, 'traceback', NULL)),
     finished_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt), {schema}.task t

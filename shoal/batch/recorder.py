@@ -188,22 +188,33 @@ class ItemRecorder:
         self.handed_back += handed
         return handed
 
-    async def hand_back(self, item: Item, *, resend: bool) -> None:
-        """running -> pending for a run our shutdown stopped, costing no attempt.
+    async def hand_back(
+        self,
+        item: Item,
+        *,
+        resend: timedelta | None,
+        message: str | None = None,
+        note_type: str = "Interrupted",
+    ) -> None:
+        """running -> pending for a run that costs no attempt: our shutdown stopped it, or it
+        snoozed.
 
-        With ``resend``, the item gets a new job due at once, in the same
-        transaction. Shielded from cancellation and retried when transient.
+        With ``resend``, the item gets a new job due after that delay, in the
+        same transaction. ``message`` and ``note_type`` are its history note
+        (by default, the shutdown's). Shielded from cancellation and retried
+        when transient.
         """
 
         async def hand_back(conn: AsyncConn) -> bool:
             back = await self.store.hand_back_items(
                 conn,
                 [(item.id, item.fence)],
-                message=INTERRUPTED.format(process=this_process()),
+                message=message or INTERRUPTED.format(process=this_process()),
                 now=self.clock.sql_now(),
+                note_type=note_type,
             )
-            if back and resend:
-                await self.send(conn, back, NO_DELAY)
+            if back and resend is not None:
+                await self.send(conn, back, resend)
             if not back:
                 log.warning(
                     "item %s: run %d lost its fence before its hand-back", item.id, item.fence

@@ -279,14 +279,16 @@ class BatchStore:
         *,
         message: str,
         now: datetime | None,
+        note_type: str = "Interrupted",
     ) -> list[Dispatch]:
-        """running -> pending for (id, fence) never started; the items handed back."""
+        """running -> pending for (id, fence), no attempt spent; the items handed back."""
         rows = await self._rows(
             "hand_back_items",
             {
                 "ids": [h[0] for h in held],
                 "attempts": [h[1] for h in held],
                 "message": message,
+                "type": note_type,
                 "now": now,
             },
             conn,
