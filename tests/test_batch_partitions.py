@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -451,8 +451,8 @@ async def test_retry_after_in_an_item_holds_back_its_partition_and_spends_no_att
     # One attempt allowed, and a-0 ran twice: the snooze spent none.
     assert (view.status, view.progress.completed) == ("completed", 3)
     assert sorted(runs) == ["a-0", "a-0", "a-1", "b-0"]
-    (history,) = await sql(db_url, "SELECT errors FROM shoal.item WHERE ref = 'a-0'")
-    assert [e["type"] for e in history[0]] == ["RetryAfter"]
+    ((history,),) = await sql(db_url, "SELECT errors FROM shoal.item WHERE ref = 'a-0'")
+    assert [e["type"] for e in cast(list[dict[str, Any]], history)] == ["RetryAfter"]
 
 
 async def test_a_snooze_in_an_item_of_a_kind_without_limits_runs_it_again_after_the_delay(
@@ -478,5 +478,5 @@ async def test_a_snooze_in_an_item_of_a_kind_without_limits_runs_it_again_after_
     await settle(batches, created.task_id)
     view = await batches.get(created.task_id)
     assert (view.status, runs) == ("completed", ["only", "only"])
-    (history,) = await sql(db_url, "SELECT errors FROM shoal.item WHERE ref = 'only'")
-    assert [e["type"] for e in history[0]] == ["Snoozed"]
+    ((history,),) = await sql(db_url, "SELECT errors FROM shoal.item WHERE ref = 'only'")
+    assert [e["type"] for e in cast(list[dict[str, Any]], history)] == ["Snoozed"]
