@@ -28,6 +28,7 @@ _NAMED = re.compile(r"\{schema\}\.(\w+)")
 _COMMENT = re.compile(r"--[^\n]*")
 _QUOTED = re.compile(r"`(\w+)`")
 _VERSIONED = re.compile(r"^(\w+)_v(\d+)$")
+_STATEMENT = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 ARCHITECTURE = Path(__file__).parent.parent / "docs" / "architecture.md"
 
 
@@ -165,3 +166,14 @@ def test_the_architecture_page_names_the_latest_version_of_a_function() -> None:
         name for name, match in versioned if match and latest.get(match[1], 0) != int(match[2])
     ]
     assert not stale, f"docs/architecture.md names superseded functions: {stale}"
+
+
+def test_no_statement_name_is_defined_in_two_sql_files() -> None:
+    # Two statements of one name in two files (list_jobs once did) drift
+    # apart unseen: each is read only by its own file's runner.
+    where: dict[str, list[str]] = {}
+    for layer in ("queue", "batch", "ingest"):
+        for place, text in _layer_sql(layer).items():
+            for name in _STATEMENT.findall(text):
+                where.setdefault(name, []).append(place)
+    assert {name: places for name, places in where.items() if len(places) > 1} == {}

@@ -18,7 +18,7 @@ from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, NotFound
 from shoal.ingest.message import Envelope
 from shoal.ingest.postgres import PostgresTransport
-from shoal.ingest.store import DeadLetter
+from shoal.ingest.store import DeadLetter, IngestStore
 from shoal.ingest.transport import Transport
 from shoal.queue.client import Shoal
 from shoal.queue.inspect import known_list
@@ -53,6 +53,7 @@ class TopicInspector:
         self.boss = boss
         self.clock = boss.clock
         self.sql = load_queries("shoal.ingest", boss.db.schema, file="inspect.sql")
+        self.store = IngestStore(boss.db)
 
     async def _rows(
         self, name: str, params: dict[str, Any], conn: AsyncConn | None = None
@@ -106,16 +107,11 @@ class TopicInspector:
         """Publish ``topic``'s waiting dead letters again (those of ``ids``, or up
         to ``limit``); how many. A failed publish leaves them waiting."""
         await self.require_topic(topic)
-        params = {
-            "topic": topic,
-            "ids": None if ids is None else list(ids),
-            "limit": limit,
-            "now": self.clock.sql_now(),
-        }
+        now = self.clock.sql_now()
 
         async def run(conn: AsyncConn) -> int:
-            cur = await conn.execute(self.sql["take_dead_letters"], params)
-            envelopes = [Envelope.decode(r[0]) for r in await cur.fetchall()]
+            texts = await self.store.take_dead_letters(conn, topic, ids=ids, limit=limit, now=now)
+            envelopes = [Envelope.decode(text) for text in texts]
             if envelopes:
                 if isinstance(transport, PostgresTransport):
                     await transport.publish(topic, envelopes, conn=conn)

@@ -32,19 +32,3 @@ WHERE topic = %(topic)s AND (%(all)s OR redriven_at IS NULL)
   AND (%(after_id)s::bigint IS NULL OR id > %(after_id)s::bigint)
 ORDER BY id
 LIMIT %(limit)s
-
--- name: take_dead_letters
--- Marks waiting dead letters of a topic as redriven: those of %(ids)s, or
--- (ids NULL) up to %(limit)s of them. The caller publishes them in the same
--- transaction (postgres transport) or before committing (nats), so a failed
--- publish leaves them waiting.
-UPDATE {schema}.ingest_dead SET redriven_at = coalesce(%(now)s::timestamptz, now())
-WHERE id IN (
-    SELECT id FROM {schema}.ingest_dead
-    WHERE topic = %(topic)s AND redriven_at IS NULL
-      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
-    ORDER BY id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING envelope::text

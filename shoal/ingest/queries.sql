@@ -34,13 +34,15 @@ ORDER BY id
 LIMIT %(limit)s
 
 -- name: take_dead_letters
--- Marks up to `limit` waiting dead letters of a topic as redriven; the
--- caller publishes them in the same transaction (postgres transport) or
--- before committing (nats), so a failed publish leaves them waiting.
+-- Marks waiting dead letters of a topic as redriven: those of %(ids)s, or
+-- (ids NULL) up to %(limit)s of them. The caller publishes them in the same
+-- transaction (postgres transport) or before committing (nats), so a failed
+-- publish leaves them waiting.
 UPDATE {schema}.ingest_dead SET redriven_at = coalesce(%(now)s::timestamptz, now())
 WHERE id IN (
     SELECT id FROM {schema}.ingest_dead
     WHERE topic = %(topic)s AND redriven_at IS NULL
+      AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
     ORDER BY id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

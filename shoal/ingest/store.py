@@ -201,11 +201,18 @@ class IngestStore:
         return [DeadLetter(*r) for r in rows]
 
     async def take_dead_letters(
-        self, conn: AsyncConn, topic: str, *, limit: int, now: datetime | None
+        self,
+        conn: AsyncConn,
+        topic: str,
+        *,
+        ids: Sequence[int] | None = None,
+        limit: int,
+        now: datetime | None,
     ) -> list[str]:
-        rows = await self._rows(
-            "take_dead_letters", {"topic": topic, "limit": limit, "now": now}, conn
-        )
+        """Mark ``topic``'s waiting dead letters (those of ``ids``, or up to
+        ``limit``) redriven in ``conn``'s transaction; their envelopes' JSON."""
+        params = {"topic": topic, "ids": None if ids is None else list(ids), "limit": limit}
+        rows = await self._rows("take_dead_letters", {**params, "now": now}, conn)
         return [r[0] for r in rows]
 
     # -- backlog -------------------------------------------------------------

@@ -585,7 +585,8 @@ class Shoal:
             parsed = None if state is None else JobState(state)
         except ValueError:
             raise InvalidInput("state", f"{state!r} is not a job state") from None
-        return await self.store.list_jobs(queue, state=parsed, before_id=before_id, limit=limit)
+        states = tuple(JobState) if parsed is None else (parsed,)
+        return await self.store.list_jobs(queue, states=states, before_id=before_id, limit=limit)
 
     async def stats(self) -> list[QueueStateCount]:
         """Jobs per queue and state, with the age of the oldest job waiting to run."""
@@ -640,7 +641,8 @@ class Shoal:
 
     async def schedules(self) -> list[ScheduleRow]:
         """The schedules that tick (a paused one is listed by the console only)."""
-        return await self.store.list_schedules(now=self.clock.sql_now())
+        rows = await self.store.list_schedules(now=self.clock.sql_now())
+        return [row for row in rows if row.ticks]
 
     def scheduler(self) -> Scheduler:
         return Scheduler(self.store, clock=self.clock, build_job=self._tick_job)

@@ -98,6 +98,8 @@ class Scheduler:
         enqueued: list[Tick] = []
         sleep_s = MAX_SLEEP_S
         for row in schedules:
+            if not row.ticks:
+                continue
             tz = ZoneInfo(row.timezone)
             tick = latest_tick(row.cron, tz, row.db_now)
             if tick > row.last_tick and await self._enqueue(row, tick):

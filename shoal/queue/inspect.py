@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -27,8 +27,7 @@ from shoal.errors import Conflict, InvalidInput, NotFound
 from shoal.queue.client import Shoal
 from shoal.queue.cron import next_tick
 from shoal.queue.options import check_queue_name
-from shoal.queue.retry import RetryPolicy
-from shoal.queue.rows import JobError, JobRecord
+from shoal.queue.rows import JobRecord, job_record
 from shoal.queue.states import JobId, JobState
 
 # The jobs list shows failed jobs first: they are what an operator looks for.
@@ -88,34 +87,6 @@ class ScheduleInfo:
     owner: str | None
     last_job_id: JobId | None
     last_job_state: JobState | None
-
-
-def _job_record(row: tuple[Any, ...]) -> JobRecord:
-    """A list_jobs row (see inspect.sql for the column order)."""
-    return JobRecord(
-        id=JobId(row[0]),
-        queue=row[1],
-        state=JobState(row[2]),
-        data=row[3],
-        priority=row[4],
-        attempt=row[5],
-        policy=RetryPolicy(row[6], timedelta(seconds=row[7]), row[8], timedelta(seconds=row[9])),
-        expire_in=timedelta(seconds=row[10]),
-        singleton_key=row[11],
-        dead_letter=row[12],
-        origin_queue=row[13],
-        origin_id=None if row[14] is None else JobId(row[14]),
-        start_after=row[15],
-        created_at=row[16],
-        started_at=row[17],
-        lease_expires_at=row[18],
-        finished_at=row[19],
-        output=row[20],
-        errors=tuple(
-            JobError(e["attempt"], e["at"], e["type"], e["message"], e.get("traceback"))
-            for e in row[21]
-        ),
-    )
 
 
 def known_list(kind: str, names: Sequence[str]) -> str:
@@ -340,24 +311,26 @@ class QueueInspector:
             raise InvalidInput("cursor", f"{cursor!r:.80} is not a cursor this list returned")
         found: list[tuple[int, JobRecord]] = []
         for index in range(part, len(parts)):
-            if search is not None:
-                name = "search_jobs"
-            elif parts[index] == FAILED_FIRST:
-                name = "list_failed_jobs"
+            below = before if index == part else None
+            wanted_rows = limit + 1 - len(found)
+            if search is None and parts[index] != FAILED_FIRST:
+                records = await self.store.list_jobs(
+                    queue, states=parts[index], before_id=below, limit=wanted_rows
+                )
             else:
-                name = "list_jobs"
-            rows = await self._rows(
-                name,
-                {
-                    "states": [s.value for s in parts[index]],
-                    "queue": queue,
-                    "before_id": before if index == part else None,
-                    "search": search,
-                    "search_id": search_id,
-                    "limit": limit + 1 - len(found),
-                },
-            )
-            found.extend((index, _job_record(r)) for r in rows)
+                rows = await self._rows(
+                    "search_jobs" if search is not None else "list_failed_jobs",
+                    {
+                        "states": [s.value for s in parts[index]],
+                        "queue": queue,
+                        "before_id": below,
+                        "search": search,
+                        "search_id": search_id,
+                        "limit": wanted_rows,
+                    },
+                )
+                records = [job_record(r) for r in rows]
+            found.extend((index, record) for record in records)
             if len(found) > limit:
                 break
         if len(found) <= limit:
@@ -422,29 +395,25 @@ class QueueInspector:
     # -- schedules -------------------------------------------------------------
 
     async def schedules(self) -> list[ScheduleInfo]:
-        rows = await self._rows("list_schedules", {"now": self.clock.sql_now()})
-        out = []
-        for r in rows:
-            paused_at, db_now = r[8], r[12]
-            upcoming = None if paused_at is not None else next_tick(r[2], ZoneInfo(r[3]), db_now)
-            out.append(
-                ScheduleInfo(
-                    name=r[0],
-                    queue=r[1],
-                    cron=r[2],
-                    timezone=r[3],
-                    data=r[4],
-                    last_tick=r[5],
-                    next_tick=upcoming,
-                    created_at=r[6],
-                    updated_at=r[7],
-                    paused_at=paused_at,
-                    owner=r[9],
-                    last_job_id=None if r[10] is None else JobId(r[10]),
-                    last_job_state=None if r[11] is None else JobState(r[11]),
-                )
+        rows = await self.store.list_schedules(now=self.clock.sql_now())
+        return [
+            ScheduleInfo(
+                name=r.name,
+                queue=r.queue,
+                cron=r.cron,
+                timezone=r.timezone,
+                data=r.data,
+                last_tick=r.last_tick,
+                next_tick=next_tick(r.cron, ZoneInfo(r.timezone), r.db_now) if r.ticks else None,
+                created_at=r.created_at,
+                updated_at=r.updated_at,
+                paused_at=r.paused_at,
+                owner=r.owner,
+                last_job_id=r.last_job_id,
+                last_job_state=r.last_job_state,
             )
-        return out
+            for r in rows
+        ]
 
     async def _require_schedule(self, name: str, rows: list[tuple[Any, ...]]) -> None:
         if not rows:

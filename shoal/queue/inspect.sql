@@ -108,48 +108,29 @@ WHERE state IN ('completed', 'cancelled', 'failed')
   AND finished_at > coalesce(%(now)s::timestamptz, now()) - %(since_s)s * interval '1 second'
 GROUP BY queue
 
--- name: list_jobs
--- A page of jobs in some states, newest first, below a cursor id; optionally
--- of one queue, and matching a search (an id, or a singleton key). Its
--- start_after and lease end within what Python loads, as get_job reads them.
-SELECT id, queue, state::text, data, priority, attempt, retry_limit,
-       extract(epoch FROM retry_delay)::float8, retry_backoff,
-       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
-       singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
-FROM {schema}.job
-WHERE state = ANY(%(states)s::{schema}.job_state[])
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-  AND (%(search)s::text IS NULL OR singleton_key = %(search)s::text
-       OR id = %(search_id)s::bigint)
-ORDER BY id DESC
-LIMIT %(limit)s
-
 -- name: list_failed_jobs
--- list_jobs for the failed state alone: the literal state lets the planner
--- walk the job_failed_queue index (a bound list of states cannot prove its
--- predicate).
+-- list_jobs (queries.sql) for the failed state alone: the literal state
+-- lets the planner walk the job_failed_queue index (a bound list of states
+-- cannot prove its predicate).
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
+       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job
 WHERE state = 'failed'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
-  AND (%(search)s::text IS NULL OR singleton_key = %(search)s::text
-       OR id = %(search_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
 
 -- name: search_jobs
--- list_jobs for a search: the job with the id, and those with the singleton
--- key, found through the primary key and the two singleton indexes (finished
--- jobs, and the unfinished ones of each queue), then filtered. Filtering the
+-- list_jobs (queries.sql) for a search: the job with the id, and those
+-- with the singleton key, found through the primary key and the two
+-- singleton indexes (finished jobs, and the unfinished ones of each queue),
+-- then filtered. Filtering the
 -- whole list by the search walked every job of the table in id order: 150 ms
 -- at 1,000,000 jobs, for one row.
 WITH found AS (
@@ -168,7 +149,8 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
        singleton_key, dead_letter, origin_queue, origin_id,
        {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors
+       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
+       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM found
 WHERE state = ANY(%(states)s::{schema}.job_state[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -212,16 +194,6 @@ WITH live AS (
     DELETE FROM {schema}.job_archive WHERE id = %(id)s RETURNING id
 )
 SELECT id FROM live UNION ALL SELECT id FROM archived
-
--- name: list_schedules
--- Every schedule, paused or not, with the state of the job its latest tick sent.
-SELECT s.name, s.queue, s.cron, s.timezone, s.data, s.last_tick, s.created_at, s.updated_at,
-       s.paused_at, s.owner, s.last_job_id, coalesce(j.state::text, a.state::text),
-       coalesce(%(now)s::timestamptz, now())
-FROM {schema}.schedule s
-LEFT JOIN {schema}.job j ON j.id = s.last_job_id
-LEFT JOIN {schema}.job_archive a ON j.id IS NULL AND a.id = s.last_job_id
-ORDER BY s.name
 
 -- name: schedule_names
 SELECT name FROM {schema}.schedule ORDER BY name

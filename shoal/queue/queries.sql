@@ -420,7 +420,8 @@ FROM {schema}.job_archive WHERE id = %(id)s
 LIMIT 1
 
 -- name: list_jobs
--- A page of jobs of a queue, optionally in one state, newest first.
+-- A page of jobs in some states, newest first, below a cursor id; of one
+-- queue, or (queue NULL) of every queue. Used by Shoal.jobs and the console.
 SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
@@ -429,8 +430,8 @@ SELECT id, queue, state::text, data, priority, attempt, retry_limit,
        {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
        (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job
-WHERE queue = %(queue)s
-  AND (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)
+WHERE state = ANY(%(states)s::{schema}.job_state[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
@@ -450,12 +451,16 @@ SET queue = excluded.queue, cron = excluded.cron, timezone = excluded.timezone,
 DELETE FROM {schema}.schedule WHERE name = %(name)s RETURNING name
 
 -- name: list_schedules
--- The schedules that tick: a paused one is left out until it is resumed.
-SELECT name, queue, cron, timezone, data, options, last_tick,
-       coalesce(%(now)s::timestamptz, now())
-FROM {schema}.schedule
-WHERE paused_at IS NULL
-ORDER BY name
+-- Every schedule, paused or not, with the state of the job its latest tick
+-- sent (live or archived). The scheduler skips the paused ones; the console
+-- lists them all.
+SELECT s.name, s.queue, s.cron, s.timezone, s.data, s.options, s.last_tick,
+       coalesce(%(now)s::timestamptz, now()), s.created_at, s.updated_at, s.paused_at,
+       s.owner, s.last_job_id, coalesce(j.state::text, a.state::text)
+FROM {schema}.schedule s
+LEFT JOIN {schema}.job j ON j.id = s.last_job_id
+LEFT JOIN {schema}.job_archive a ON j.id IS NULL AND a.id = s.last_job_id
+ORDER BY s.name
 
 -- name: advance_schedule
 -- Claims one tick of a schedule: only the process whose update moves last_tick

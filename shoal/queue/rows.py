@@ -266,6 +266,8 @@ class QueueStateCount:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleRow:
+    """A schedule as stored (list_schedules), paused or not."""
+
     name: str
     queue: str
     cron: str
@@ -274,6 +276,17 @@ class ScheduleRow:
     options: Mapping[str, Any]
     last_tick: datetime
     db_now: datetime
+    created_at: datetime
+    updated_at: datetime
+    paused_at: datetime | None
+    owner: str | None  # the App that declared it, if one did
+    last_job_id: JobId | None  # the job its latest tick sent
+    last_job_state: JobState | None  # that job's state (None: gone, or no tick yet)
+
+    @property
+    def ticks(self) -> bool:
+        """Whether the scheduler sends its jobs (a paused one waits to be resumed)."""
+        return self.paused_at is None
 
 
 @functools.lru_cache(maxsize=256)

@@ -621,13 +621,19 @@ class JobStore:
         return job_record(rows[0]) if rows else None
 
     async def list_jobs(
-        self, queue: str, *, state: JobState | None, before_id: JobId | None, limit: int
+        self,
+        queue: str | None,
+        *,
+        states: Sequence[JobState],
+        before_id: JobId | None,
+        limit: int,
     ) -> list[JobRecord]:
+        """Jobs in ``states`` of ``queue`` (None: of all), newest first, below ``before_id``."""
         rows = await self._rows(
             "list_jobs",
             {
                 "queue": queue,
-                "state": None if state is None else state.value,
+                "states": [s.value for s in states],
                 "before_id": before_id,
                 "limit": limit,
             },
@@ -754,8 +760,27 @@ class JobStore:
         return bool(await self._rows("delete_schedule", {"name": name}))
 
     async def list_schedules(self, *, now: datetime | None) -> list[ScheduleRow]:
+        """Every schedule, paused or not (``ScheduleRow.ticks``), by name."""
         rows = await self._rows("list_schedules", {"now": now})
-        return [ScheduleRow(*r) for r in rows]
+        return [
+            ScheduleRow(
+                name=r[0],
+                queue=r[1],
+                cron=r[2],
+                timezone=r[3],
+                data=r[4],
+                options=r[5],
+                last_tick=r[6],
+                db_now=r[7],
+                created_at=r[8],
+                updated_at=r[9],
+                paused_at=r[10],
+                owner=r[11],
+                last_job_id=None if r[12] is None else JobId(r[12]),
+                last_job_state=None if r[13] is None else JobState(r[13]),
+            )
+            for r in rows
+        ]
 
     async def advance_schedule(self, conn: AsyncConn, name: str, tick: datetime) -> bool:
         """Claim ``tick`` of schedule ``name`` inside ``conn``'s transaction."""
