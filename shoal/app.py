@@ -54,7 +54,6 @@ from shoal.ingest.supervisor import (
 from shoal.queue.client import Shoal
 from shoal.queue.cron import CRON_DUTY, check_cron, check_timezone
 from shoal.queue.history import HISTORY_DUTY
-from shoal.queue.inspect import QueueInspector
 from shoal.queue.job import Handler, Job
 from shoal.queue.limits import Limits, Partitioner, Rate, check_queue_limits
 from shoal.queue.maintenance import MAINTENANCE_DUTY
@@ -417,7 +416,7 @@ class App:
             # Likewise: SyncBatches and create_task() in SQL create tasks from these.
             await self.batches(boss).store_kinds()
         if self.name is not None:
-            removed = await QueueInspector(boss).adopt_schedules(self.name, list(self.schedules))
+            removed = await boss.store.adopt_schedules(self.name, list(self.schedules))
             for name in removed:
                 log.warning("schedule %s: removed, app %s no longer declares it", name, self.name)
         if served.consumers or served.sinks:

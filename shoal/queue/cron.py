@@ -24,7 +24,6 @@ from croniter import croniter
 
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
-from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, TransientError
 from shoal.queue.rows import NewJob, ScheduleRow
 from shoal.queue.store import JobStore
@@ -87,10 +86,6 @@ class Scheduler:
         self.store = store
         self.clock = clock
         self._build_job = build_job
-        # The console shows each schedule's latest job: the tick records it.
-        self._record_tick = load_queries("shoal.queue", store.db.schema, file="inspect.sql")[
-            "record_tick_job"
-        ]
 
     async def run_once(self) -> tuple[list[Tick], float]:
         """Enqueue every due tick; return them and the seconds until the next one."""
@@ -115,7 +110,8 @@ class Scheduler:
             if not await self.store.advance_schedule(conn, row.name, tick):
                 return False
             ids = await self.store.insert([job], now=self.clock.sql_now(), conn=conn)
-            await conn.execute(self._record_tick, {"name": row.name, "job_id": ids[0]})
+            # The console shows each schedule's latest job: the tick records it.
+            await self.store.record_tick_job(conn, row.name, ids[0])
             return True
 
         won = await self.store.db.run(claim_tick)

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shoal.db.pool import AsyncConn
 from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, TransientError
 from shoal.queue.client import Shoal
@@ -120,30 +119,13 @@ class HistorySampler:
     async def sample_once(self) -> dict[int, int]:
         """Take the due samples (10 s and 5 min) and prune old ones; rows written
         per resolution (0 when the slot's sample exists, or another sampler wrote it)."""
-        now = self.clock.sql_now()
-
-        async def run(conn: AsyncConn) -> dict[int, int]:
-            await conn.execute(self.sql["plan_switches"])
-            written = {}
-            for resolution, keep_s in RETENTION_S.items():
-                cur = await conn.execute(
-                    self.sql["sample"],
-                    {
-                        "now": now,
-                        "resolution": resolution,
-                        "finished_cap": self.finished_cap,
-                        "depth_cap": self.depth_cap,
-                        "gone_s": GONE_S,
-                    },
-                )
-                written[resolution] = cur.rowcount
-                await conn.execute(
-                    self.sql["prune_history"],
-                    {"now": now, "resolution": resolution, "keep_s": keep_s},
-                )
-            return written
-
-        return await self.boss.db.run(run)
+        return await self.boss.store.sample_history(
+            retention_s=RETENTION_S,
+            finished_cap=self.finished_cap,
+            depth_cap=self.depth_cap,
+            gone_s=GONE_S,
+            now=self.clock.sql_now(),
+        )
 
     async def run(self) -> None:
         """Sample every 10 s until cancelled."""

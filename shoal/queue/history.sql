@@ -1,5 +1,6 @@
--- SQL of the queue layer's history (the console's charts) and worker registry.
--- Run only by shoal/queue/history.py and shoal/queue/registry.py.
+-- SQL of the queue layer's history (the console's charts): the sampler's
+-- statements, run by shoal/queue/store.py for shoal/queue/history.py, and
+-- the charts' read (history).
 
 -- name: sample
 -- One sample of every queue (and of all, as queue '*') at the latest multiple
@@ -155,41 +156,3 @@ FROM {schema}.history
 WHERE resolution = %(resolution)s AND queue = %(queue)s
   AND at > coalesce(%(now)s::timestamptz, now()) - %(window_s)s * interval '1 second'
 ORDER BY at
-
--- name: register_worker
-INSERT INTO {schema}.worker (id, host, pid, app, queues, started_at, heartbeat_at,
-                             rescue_after_s)
-VALUES (%(id)s, %(host)s, %(pid)s, %(app)s, %(queues)s::jsonb,
-        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-        %(rescue_after_s)s)
-ON CONFLICT (id) DO UPDATE
-SET queues = excluded.queues, heartbeat_at = excluded.heartbeat_at,
-    rescue_after_s = excluded.rescue_after_s
-RETURNING no
-
--- name: heartbeat_worker
--- Returns nothing when the row was dropped (the process stalled past the drop
--- timeout): the caller registers again.
-UPDATE {schema}.worker
-SET heartbeat_at = coalesce(%(now)s::timestamptz, now()), running = %(running)s,
-    running_by_queue = %(running_by_queue)s::jsonb, done = %(done)s,
-    queues = %(queues)s::jsonb
-WHERE id = %(id)s
-RETURNING id
-
--- name: drop_gone_workers
-DELETE FROM {schema}.worker
-WHERE heartbeat_at < coalesce(%(now)s::timestamptz, now()) - %(drop_s)s * interval '1 second'
-
--- name: deregister_worker
-DELETE FROM {schema}.worker WHERE id = %(id)s
-
--- name: list_workers
-SELECT id, host, pid, app, queues, started_at, heartbeat_at, running, done,
-       -- gone: silent past the gone timeout, or past its own rescue_after when
-       -- shorter (its jobs are handed back by then)
-       heartbeat_at < coalesce(%(now)s::timestamptz, now())
-                      - least(%(gone_s)s, rescue_after_s) * interval '1 second',
-       rescued, rescued_at
-FROM {schema}.worker
-ORDER BY host, pid, started_at

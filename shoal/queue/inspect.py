@@ -436,22 +436,6 @@ class QueueInspector:
         if not await self.boss.unschedule(name):
             await self._require_schedule(name, [])
 
-    async def adopt_schedules(self, owner: str, names: Sequence[str]) -> list[str]:
-        """Mark ``names`` as declared by ``owner``; delete the schedules ``owner``
-        declared before and no longer does. Returns the names deleted."""
-        params = {"owner": owner, "names": list(names)}
-
-        async def run(c: AsyncConn) -> list[str]:
-            await c.execute(self.sql["own_schedules"], params)
-            cur = await c.execute(self.sql["drop_disowned_schedules"], params)
-            return [r[0] for r in await cur.fetchall()]
-
-        return await self.boss.db.run(run)
-
-    async def record_tick_job(self, conn: AsyncConn, name: str, job_id: JobId) -> None:
-        """The job ``name``'s latest tick sent, in the tick's own transaction."""
-        await conn.execute(self.sql["record_tick_job"], {"name": name, "job_id": job_id})
-
 
 __all__ = [
     "JobPage",

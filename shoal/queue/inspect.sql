@@ -1,5 +1,5 @@
 -- SQL of the queue layer's console: listing and controlling queues, jobs and
--- schedules. Run by shoal/queue/inspect.py; record_tick_job by the scheduler (cron.py).
+-- schedules. Run only by shoal/queue/inspect.py.
 -- Every time-dependent statement takes %(now)s; NULL means the database clock.
 
 -- name: queue_names
@@ -211,16 +211,4 @@ SET paused_at = NULL,
     last_tick = CASE WHEN paused_at IS NULL THEN last_tick
                      ELSE greatest(last_tick, coalesce(%(now)s::timestamptz, now())) END
 WHERE name = %(name)s
-RETURNING name
-
--- name: record_tick_job
-UPDATE {schema}.schedule SET last_job_id = %(job_id)s WHERE name = %(name)s
-
--- name: own_schedules
-UPDATE {schema}.schedule SET owner = %(owner)s WHERE name = ANY(%(names)s::text[])
-
--- name: drop_disowned_schedules
--- The schedules an App declared before and declares no more.
-DELETE FROM {schema}.schedule
-WHERE owner = %(owner)s AND NOT (name = ANY(%(names)s::text[]))
 RETURNING name

@@ -470,6 +470,20 @@ SET last_tick = %(tick)s
 WHERE name = %(name)s AND last_tick < %(tick)s
 RETURNING name
 
+-- name: record_tick_job
+-- The job a tick sent, in the tick's transaction (the console shows its state).
+UPDATE {schema}.schedule SET last_job_id = %(job_id)s WHERE name = %(name)s
+
+-- name: own_schedules
+-- Marks schedules as declared by an App (App.start), see drop_disowned_schedules.
+UPDATE {schema}.schedule SET owner = %(owner)s WHERE name = ANY(%(names)s::text[])
+
+-- name: drop_disowned_schedules
+-- The schedules an App declared before and declares no more.
+DELETE FROM {schema}.schedule
+WHERE owner = %(owner)s AND NOT (name = ANY(%(names)s::text[]))
+RETURNING name
+
 -- name: notify_queues
 -- Wakes idle workers of these queues in every process (delivered on commit).
 SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q
@@ -643,3 +657,44 @@ SET partition_key = CASE WHEN l.partition_by IS NULL THEN ''
 FROM {schema}.queue_limit l
 WHERE j.queue = l.queue
   AND j.state IN ('created', 'retry', 'active') AND j.partition_key IS NULL
+
+-- name: register_worker
+-- This process's row in the worker registry (shoal/queue/registry.py); its
+-- number is what this process's claims record on each job (job.holder).
+INSERT INTO {schema}.worker (id, host, pid, app, queues, started_at, heartbeat_at,
+                             rescue_after_s)
+VALUES (%(id)s, %(host)s, %(pid)s, %(app)s, %(queues)s::jsonb,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+        %(rescue_after_s)s)
+ON CONFLICT (id) DO UPDATE
+SET queues = excluded.queues, heartbeat_at = excluded.heartbeat_at,
+    rescue_after_s = excluded.rescue_after_s
+RETURNING no
+
+-- name: heartbeat_worker
+-- Returns nothing when the row was dropped (the process stalled past the drop
+-- timeout): the caller registers again.
+UPDATE {schema}.worker
+SET heartbeat_at = coalesce(%(now)s::timestamptz, now()), running = %(running)s,
+    running_by_queue = %(running_by_queue)s::jsonb, done = %(done)s,
+    queues = %(queues)s::jsonb
+WHERE id = %(id)s
+RETURNING id
+
+-- name: drop_gone_workers
+DELETE FROM {schema}.worker
+WHERE heartbeat_at < coalesce(%(now)s::timestamptz, now()) - %(drop_s)s * interval '1 second'
+
+-- name: deregister_worker
+DELETE FROM {schema}.worker WHERE id = %(id)s
+
+-- name: list_workers
+-- Every registered process, live or gone (the console's Workers page).
+SELECT id, host, pid, app, queues, started_at, heartbeat_at, running, done,
+       -- gone: silent past the gone timeout, or past its own rescue_after when
+       -- shorter (its jobs are handed back by then)
+       heartbeat_at < coalesce(%(now)s::timestamptz, now())
+                      - least(%(gone_s)s, rescue_after_s) * interval '1 second',
+       rescued, rescued_at
+FROM {schema}.worker
+ORDER BY host, pid, started_at

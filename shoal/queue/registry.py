@@ -20,18 +20,16 @@ a silent one.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import TYPE_CHECKING
 
-from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, TransientError
+from shoal.queue.rows import WorkerInfo
 
 if TYPE_CHECKING:  # the client owns its process's registry (Shoal.work)
     from shoal.queue.client import Shoal
@@ -67,24 +65,6 @@ def check_rescue_after(value: object) -> timedelta:
 Counters = Callable[[], tuple[Mapping[str, int], int]]
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    id: str
-    host: str
-    pid: int
-    app: str
-    queues: dict[str, int]
-    started_at: datetime
-    heartbeat_at: datetime
-    running: int
-    done: int
-    gone: bool
-    # Jobs maintenance handed back because this process went silent, and when
-    # it last did (0 and None for a process that never did).
-    rescued: int = 0
-    rescued_at: datetime | None = None
-
-
 class WorkerRegistry:
     """This process's row in the registry, and reads of everyone's."""
 
@@ -102,7 +82,7 @@ class WorkerRegistry:
     ) -> None:
         self.boss = boss
         self.clock = boss.clock
-        self.sql = load_queries("shoal.queue", boss.db.schema, file="history.sql")
+        self.store = boss.store
         self.id = uuid.uuid4().hex
         # The row's number (worker.no), known once it is written (register).
         self.no: int | None = None
@@ -119,31 +99,25 @@ class WorkerRegistry:
         self.gone_s = gone_s
         self.drop_s = drop_s
 
-    async def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        return await self.boss.db.fetch(self.sql[name], params)
-
     @property
     def queues(self) -> dict[str, int]:
         return dict(self._queues() if callable(self._queues) else self._queues)
 
     async def register(self) -> None:
         """Write this process's row; from now on its client's claims name the row's number."""
-        rows = await self._run(
-            "register_worker",
-            {
-                "id": self.id,
-                "host": socket.gethostname(),  # as shoal.db.leadership.this_process() names it
-                "pid": os.getpid(),
-                "app": self.app,
-                "queues": json.dumps(self.queues),
-                "rescue_after_s": self.rescue_after.total_seconds(),
-                "now": self.clock.sql_now(),
-            },
+        no = await self.store.register_worker(
+            self.id,
+            host=socket.gethostname(),  # as shoal.db.leadership.this_process() names it
+            pid=os.getpid(),
+            app=self.app,
+            queues=self.queues,
+            rescue_after=self.rescue_after,
+            now=self.clock.sql_now(),
         )
         # Every job the client claims from now on names the row (job.holder):
         # when its heartbeat stops, maintenance hands them back. A row written
         # anew (dropped while this process stalled) has a new number.
-        self.no = int(rows[0][0])
+        self.no = no
         self.boss.store.holder = self.no
         if self.boss.store.holder_known is not None:
             self.boss.store.holder_known.set()
@@ -152,25 +126,23 @@ class WorkerRegistry:
         """Report this process alive with its counters; drop rows long gone."""
         running, done = self.counters()
         now = self.clock.sql_now()
-        params = {
-            "id": self.id,
-            "running": sum(running.values()),
-            "running_by_queue": json.dumps({q: n for q, n in running.items() if n}),
-            "done": done,
-            "queues": json.dumps(self.queues),
-            "now": now,
-        }
-        if not await self._run("heartbeat_worker", params):
+        queues = self.queues
+
+        async def beat() -> bool:
+            return await self.store.heartbeat_worker(
+                self.id, running=running, done=done, queues=queues, now=now
+            )
+
+        if not await beat():
             await self.register()  # dropped while this process stalled
-            await self._run("heartbeat_worker", params)
-        await self._run("drop_gone_workers", {"now": now, "drop_s": self.drop_s})
+            await beat()
+        await self.store.drop_gone_workers(drop_s=self.drop_s, now=now)
 
     async def deregister(self) -> None:
-        await self._run("deregister_worker", {"id": self.id})
+        await self.store.deregister_worker(self.id)
 
     async def workers(self) -> list[WorkerInfo]:
-        rows = await self._run("list_workers", {"now": self.clock.sql_now(), "gone_s": self.gone_s})
-        return [WorkerInfo(*r) for r in rows]
+        return await self.store.list_workers(gone_s=self.gone_s, now=self.clock.sql_now())
 
     async def run(self) -> None:
         """Register, then heartbeat until cancelled (the caller deregisters)."""

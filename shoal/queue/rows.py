@@ -289,6 +289,26 @@ class ScheduleRow:
         return self.paused_at is None
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker process's row in the registry (shoal.queue.registry)."""
+
+    id: str
+    host: str
+    pid: int
+    app: str
+    queues: dict[str, int]
+    started_at: datetime
+    heartbeat_at: datetime
+    running: int
+    done: int
+    gone: bool
+    # Jobs maintenance handed back because this process went silent, and when
+    # it last did (0 and None for a process that never did).
+    rescued: int = 0
+    rescued_at: datetime | None = None
+
+
 @functools.lru_cache(maxsize=256)
 def retry_policy(limit: int, delay_s: float, backoff: bool, max_s: float) -> RetryPolicy:
     # Cached: a claim of a hundred jobs almost always carries one policy.

@@ -20,7 +20,13 @@ from typing import Any, TypeVar
 from psycopg import sql
 
 from shoal.db.pool import AsyncConn, Database, Pending
-from shoal.db.queries import fetch_named, fetch_named_timed, int_array, parse_queries
+from shoal.db.queries import (
+    fetch_named,
+    fetch_named_timed,
+    int_array,
+    load_queries,
+    parse_queries,
+)
 from shoal.errors import InvalidInput
 from shoal.queue.cursor import Position
 from shoal.queue.limits import Limits, LimitState, Rate
@@ -38,6 +44,7 @@ from shoal.queue.rows import (
     QueueDefaultRow,
     QueueStateCount,
     ScheduleRow,
+    WorkerInfo,
     claim_reader,
     job_record,
     queue_default_params,
@@ -188,6 +195,9 @@ class JobStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.sql = queue_queries(db.schema)
+        # The history sampler's statements (shoal.queue.history): one big
+        # statement and its companions, kept in a file of their own.
+        self.sql.update(load_queries("shoal.queue", db.schema, file="history.sql"))
         # One notification channel per schema, so two shoal installs in one
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
@@ -785,3 +795,120 @@ class JobStore:
     async def advance_schedule(self, conn: AsyncConn, name: str, tick: datetime) -> bool:
         """Claim ``tick`` of schedule ``name`` inside ``conn``'s transaction."""
         return bool(await self._rows("advance_schedule", {"name": name, "tick": tick}, conn))
+
+    async def record_tick_job(self, conn: AsyncConn, name: str, job_id: JobId | None) -> None:
+        """The job ``name``'s latest tick sent (None: a singleton key skipped
+        it), in the tick's own transaction."""
+        await self._rows("record_tick_job", {"name": name, "job_id": job_id}, conn)
+
+    async def adopt_schedules(self, owner: str, names: Sequence[str]) -> list[str]:
+        """Mark ``names`` as declared by ``owner`` and delete the schedules ``owner``
+        declared before and no longer does, in one transaction; the names deleted."""
+        params = {"owner": owner, "names": list(names)}
+
+        async def run(conn: AsyncConn) -> list[str]:
+            await self._rows("own_schedules", params, conn)
+            return [r[0] for r in await self._rows("drop_disowned_schedules", params, conn)]
+
+        return await self.db.run(run)
+
+    # -- history (shoal.queue.history) -------------------------------------------
+
+    async def sample_history(
+        self,
+        *,
+        retention_s: Mapping[int, int],
+        finished_cap: int,
+        depth_cap: int,
+        gone_s: float,
+        now: datetime | None,
+    ) -> dict[int, int]:
+        """One sample at each resolution of ``retention_s`` (seconds -> seconds
+        kept) unless its slot has one, and the samples past retention pruned, in
+        one transaction; rows written per resolution (history.sql, sample)."""
+
+        async def run(conn: AsyncConn) -> dict[int, int]:
+            await conn.execute(self.sql["plan_switches"])
+            written = {}
+            for resolution, keep_s in retention_s.items():
+                cur = await conn.execute(
+                    self.sql["sample"],
+                    {
+                        "now": now,
+                        "resolution": resolution,
+                        "finished_cap": finished_cap,
+                        "depth_cap": depth_cap,
+                        "gone_s": gone_s,
+                    },
+                )
+                written[resolution] = cur.rowcount
+                await conn.execute(
+                    self.sql["prune_history"],
+                    {"now": now, "resolution": resolution, "keep_s": keep_s},
+                )
+            return written
+
+        return await self.db.run(run)
+
+    # -- worker registry (shoal.queue.registry) ----------------------------------
+
+    async def register_worker(
+        self,
+        worker_id: str,
+        *,
+        host: str,
+        pid: int,
+        app: str,
+        queues: Mapping[str, int],
+        rescue_after: timedelta,
+        now: datetime | None,
+    ) -> int:
+        """Write (or refresh) this process's row; its number (worker.no)."""
+        rows = await self._rows(
+            "register_worker",
+            {
+                "id": worker_id,
+                "host": host,
+                "pid": pid,
+                "app": app,
+                "queues": json.dumps(dict(queues)),
+                "rescue_after_s": rescue_after.total_seconds(),
+                "now": now,
+            },
+        )
+        return int(rows[0][0])
+
+    async def heartbeat_worker(
+        self,
+        worker_id: str,
+        *,
+        running: Mapping[str, int],
+        done: int,
+        queues: Mapping[str, int],
+        now: datetime | None,
+    ) -> bool:
+        """Report the process alive with its counters; False when its row is gone."""
+        rows = await self._rows(
+            "heartbeat_worker",
+            {
+                "id": worker_id,
+                "running": sum(running.values()),
+                "running_by_queue": json.dumps({q: n for q, n in running.items() if n}),
+                "done": done,
+                "queues": json.dumps(dict(queues)),
+                "now": now,
+            },
+        )
+        return bool(rows)
+
+    async def drop_gone_workers(self, *, drop_s: float, now: datetime | None) -> None:
+        """Delete the rows whose heartbeat is older than ``drop_s`` seconds."""
+        await self._rows("drop_gone_workers", {"drop_s": drop_s, "now": now})
+
+    async def deregister_worker(self, worker_id: str) -> None:
+        await self._rows("deregister_worker", {"id": worker_id})
+
+    async def list_workers(self, *, gone_s: float, now: datetime | None) -> list[WorkerInfo]:
+        """Every registered process; ``gone`` past ``gone_s`` seconds (or its rescue_after)."""
+        rows = await self._rows("list_workers", {"gone_s": gone_s, "now": now})
+        return [WorkerInfo(*r) for r in rows]
