@@ -22,12 +22,12 @@ from zoneinfo import ZoneInfo
 from psycopg import sql
 
 from shoal.db.pool import AsyncConn
-from shoal.db.queries import load_queries
+from shoal.db.queries import fetch_named, load_queries
 from shoal.errors import Conflict, InvalidInput, NotFound
 from shoal.queue.client import Shoal
 from shoal.queue.cron import next_tick
 from shoal.queue.options import check_queue_name
-from shoal.queue.rows import JobRecord, job_record
+from shoal.queue.rows import JobRecord, job_records
 from shoal.queue.states import JobId, JobState
 
 # The jobs list shows failed jobs first: they are what an operator looks for.
@@ -133,6 +133,13 @@ class QueueInspector:
         self, name: str, params: dict[str, Any], conn: AsyncConn | None = None
     ) -> list[tuple[Any, ...]]:
         return await self.boss.db.fetch(self.sql[name], params, conn)
+
+    async def _jobs(self, name: str, params: dict[str, Any]) -> list[JobRecord]:
+        query = self.sql[name]
+        columns, rows = await self.boss.db.run(
+            lambda c: fetch_named(c, query, params), transaction=False
+        )
+        return job_records(columns, rows)
 
     async def _count(self, name: str, params: dict[str, Any]) -> int:
         query = self.sql[name]
@@ -318,7 +325,7 @@ class QueueInspector:
                     queue, states=parts[index], before_id=below, limit=wanted_rows
                 )
             else:
-                rows = await self._rows(
+                records = await self._jobs(
                     "search_jobs" if search is not None else "list_failed_jobs",
                     {
                         "states": [s.value for s in parts[index]],
@@ -329,7 +336,6 @@ class QueueInspector:
                         "limit": wanted_rows,
                     },
                 )
-                records = [job_record(r) for r in rows]
             found.extend((index, record) for record in records)
             if len(found) > limit:
                 break

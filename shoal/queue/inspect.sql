@@ -112,13 +112,14 @@ GROUP BY queue
 -- list_jobs (queries.sql) for the failed state alone: the literal state
 -- lets the planner walk the job_failed_queue index (a bound list of states
 -- cannot prove its predicate).
-SELECT id, queue, state::text, data, priority, attempt, retry_limit,
-       extract(epoch FROM retry_delay)::float8, retry_backoff,
-       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+SELECT id, queue, state::text AS state, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8 AS retry_delay_s, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8 AS retry_delay_max_s,
+       extract(epoch FROM expire_in)::float8 AS expire_in_s,
        singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
-       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
+       {schema}.readable_time_v1(start_after) AS start_after, created_at, started_at,
+       {schema}.readable_time_v1(lease_expires_at) AS lease_expires_at, finished_at, output,
+       errors, (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job
 WHERE state = 'failed'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -144,13 +145,14 @@ WITH found AS (
     WHERE singleton_key = %(search)s::text AND state IN ('created', 'retry', 'active')
       AND id IS DISTINCT FROM %(search_id)s::bigint
 )
-SELECT id, queue, state::text, data, priority, attempt, retry_limit,
-       extract(epoch FROM retry_delay)::float8, retry_backoff,
-       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+SELECT id, queue, state::text AS state, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8 AS retry_delay_s, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8 AS retry_delay_max_s,
+       extract(epoch FROM expire_in)::float8 AS expire_in_s,
        singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
-       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
+       {schema}.readable_time_v1(start_after) AS start_after, created_at, started_at,
+       {schema}.readable_time_v1(lease_expires_at) AS lease_expires_at, finished_at, output,
+       errors, (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM found
 WHERE state = ANY(%(states)s::{schema}.job_state[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)

@@ -400,35 +400,38 @@ DELETE FROM {schema}.paused_queue WHERE queue = %(queue)s
 -- One job, live or archived. Its start_after and lease end within what
 -- Python loads (readable_time_v1, shoal/queue/functions.sql): an
 -- older row may hold 'infinity', or a lease of thousands of years.
-SELECT id, queue, state::text, data, priority, attempt, retry_limit,
-       extract(epoch FROM retry_delay)::float8, retry_backoff,
-       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+SELECT id, queue, state::text AS state, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8 AS retry_delay_s, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8 AS retry_delay_max_s,
+       extract(epoch FROM expire_in)::float8 AS expire_in_s,
        singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
-       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
+       {schema}.readable_time_v1(start_after) AS start_after, created_at, started_at,
+       {schema}.readable_time_v1(lease_expires_at) AS lease_expires_at, finished_at, output,
+       errors, (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job WHERE id = %(id)s
 UNION ALL
-SELECT id, queue, state::text, data, priority, attempt, retry_limit,
-       extract(epoch FROM retry_delay)::float8, retry_backoff,
-       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+SELECT id, queue, state::text AS state, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8 AS retry_delay_s, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8 AS retry_delay_max_s,
+       extract(epoch FROM expire_in)::float8 AS expire_in_s,
        singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
-       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
+       {schema}.readable_time_v1(start_after) AS start_after, created_at, started_at,
+       {schema}.readable_time_v1(lease_expires_at) AS lease_expires_at, finished_at, output,
+       errors, (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job_archive WHERE id = %(id)s
 LIMIT 1
 
 -- name: list_jobs
 -- A page of jobs in some states, newest first, below a cursor id; of one
 -- queue, or (queue NULL) of every queue. Used by Shoal.jobs and the console.
-SELECT id, queue, state::text, data, priority, attempt, retry_limit,
-       extract(epoch FROM retry_delay)::float8, retry_backoff,
-       extract(epoch FROM retry_delay_max)::float8, extract(epoch FROM expire_in)::float8,
+SELECT id, queue, state::text AS state, data, priority, attempt, retry_limit,
+       extract(epoch FROM retry_delay)::float8 AS retry_delay_s, retry_backoff,
+       extract(epoch FROM retry_delay_max)::float8 AS retry_delay_max_s,
+       extract(epoch FROM expire_in)::float8 AS expire_in_s,
        singleton_key, dead_letter, origin_queue, origin_id,
-       {schema}.readable_time_v1(start_after), created_at, started_at,
-       {schema}.readable_time_v1(lease_expires_at), finished_at, output, errors,
-       (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
+       {schema}.readable_time_v1(start_after) AS start_after, created_at, started_at,
+       {schema}.readable_time_v1(lease_expires_at) AS lease_expires_at, finished_at, output,
+       errors, (SELECT w.id FROM {schema}.worker w WHERE w.no = holder) AS holder
 FROM {schema}.job
 WHERE state = ANY(%(states)s::{schema}.job_state[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)

@@ -1,9 +1,10 @@
 """The queue layer's rows as Python sees them: what a store's statements take and return.
 
-Plain values, read by column position where a statement's columns are fixed
-(``claim_reader`` reads a claim row by column name, for every layer whose
-claim returns it). No SQL runs here: the stores (:mod:`shoal.queue.store`,
-:mod:`shoal.queue.sync_store`) run it.
+Plain values, read by column position where a statement's columns are fixed;
+a claim row (``claim_reader``) and a job row (``job_reader``) are read by
+column name, for every statement and store that returns one. No SQL runs
+here: the stores (:mod:`shoal.queue.store`, :mod:`shoal.queue.sync_store`)
+run it.
 """
 
 from __future__ import annotations
@@ -369,33 +370,83 @@ def claim_reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJ
     return read
 
 
-def job_record(row: Sequence[Any]) -> JobRecord:
-    """A get_job/list_jobs row (see queries.sql for the column order)."""
-    return JobRecord(
-        id=JobId(row[0]),
-        queue=row[1],
-        state=JobState(row[2]),
-        data=row[3],
-        priority=row[4],
-        attempt=row[5],
-        policy=retry_policy(row[6], row[7], row[8], row[9]),
-        expire_in=timedelta(seconds=row[10]),
-        singleton_key=row[11],
-        dead_letter=row[12],
-        origin_queue=row[13],
-        origin_id=None if row[14] is None else JobId(row[14]),
-        start_after=row[15],
-        created_at=row[16],
-        started_at=row[17],
-        lease_expires_at=row[18],
-        finished_at=row[19],
-        output=row[20],
-        errors=tuple(
-            JobError(e["attempt"], e["at"], e["type"], e["message"], e.get("traceback"))
-            for e in row[21]
-        ),
-        holder=row[22],
-    )
+# The job row: the columns every statement that reads whole jobs returns, by
+# these names (get_job and list_jobs of queries.sql, the console's lists).
+# Read with job_reader, whichever store runs the statement.
+JOB_COLUMNS = (
+    "id",
+    "queue",
+    "state",
+    "data",
+    "priority",
+    "attempt",
+    "retry_limit",
+    "retry_delay_s",
+    "retry_backoff",
+    "retry_delay_max_s",
+    "expire_in_s",
+    "singleton_key",
+    "dead_letter",
+    "origin_queue",
+    "origin_id",
+    "start_after",
+    "created_at",
+    "started_at",
+    "lease_expires_at",
+    "finished_at",
+    "output",
+    "errors",
+    "holder",
+)
+
+
+@functools.lru_cache(maxsize=64)
+def job_reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], JobRecord]:
+    """Reads a JobRecord from a row of a statement with these column names.
+
+    As :func:`claim_reader`: the job row's columns are found by name once per
+    statement shape, so a statement may add columns or order them its own way,
+    and one that lacks one is a RuntimeError naming it, not a shifted field.
+    """
+    pick = operator.itemgetter(*positions(columns, JOB_COLUMNS, what="a job row"))
+
+    def read(row: Sequence[Any]) -> JobRecord:
+        (id_, queue, state, data, priority, attempt, limit, delay, backoff, delay_max,
+         expire_in, key, dead_letter, origin_queue, origin_id, start_after, created_at,
+         started_at, lease, finished_at, output, errors, holder) = pick(row)  # fmt: skip
+        return JobRecord(
+            id=JobId(id_),
+            queue=queue,
+            state=JobState(state),
+            data=data,
+            priority=priority,
+            attempt=attempt,
+            policy=retry_policy(limit, delay, backoff, delay_max),
+            expire_in=timedelta(seconds=expire_in),
+            singleton_key=key,
+            dead_letter=dead_letter,
+            origin_queue=origin_queue,
+            origin_id=None if origin_id is None else JobId(origin_id),
+            start_after=start_after,
+            created_at=created_at,
+            started_at=started_at,
+            lease_expires_at=lease,
+            finished_at=finished_at,
+            output=output,
+            errors=tuple(
+                JobError(e["attempt"], e["at"], e["type"], e["message"], e.get("traceback"))
+                for e in errors
+            ),
+            holder=holder,
+        )
+
+    return read
+
+
+def job_records(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[JobRecord]:
+    """Every row of a statement that returns job rows (see :func:`job_reader`)."""
+    read = job_reader(tuple(columns))
+    return [read(row) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)

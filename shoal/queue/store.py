@@ -46,7 +46,7 @@ from shoal.queue.rows import (
     ScheduleRow,
     WorkerInfo,
     claim_reader,
-    job_record,
+    job_records,
     queue_default_params,
     queue_default_row,
     retry_policy,
@@ -216,6 +216,16 @@ class JobStore:
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
     ) -> list[tuple[Any, ...]]:
         return await self.db.fetch(self.sql[name], params, conn)
+
+    async def _jobs(
+        self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
+    ) -> list[JobRecord]:
+        """The job rows of statement ``name``, read by column name (job_reader)."""
+        query = self.sql[name]
+        columns, rows = await self.db.on(
+            conn, lambda c: fetch_named(c, query, params), transaction=False
+        )
+        return job_records(columns, rows)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -627,8 +637,8 @@ class JobStore:
     # -- inspection ------------------------------------------------------
 
     async def get_job(self, job_id: JobId) -> JobRecord | None:
-        rows = await self._rows("get_job", {"id": job_id})
-        return job_record(rows[0]) if rows else None
+        jobs = await self._jobs("get_job", {"id": job_id})
+        return jobs[0] if jobs else None
 
     async def list_jobs(
         self,
@@ -639,7 +649,7 @@ class JobStore:
         limit: int,
     ) -> list[JobRecord]:
         """Jobs in ``states`` of ``queue`` (None: of all), newest first, below ``before_id``."""
-        rows = await self._rows(
+        return await self._jobs(
             "list_jobs",
             {
                 "queue": queue,
@@ -648,7 +658,6 @@ class JobStore:
                 "limit": limit,
             },
         )
-        return [job_record(r) for r in rows]
 
     async def queue_stats(self, *, now: datetime | None) -> list[QueueStateCount]:
         rows = await self._rows("queue_stats", {"now": now})

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
-from shoal.queue.rows import JobRecord, NewJob, job_record, queue_default_params
+from shoal.queue.rows import JobRecord, NewJob, job_records, queue_default_params
 from shoal.queue.states import JobId
 from shoal.queue.store import InsertPlan, cancel_channel, cancel_note, queue_queries
 
@@ -68,8 +68,15 @@ class SyncJobStore:
         return [r[0] for r in cur.fetchall()]
 
     def get_job(self, job_id: JobId, *, conn: SyncConn | None = None) -> JobRecord | None:
-        rows = self._rows("get_job", {"id": job_id}, conn)
-        return job_record(rows[0]) if rows else None
+        query = self.sql["get_job"]
+
+        def run(cur: SyncCursor) -> list[JobRecord]:
+            cur.execute(query, {"id": job_id})
+            columns = [c.name for c in cur.description or ()]
+            return job_records(columns, cur.fetchall())
+
+        jobs = self.db.on(conn, run)
+        return jobs[0] if jobs else None
 
     def cancel(
         self,
