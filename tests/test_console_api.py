@@ -378,3 +378,41 @@ async def test_read_only_refuses_every_mutating_route(boss: Shoal) -> None:
     assert (await boss.get_job(failed)).state is JobState.FAILED
     assert await boss.paused_queues() == []
     assert len(await boss.schedules()) == 1
+
+
+class RecordingTransport:
+    """A transport that keeps the connection each publish was given (or fails)."""
+
+    name = "recording"
+
+    def __init__(self, *, in_database: bool, fail: bool = False) -> None:
+        self.in_database = in_database
+        self.fail = fail
+        self.conns: list[object] = []
+
+    async def publish(self, topic: str, envelopes: Any, **kwargs: Any) -> None:
+        self.conns.append(kwargs.get("conn"))
+        if self.fail:
+            raise RuntimeError("publish refused")
+
+
+@pytest.mark.parametrize("in_database", [True, False])
+async def test_a_redrive_publishes_in_its_transaction_when_the_transport_says_it_can(
+    boss: Shoal, in_database: bool
+) -> None:
+    # Any transport whose messages live in the database joins the redrive's
+    # transaction (the transport says so, whatever its class); one that does
+    # not is never handed a connection it could not use.
+    await dead_letters(boss, "cards", 1)
+    transport = RecordingTransport(in_database=in_database)
+    assert await TopicInspector(boss).redrive("cards", transport) == 1  # type: ignore[arg-type]  # a recording fake of the protocol's one method used
+    (conn,) = transport.conns
+    assert (conn is not None) is in_database
+
+
+async def test_a_failed_redrive_publish_leaves_the_dead_letters_waiting(boss: Shoal) -> None:
+    await dead_letters(boss, "cards", 2)
+    inspector = TopicInspector(boss)
+    with pytest.raises(RuntimeError, match="publish refused"):
+        await inspector.redrive("cards", RecordingTransport(in_database=True, fail=True))  # type: ignore[arg-type]  # as above
+    assert [t.dead for t in await inspector.topics()] == [2]

@@ -17,7 +17,6 @@ from shoal.db.pool import AsyncConn
 from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, NotFound
 from shoal.ingest.message import Envelope
-from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.store import DeadLetter, IngestStore
 from shoal.ingest.transport import Transport
 from shoal.queue.client import Shoal
@@ -113,7 +112,7 @@ class TopicInspector:
             texts = await self.store.take_dead_letters(conn, topic, ids=ids, limit=limit, now=now)
             envelopes = [Envelope.decode(text) for text in texts]
             if envelopes:
-                if isinstance(transport, PostgresTransport):
+                if transport.in_database:
                     await transport.publish(topic, envelopes, conn=conn)
                 else:
                     await transport.publish(topic, envelopes)
