@@ -406,14 +406,14 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
 
     boss = await Shoal.connect(url, schema=SCHEMA, listen=False, max_size=2)
     sampler = HistorySampler(boss)
+    queries = boss.store.sql  # the sampler's statements (history.sql), run by the store
     out = []
     try:
         async with boss.db.pool.connection() as conn:
             for _ in range(rounds):
                 started = time.perf_counter()
                 async with conn.transaction(force_rollback=True):
-                    await conn.execute(sampler.sql["try_lead"], {"key": "bench"})
-                    await conn.execute(sampler.sql["plan_switches"])
+                    await conn.execute(queries["plan_switches"])
                     for resolution in (FINE_S, COARSE_S):
                         # The latest sample of this slot is removed (in the
                         # rolled-back transaction), so the round writes one.
@@ -425,7 +425,7 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
                             (resolution, resolution),
                         )
                         await conn.execute(
-                            sampler.sql["sample"],
+                            queries["sample"],
                             {
                                 "now": None,
                                 "resolution": resolution,
@@ -435,7 +435,7 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
                             },
                         )
                         await conn.execute(
-                            sampler.sql["prune_history"],
+                            queries["prune_history"],
                             {
                                 "now": None,
                                 "resolution": resolution,

@@ -15,7 +15,7 @@ from shoal import FakeClock, PermanentError, Shoal
 from shoal.api import create_api
 from shoal.app import App
 from shoal.batch.service import Batches
-from shoal.ingest.inspect import TopicInspector
+from shoal.console.topics import TopicInspector
 from shoal.ingest.message import new_envelope
 from shoal.ingest.store import IngestStore
 from shoal.queue.job import Job

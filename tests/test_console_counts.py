@@ -14,8 +14,9 @@ from psycopg import sql
 from shoal import FakeClock, PermanentError, Shoal
 from shoal.api import create_api
 from shoal.batch.service import Batches
+from shoal.console.history import History
+from shoal.console.queues import ESTIMATED_STATES, QueueInspector
 from shoal.queue.history import FINE_S, HistorySampler
-from shoal.queue.inspect import ESTIMATED_STATES, QueueInspector
 from shoal.queue.job import Job
 from shoal.queue.registry import GONE_S, WorkerRegistry
 from shoal.testing import drain
@@ -144,5 +145,5 @@ async def test_sampled_depths_count_waiting_retrying_and_running_per_queue(
     clock.advance(timedelta(seconds=FINE_S))
     await HistorySampler(fake_boss).sample_once()
     for queue, depths in {"email": (2, 1, 0), "sms": (1, 0, 2), "*": (3, 1, 2)}.items():
-        (sample,) = (await HistorySampler(fake_boss).history(queue=queue, window="15m"))[1]
+        (sample,) = (await History(fake_boss).history(queue=queue, window="15m"))[1]
         assert (sample.waiting, sample.retrying, sample.running) == depths, queue

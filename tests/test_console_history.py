@@ -15,6 +15,7 @@ from shoal import FakeClock, PermanentError, Shoal
 from shoal.api import create_api
 from shoal.app import App
 from shoal.batch.service import Batches
+from shoal.console.history import History
 from shoal.db.pool import Database
 from shoal.queue.history import COARSE_S, FINE_S, HistorySampler
 from shoal.queue.job import Job
@@ -133,7 +134,7 @@ async def test_the_jobs_an_app_runs_are_its_heartbeats_running_and_the_samples_r
         await wait_for(reported)
         await HistorySampler(fake_boss).sample_once()
         for queue in ("email", "*"):
-            (sample,) = (await HistorySampler(fake_boss).history(queue=queue, window="15m"))[1]
+            (sample,) = (await History(fake_boss).history(queue=queue, window="15m"))[1]
             assert (sample.waiting, sample.running) == (0, 3), queue
     finally:
         release.set()
@@ -199,12 +200,13 @@ async def test_sampler_writes_one_sample_per_interval_with_counts_depths_percent
         clock.advance(timedelta(seconds=i / 4))
         assert (await drain(timed, "email", work)).ran == 1
     sampler = HistorySampler(timed)
+    charts = History(timed)
     clock.advance(timedelta(seconds=FINE_S))
     written = await sampler.sample_once()
     assert written[FINE_S] == 3  # email, report, and '*'
     assert (await sampler.sample_once())[FINE_S] == 0  # this slot is taken
 
-    resolution, samples = await sampler.history(queue="email", window="15m")
+    resolution, samples = await charts.history(queue="email", window="15m")
     assert resolution == FINE_S
     (sample,) = samples
     assert (sample.completed, sample.failed, sample.waiting) == (3, 1, 1)
@@ -217,19 +219,19 @@ async def test_sampler_writes_one_sample_per_interval_with_counts_depths_percent
     assert sample.run_p95_s == pytest.approx(percentile(runs, 0.95), rel=1e-5)
     assert sample.wait_p50_s == pytest.approx(percentile(waits, 0.5), rel=1e-5)
     assert sample.wait_p95_s == pytest.approx(percentile(waits, 0.95), rel=1e-5)
-    (everything,) = (await sampler.history(queue="*", window="15m"))[1]
+    (everything,) = (await charts.history(queue="*", window="15m"))[1]
     assert (everything.completed, everything.waiting) == (3, 2)
 
     clock.advance(timedelta(seconds=FINE_S))
     await sampler.sample_once()
-    samples = (await sampler.history(queue="email", window="15m"))[1]
+    samples = (await charts.history(queue="email", window="15m"))[1]
     assert [s.completed for s in samples] == [3, 0]  # counts are per interval
 
     clock.advance(timedelta(hours=25))
     await sampler.sample_once()
-    samples = (await sampler.history(queue="*", window="1h"))[1]
+    samples = (await charts.history(queue="*", window="1h"))[1]
     assert len(samples) == 1  # older 10 s samples are past their 24 h
-    assert (await sampler.history(queue="*", window="24h"))[0] == COARSE_S
+    assert (await charts.history(queue="*", window="24h"))[0] == COARSE_S
 
 
 async def test_past_the_cap_finished_counts_are_scaled_from_the_latest_jobs(
@@ -245,10 +247,11 @@ async def test_past_the_cap_finished_counts_are_scaled_from_the_latest_jobs(
         assert (await drain(timed, "bulk", work)).ran == 1
     clock.advance(START + timedelta(seconds=FINE_S) - clock.now())
     sampler = HistorySampler(timed)
+    charts = History(timed)
     sampler.finished_cap = 1
     assert (await sampler.sample_once())[FINE_S] == 2  # bulk and '*'
 
-    (sample,) = (await sampler.history(queue="bulk", window="15m"))[1]
+    (sample,) = (await charts.history(queue="bulk", window="15m"))[1]
     # Two read (the cap and one more, to know it was passed), finished in the
     # last 5 s of the 10 s interval: the count is twice theirs.
     assert sample.completed == 4
@@ -266,11 +269,12 @@ async def test_past_the_cap_waiting_is_estimated_from_the_ids_of_one_priority(
     await timed.send("small", {})
     clock.advance(timedelta(seconds=FINE_S))
     sampler = HistorySampler(timed)
+    charts = History(timed)
     sampler.depth_cap = 2
     await sampler.sample_once()
 
     async def waiting(queue: str) -> int:
-        (sample,) = (await sampler.history(queue=queue, window="15m"))[1]
+        (sample,) = (await charts.history(queue=queue, window="15m"))[1]
         return sample.waiting
 
     # even and odd: 3 read over 5 ids, the last 4 ids further: round(3 * 9 / 5).

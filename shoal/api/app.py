@@ -37,13 +37,13 @@ from shoal.api.storable import refuse_unstorable_params
 from shoal.api.tasks import tasks_router
 from shoal.batch.service import Batches
 from shoal.batch.states import TaskStatus
+from shoal.console.history import History
+from shoal.console.queues import QueueInspector
+from shoal.console.topics import TopicInspector
 from shoal.db.writes import CachedWriteCheck
 from shoal.errors import InvalidInput
-from shoal.ingest.inspect import TopicInspector
 from shoal.ingest.postgres import PostgresTransport
 from shoal.queue.client import Shoal
-from shoal.queue.history import HistorySampler
-from shoal.queue.inspect import QueueInspector
 from shoal.queue.registry import WorkerRegistry
 
 API_VERSION = "1"
@@ -117,9 +117,7 @@ def create_api(
 
     # One probe for /readyz and the console: a burst of either makes one write.
     writes = CachedWriteCheck(boss.db, clock=boss.clock)
-    v1.include_router(
-        history_router(queues, topics, registry, HistorySampler(boss), open_tasks, writes)
-    )
+    v1.include_router(history_router(queues, topics, registry, History(boss), open_tasks, writes))
     api.include_router(v1)
     api.include_router(metrics_router(boss, batches), dependencies=auth)
     api.include_router(health_router())

@@ -1,7 +1,7 @@
 """The console's ``/v1`` routes: queues, jobs, schedules and topics, to list and control.
 
-Every route is a thin translation of one :class:`~shoal.queue.inspect.QueueInspector`
-or :class:`~shoal.ingest.inspect.TopicInspector` call; the SQL and the rules
+Every route is a thin translation of one :class:`~shoal.console.queues.QueueInspector`
+or :class:`~shoal.console.topics.TopicInspector` call; the SQL and the rules
 live in those layers. An unknown queue, job, schedule or topic answers 404
 naming the field (a name's message lists the known ones), a bad cursor or
 state 422, a job in the wrong state for the action 409; nothing changes.
@@ -35,22 +35,22 @@ from shoal.api.console_contract import (
     WorkerList,
 )
 from shoal.api.errors import ApiError, ErrorBody
-from shoal.db.writes import CachedWriteCheck, WriteCheck
-from shoal.ingest.inspect import MAX_PAGE as MAX_DEAD_PAGE
-from shoal.ingest.inspect import TopicInspector
-from shoal.ingest.postgres import QUEUE_PREFIX as TOPIC_QUEUE_PREFIX
-from shoal.ingest.store import DeadLetter
-from shoal.ingest.transport import Transport
-from shoal.queue.history import (
+from shoal.console.history import (
     ALL_QUEUES,
     SERIES,
     WINDOWS,
-    HistorySampler,
+    History,
     Sample,
     parse_series,
     parse_window,
 )
-from shoal.queue.inspect import DEFAULT_PAGE, MAX_PAGE, QueueInspector, QueueSummary, ScheduleInfo
+from shoal.console.queues import DEFAULT_PAGE, MAX_PAGE, QueueInspector, QueueSummary, ScheduleInfo
+from shoal.console.topics import MAX_PAGE as MAX_DEAD_PAGE
+from shoal.console.topics import TopicInspector
+from shoal.db.writes import CachedWriteCheck, WriteCheck
+from shoal.ingest.postgres import QUEUE_PREFIX as TOPIC_QUEUE_PREFIX
+from shoal.ingest.store import DeadLetter
+from shoal.ingest.transport import Transport
 from shoal.queue.registry import WorkerRegistry
 from shoal.queue.rows import JobRecord
 from shoal.queue.store import MAX_CANCELLED_BY
@@ -431,7 +431,7 @@ def history_router(
     queues: QueueInspector,
     topics: TopicInspector,
     registry: WorkerRegistry,
-    sampler: HistorySampler,
+    charts: History,
     open_tasks: Callable[[], Awaitable[int]],
     writes: CachedWriteCheck,
 ) -> APIRouter:
@@ -440,7 +440,7 @@ def history_router(
     async def history_of(queue: str | None, window: str, series: list[str]) -> dict[str, Any]:
         parse_window(window)  # a bad window is named before anything else
         name = ALL_QUEUES if queue is None else await queues.require_queue(queue)
-        resolution, samples = await sampler.history(queue=name, window=window)
+        resolution, samples = await charts.history(queue=name, window=window)
         return history_dict(name, window, resolution, samples, series)
 
     @router.get("/history", response_model=HistoryOut, responses=_errors(401, 404, 422))

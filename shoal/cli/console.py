@@ -6,7 +6,7 @@
     shoal schedule list|pause|resume|rm [NAME]
     shoal workers                     the worker processes and their heartbeats
 
-Each calls the same :class:`~shoal.queue.inspect.QueueInspector` method as
+Each calls the same :class:`~shoal.console.queues.QueueInspector` method as
 the matching ``/v1`` route. An unknown queue, job or schedule exits 2 with a
 message listing the known ones; nothing changes.
 """
@@ -23,9 +23,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shoal.console.queues import DEFAULT_PAGE, MAX_PAGE, QueueInspector
 from shoal.errors import InvalidInput
 from shoal.queue.client import Shoal
-from shoal.queue.inspect import DEFAULT_PAGE, MAX_PAGE, QueueInspector
 from shoal.queue.registry import WorkerRegistry
 from shoal.queue.rows import JobRecord
 from shoal.queue.states import JobState

@@ -116,7 +116,7 @@ def print_topics(topics: list[TopicState]) -> None:
 
 
 async def cmd_queue(args: argparse.Namespace, url: str) -> int:
-    from shoal.queue.inspect import QueueInspector
+    from shoal.console.queues import QueueInspector
 
     boss = await connect_existing(args, url)
     try:
@@ -138,7 +138,7 @@ async def cmd_queue(args: argparse.Namespace, url: str) -> int:
 
 
 async def cmd_topic(args: argparse.Namespace, url: str) -> int:
-    from shoal.ingest.inspect import TopicInspector
+    from shoal.console.topics import TopicInspector
     from shoal.ingest.pipeline import Pipeline
 
     transport = ingest_transport()

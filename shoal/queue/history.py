@@ -1,5 +1,7 @@
 """History for the console's charts: samples of every queue every 10 s and 5 min.
 
+The console reads them (shoal.console.history); this module writes them.
+
 One sample is taken per interval in the whole cluster, whatever the number of
 processes: ``shoal worker`` runs the :class:`HistorySampler` in the leader of
 :data:`HISTORY_DUTY` (shoal.db.leadership; a process that takes maintenance
@@ -29,12 +31,8 @@ Retention: 10 s samples for 24 hours, 5 min samples for 30 days.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
-from shoal.db.queries import load_queries
-from shoal.errors import InvalidInput, TransientError
+from shoal.errors import TransientError
 from shoal.queue.client import Shoal
 from shoal.queue.registry import GONE_S
 
@@ -47,20 +45,6 @@ FINE_S = 10
 COARSE_S = 300
 # How long each resolution is kept.
 RETENTION_S = {FINE_S: 24 * 3600, COARSE_S: 30 * 86400}
-# The console's windows: seconds, and the resolution drawn for each.
-WINDOWS = {"15m": (900, FINE_S), "1h": (3600, FINE_S), "24h": (86400, COARSE_S)}
-SERIES = (
-    "completed",
-    "failed",
-    "waiting",
-    "running",
-    "retrying",
-    "run_p50_s",
-    "run_p95_s",
-    "wait_p50_s",
-    "wait_p95_s",
-)
-ALL_QUEUES = "*"
 # A sample reads at most this many of the jobs that finished in its interval
 # (the latest); past it, its counts are scaled from them (history.sql, sample).
 # Each read job costs the sample about 5 µs (docs/benchmarks.md).
@@ -71,48 +55,12 @@ FINISHED_CAP = 1_000
 DEPTH_CAP = 200
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    at: datetime
-    completed: int
-    failed: int
-    waiting: int
-    running: int
-    retrying: int
-    run_p50_s: float | None
-    run_p95_s: float | None
-    wait_p50_s: float | None
-    wait_p95_s: float | None
-
-    def value(self, series: str) -> Any:
-        return getattr(self, series)
-
-
-def parse_window(window: str) -> tuple[int, int]:
-    """``15m``, ``1h`` or ``24h`` as (seconds, resolution), or InvalidInput naming ``window``."""
-    if window not in WINDOWS:
-        raise InvalidInput("window", f"{window!r:.40} is not one of {', '.join(WINDOWS)}")
-    return WINDOWS[window]
-
-
-def parse_series(text: str | None) -> list[str]:
-    """A comma-separated list of series names (all when empty), or InvalidInput."""
-    if text is None or not text.strip():
-        return list(SERIES)
-    names = [part.strip() for part in text.split(",")]
-    for name in names:
-        if name not in SERIES:
-            raise InvalidInput("series", f"{name!r:.40} is not one of {', '.join(SERIES)}")
-    return names
-
-
 class HistorySampler:
     """Writes samples into the history table; see the module docstring."""
 
     def __init__(self, boss: Shoal) -> None:
         self.boss = boss
         self.clock = boss.clock
-        self.sql = load_queries("shoal.queue", boss.db.schema, file="history.sql")
         self.finished_cap = FINISHED_CAP
         self.depth_cap = DEPTH_CAP
 
@@ -139,32 +87,13 @@ class HistorySampler:
             now = self.clock.now().timestamp()
             await self.clock.sleep(FINE_S - now % FINE_S + 0.05)
 
-    async def history(self, *, queue: str, window: str) -> tuple[int, list[Sample]]:
-        """(resolution, samples) of ``queue`` (``*`` for all) over ``window``."""
-        window_s, resolution = parse_window(window)
-        rows = await self.boss.db.fetch(
-            self.sql["history"],
-            {
-                "now": self.clock.sql_now(),
-                "resolution": resolution,
-                "queue": queue,
-                "window_s": window_s,
-            },
-        )
-        return resolution, [Sample(*r) for r in rows]
-
 
 __all__ = [
-    "ALL_QUEUES",
     "COARSE_S",
     "DEPTH_CAP",
     "FINE_S",
     "FINISHED_CAP",
     "HISTORY_DUTY",
-    "SERIES",
-    "WINDOWS",
+    "RETENTION_S",
     "HistorySampler",
-    "Sample",
-    "parse_series",
-    "parse_window",
 ]

@@ -1,6 +1,6 @@
--- SQL of the queue layer's history (the console's charts): the sampler's
--- statements, run by shoal/queue/store.py for shoal/queue/history.py, and
--- the charts' read (history).
+-- SQL of the queue layer's history sampler (the console's charts), run by
+-- shoal/queue/store.py for shoal/queue/history.py. The charts' read is the
+-- console's (shoal/console/console.sql).
 
 -- name: sample
 -- One sample of every queue (and of all, as queue '*') at the latest multiple
@@ -147,12 +147,3 @@ SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 DELETE FROM {schema}.history
 WHERE resolution = %(resolution)s
   AND at < coalesce(%(now)s::timestamptz, now()) - %(keep_s)s * interval '1 second'
-
--- name: history
--- The samples of one queue (or '*') at one resolution over the last %(window_s)s seconds.
-SELECT at, completed, failed, waiting, running, retrying, run_p50_s, run_p95_s, wait_p50_s,
-       wait_p95_s
-FROM {schema}.history
-WHERE resolution = %(resolution)s AND queue = %(queue)s
-  AND at > coalesce(%(now)s::timestamptz, now()) - %(window_s)s * interval '1 second'
-ORDER BY at

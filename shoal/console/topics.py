@@ -1,4 +1,4 @@
-"""The ingest layer's console: topics, their dead letters, and redrive.
+"""The console's topics: their backlog, their dead letters, and redrive.
 
 What ``shoal api``'s topic routes call. An unknown topic is
 :class:`~shoal.errors.NotFound` naming the field and listing the known ones;
@@ -11,16 +11,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
+from shoal.console.queues import known_list
+from shoal.console.store import ConsoleStore
 from shoal.db.pool import AsyncConn
-from shoal.db.queries import load_queries
 from shoal.errors import InvalidInput, NotFound
 from shoal.ingest.message import Envelope
 from shoal.ingest.store import DeadLetter, IngestStore
 from shoal.ingest.transport import Transport
 from shoal.queue.client import Shoal
-from shoal.queue.inspect import known_list
 
 MAX_PAGE = 500
 MAX_REDRIVE = 10_000
@@ -51,20 +50,15 @@ class TopicInspector:
     def __init__(self, boss: Shoal) -> None:
         self.boss = boss
         self.clock = boss.clock
-        self.sql = load_queries("shoal.ingest", boss.db.schema, file="inspect.sql")
+        self.console = ConsoleStore(boss.db)
         self.store = IngestStore(boss.db)
 
-    async def _rows(
-        self, name: str, params: dict[str, Any], conn: AsyncConn | None = None
-    ) -> list[tuple[Any, ...]]:
-        return await self.boss.db.fetch(self.sql[name], params, conn)
-
     async def topics(self) -> list[TopicSummary]:
-        return [TopicSummary(*r) for r in await self._rows("topics", {})]
+        return [TopicSummary(*r) for r in await self.console.topics()]
 
     async def require_topic(self, topic: str, field: str = "name") -> str:
-        if not (await self._rows("topic_known", {"topic": topic}))[0][0]:
-            names = [r[0] for r in await self._rows("topic_names", {})]
+        if not await self.console.topic_known(topic):
+            names = await self.console.topic_names()
             raise NotFound(f"no topic {topic!r:.130}; {known_list('topic', names)}", field=field)
         return topic
 
@@ -82,16 +76,13 @@ class TopicInspector:
         if cursor is not None and not _CURSOR.fullmatch(cursor):
             raise InvalidInput("cursor", f"{cursor!r:.80} is not a cursor this list returned")
         await self.require_topic(topic)
-        rows = await self._rows(
-            "dead_page",
-            {
-                "topic": topic,
-                "all": include_redriven,
-                "after_id": None if cursor is None else int(cursor),
-                "limit": limit + 1,
-            },
+        rows = await self.console.dead_page(
+            topic,
+            include_redriven=include_redriven,
+            after_id=None if cursor is None else int(cursor),
+            limit=limit + 1,
         )
-        letters = [DeadLetter(*r) for r in rows[:limit]]
+        letters = rows[:limit]
         more = len(rows) > limit
         return DeadPage(letters, str(letters[-1].id) if more else None)
 

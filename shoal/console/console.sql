@@ -1,6 +1,9 @@
--- SQL of the queue layer's console: listing and controlling queues, jobs and
--- schedules. Run only by shoal/queue/inspect.py.
+-- SQL of the console (the API's console routes and pages, the console CLI):
+-- reads of every layer's tables, and the operator's controls of queues, jobs
+-- and schedules. Run only by shoal/console/store.py.
 -- Every time-dependent statement takes %(now)s; NULL means the database clock.
+
+-- == queues, jobs and schedules (the queue layer's tables) ==================
 
 -- name: queue_names
 -- Every queue there is a trace of: waiting or failed jobs (each walked one
@@ -214,3 +217,48 @@ SET paused_at = NULL,
                      ELSE greatest(last_tick, coalesce(%(now)s::timestamptz, now())) END
 WHERE name = %(name)s
 RETURNING name
+
+-- == topics and dead letters (the ingest layer's tables) ===================
+
+-- name: topics
+-- Every topic the backlog monitor has seen or that has dead letters, with what
+-- the monitor last saw and the dead letters waiting for a redrive.
+SELECT coalesce(t.topic, d.topic), coalesce(t.depth, 0), coalesce(t.ready, 0),
+       coalesce(t.in_flight, 0), coalesce(t.delayed, 0), t.oldest_age_s, t.wait_s,
+       coalesce(t.paused, false), t.checked_at, coalesce(d.waiting, 0)
+FROM {schema}.ingest_topic t
+FULL JOIN (
+    SELECT topic, count(*) FILTER (WHERE redriven_at IS NULL) AS waiting
+    FROM {schema}.ingest_dead GROUP BY topic
+) d ON d.topic = t.topic
+ORDER BY 1
+
+-- name: topic_known
+SELECT EXISTS (SELECT 1 FROM {schema}.ingest_topic WHERE topic = %(topic)s)
+    OR EXISTS (SELECT 1 FROM {schema}.ingest_dead WHERE topic = %(topic)s)
+
+-- name: topic_names
+SELECT topic FROM {schema}.ingest_topic
+UNION SELECT DISTINCT topic FROM {schema}.ingest_dead
+ORDER BY 1
+
+-- name: dead_page
+-- A page of a topic's dead letters, oldest first, after a cursor id; waiting
+-- ones only unless %(all)s.
+SELECT id, topic, message_id, envelope::text, reason, error, attempt, dead_at, redriven_at
+FROM {schema}.ingest_dead
+WHERE topic = %(topic)s AND (%(all)s OR redriven_at IS NULL)
+  AND (%(after_id)s::bigint IS NULL OR id > %(after_id)s::bigint)
+ORDER BY id
+LIMIT %(limit)s
+
+-- == history (the queue layer's samples, shoal/queue/history.py) ===========
+
+-- name: history
+-- The samples of one queue (or '*') at one resolution over the last %(window_s)s seconds.
+SELECT at, completed, failed, waiting, running, retrying, run_p50_s, run_p95_s, wait_p50_s,
+       wait_p95_s
+FROM {schema}.history
+WHERE resolution = %(resolution)s AND queue = %(queue)s
+  AND at > coalesce(%(now)s::timestamptz, now()) - %(window_s)s * interval '1 second'
+ORDER BY at

@@ -1,4 +1,4 @@
-"""The queue layer's console: list and control queues, jobs and schedules.
+"""The console's queues, jobs and schedules: list and control them.
 
 What ``shoal api``'s console routes and the ``shoal jobs``/``job``/``schedule``
 commands call. Every name given is checked first: an unknown queue, job or
@@ -19,15 +19,13 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from psycopg import sql
-
+from shoal.console.store import ConsoleStore
 from shoal.db.pool import AsyncConn
-from shoal.db.queries import fetch_named, load_queries
 from shoal.errors import Conflict, InvalidInput, NotFound
 from shoal.queue.client import Shoal
 from shoal.queue.cron import next_tick
 from shoal.queue.options import check_queue_name
-from shoal.queue.rows import JobRecord, job_records
+from shoal.queue.rows import JobRecord
 from shoal.queue.states import JobId, JobState
 
 # The jobs list shows failed jobs first: they are what an operator looks for.
@@ -123,37 +121,15 @@ class QueueInspector:
         self.boss = boss
         self.store = boss.store
         self.clock = boss.clock
-        self.sql = load_queries("shoal.queue", boss.db.schema, file="inspect.sql")
-        self._job_table = sql.Identifier(boss.db.schema, "job").as_string()
+        self.console = ConsoleStore(boss.db)
         # Past this many jobs in the table, the queues list estimates its
         # completed and cancelled counts (see queues()). Set by tests.
         self.exact_count_limit = EXACT_COUNT_LIMIT
 
-    async def _rows(
-        self, name: str, params: dict[str, Any], conn: AsyncConn | None = None
-    ) -> list[tuple[Any, ...]]:
-        return await self.boss.db.fetch(self.sql[name], params, conn)
-
-    async def _jobs(self, name: str, params: dict[str, Any]) -> list[JobRecord]:
-        query = self.sql[name]
-        columns, rows = await self.boss.db.run(
-            lambda c: fetch_named(c, query, params), transaction=False
-        )
-        return job_records(columns, rows)
-
-    async def _count(self, name: str, params: dict[str, Any]) -> int:
-        query = self.sql[name]
-
-        async def run(c: AsyncConn) -> int:
-            cur = await c.execute(query, params)
-            return cur.rowcount
-
-        return await self.boss.db.run(run)
-
     # -- queues ------------------------------------------------------------
 
     async def queue_names(self) -> list[str]:
-        return [r[0] for r in await self._rows("queue_names", {"now": self.clock.sql_now()})]
+        return await self.console.queue_names(now=self.clock.sql_now())
 
     async def require_queue(self, queue: str, field: str = "queue") -> str:
         """``queue`` if there is any trace of it (jobs, a pause, a schedule, a worker).
@@ -162,8 +138,7 @@ class QueueInspector:
         syntax first, with InvalidInput naming ``field``: it never reaches SQL.
         """
         check_queue_name(queue, field=field)
-        rows = await self._rows("queue_known", {"queue": queue})
-        if not rows[0][0]:
+        if not await self.console.queue_known(queue):
             known = known_list("queue", await self.queue_names())
             raise NotFound(f"no queue {queue!r:.130}; {known}", field=field)
         return queue
@@ -179,17 +154,11 @@ class QueueInspector:
         the oldest wait is that of the queue's next job in claim order.
         """
         now = self.clock.sql_now()
-        (rows,) = await self._rows("job_rows_estimate", {"job_table": self._job_table})
-        if rows[0] > self.exact_count_limit:
+        if await self.console.job_rows_estimate() > self.exact_count_limit:
             return await self._estimated_queues(now)
         stats = await self.store.queue_stats(now=now)
-        paused = dict(await self._rows("queue_paused_at", {}))
-        recent = {
-            r[0]: (r[1], r[2])
-            for r in await self._rows(
-                "queue_finished_since", {"now": now, "since_s": THROUGHPUT_WINDOW_S}
-            )
-        }
+        paused = await self.console.queue_paused_at()
+        recent = await self.console.queue_finished_since(since_s=THROUGHPUT_WINDOW_S, now=now)
         # Queues with no jobs yet still show: scheduled into, served by a worker.
         known = await self.queue_names()
         names = sorted({row.queue for row in stats} | paused.keys() | recent.keys() | set(known))
@@ -215,8 +184,7 @@ class QueueInspector:
 
     async def failed_total(self) -> int:
         """Failed jobs of every queue (what :meth:`queues` sums, for a fraction of its work)."""
-        (row,) = await self._rows("failed_total", {})
-        return int(row[0])
+        return await self.console.failed_total()
 
     async def _estimated_queues(self, now: datetime | None) -> list[QueueSummary]:
         counts: dict[str, dict[str, int]] = {}
@@ -225,24 +193,16 @@ class QueueInspector:
         def of(queue: str) -> dict[str, int]:
             return counts.setdefault(queue, {s.value: 0 for s in JobState})
 
-        indexed = await self._rows("queue_counts_indexed", {"now": now})
+        indexed = await self.console.queue_counts_indexed(now=now)
         for queue, created, retry, active, failed, wait in indexed:
             of(queue).update(created=created, retry=retry, active=active, failed=failed)
             if wait is not None:
                 oldest[queue] = wait.total_seconds()
-        finished = await self._rows(
-            "finished_estimates",
-            {"job_table": self._job_table, "schema_name": self.boss.db.schema},
-        )
+        finished = await self.console.finished_estimates()
         for queue, state, n in finished:
             of(queue)[state] = n
-        paused = dict(await self._rows("queue_paused_at", {}))
-        recent = {
-            r[0]: (r[1], r[2])
-            for r in await self._rows(
-                "queue_finished_since", {"now": now, "since_s": THROUGHPUT_WINDOW_S}
-            )
-        }
+        paused = await self.console.queue_paused_at()
+        recent = await self.console.queue_finished_since(since_s=THROUGHPUT_WINDOW_S, now=now)
         names = sorted(
             counts.keys() | paused.keys() | recent.keys() | set(await self.queue_names())
         )
@@ -269,21 +229,20 @@ class QueueInspector:
     async def retry_failed(self, queue: str) -> int:
         """Every failed job of ``queue`` to run again now; how many."""
         await self.require_queue(queue, "name")
-        query = self.sql["retry_failed"]
-        params = {"queue": queue, "now": self.clock.sql_now()}
+        now = self.clock.sql_now()
 
         async def run(c: AsyncConn) -> int:
-            cur = await c.execute(query, params)
-            if cur.rowcount:
+            count = await self.console.retry_failed(c, queue, now=now)
+            if count:
                 await self.store.notify(c, [queue])
-            return cur.rowcount
+            return count
 
         return await self.boss.db.run(run)
 
     async def delete_failed(self, queue: str) -> int:
         """Delete every failed job of ``queue``; how many."""
         await self.require_queue(queue, "name")
-        return await self._count("delete_failed", {"queue": queue})
+        return await self.console.delete_failed(queue)
 
     # -- jobs ----------------------------------------------------------------
 
@@ -320,21 +279,22 @@ class QueueInspector:
         for index in range(part, len(parts)):
             below = before if index == part else None
             wanted_rows = limit + 1 - len(found)
-            if search is None and parts[index] != FAILED_FIRST:
-                records = await self.store.list_jobs(
-                    queue, states=parts[index], before_id=below, limit=wanted_rows
+            if search is not None:
+                records = await self.console.search_jobs(
+                    search=search,
+                    search_id=search_id,
+                    states=parts[index],
+                    queue=queue,
+                    before_id=below,
+                    limit=wanted_rows,
+                )
+            elif parts[index] == FAILED_FIRST:
+                records = await self.console.list_failed_jobs(
+                    queue=queue, before_id=below, limit=wanted_rows
                 )
             else:
-                records = await self._jobs(
-                    "search_jobs" if search is not None else "list_failed_jobs",
-                    {
-                        "states": [s.value for s in parts[index]],
-                        "queue": queue,
-                        "before_id": below,
-                        "search": search,
-                        "search_id": search_id,
-                        "limit": wanted_rows,
-                    },
+                records = await self.store.list_jobs(
+                    queue, states=parts[index], before_id=below, limit=wanted_rows
                 )
             found.extend((index, record) for record in records)
             if len(found) > limit:
@@ -353,14 +313,13 @@ class QueueInspector:
     async def retry_job(self, job_id: int) -> JobRecord:
         """A failed or cancelled job to run again now."""
         record = await self.job(job_id)
-        query = self.sql["retry_job"]
-        params = {"id": job_id, "now": self.clock.sql_now()}
+        now = self.clock.sql_now()
 
         async def run(c: AsyncConn) -> bool:
-            cur = await c.execute(query, params)
-            if cur.rowcount:
+            retried = await self.console.retry_job(c, job_id, now=now)
+            if retried:
                 await self.store.notify(c, [record.queue])
-            return bool(cur.rowcount)
+            return retried
 
         if not await self.boss.db.run(run):
             current = await self.job(job_id)
@@ -394,7 +353,7 @@ class QueueInspector:
         record = await self.job(job_id)
         if record.state is JobState.ACTIVE:
             raise Conflict(f"job {job_id} is active; cancel it before deleting it", field="job_id")
-        if not await self._rows("delete_job", {"id": job_id}):
+        if not await self.console.delete_job(job_id):
             current = await self.job(job_id)
             raise Conflict(f"job {job_id} is {current.state.value}; not deleted", field="job_id")
 
@@ -421,26 +380,26 @@ class QueueInspector:
             for r in rows
         ]
 
-    async def _require_schedule(self, name: str, rows: list[tuple[Any, ...]]) -> None:
-        if not rows:
-            names = [r[0] for r in await self._rows("schedule_names", {})]
+    async def _require_schedule(self, name: str, found: bool) -> None:
+        if not found:
+            names = await self.console.schedule_names()
             raise NotFound(
                 f"no schedule {name!r:.130}; {known_list('schedule', names)}", field="name"
             )
 
     async def pause_schedule(self, name: str) -> None:
         """Stop ``name`` ticking in every process (it stays paused across restarts)."""
-        rows = await self._rows("pause_schedule", {"name": name, "now": self.clock.sql_now()})
-        await self._require_schedule(name, rows)
+        found = await self.console.pause_schedule(name, now=self.clock.sql_now())
+        await self._require_schedule(name, found)
 
     async def resume_schedule(self, name: str) -> None:
         """Tick again from the next tick after now (missed ticks are not sent)."""
-        rows = await self._rows("resume_schedule", {"name": name, "now": self.clock.sql_now()})
-        await self._require_schedule(name, rows)
+        found = await self.console.resume_schedule(name, now=self.clock.sql_now())
+        await self._require_schedule(name, found)
 
     async def remove_schedule(self, name: str) -> None:
         if not await self.boss.unschedule(name):
-            await self._require_schedule(name, [])
+            await self._require_schedule(name, False)
 
 
 __all__ = [
