@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(APPS))
 		-e '.[all,test,bench]' $(addprefix -e ,$(APPS))
 	touch $(STAMP)
 
-# The main job: the extraction workbench on the sample corpus (docs/extraction.md).
+# The main job: the extraction workbench on the sample corpus (apps/extraction/README.md).
 demo: $(STAMP)
 	$(VENV)/bin/shoal-extract demo
 

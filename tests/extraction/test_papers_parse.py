@@ -16,7 +16,7 @@ from bench.parse_bench import TARGET_WHOLE, measure, papers_dir
 from tests.extraction.papers import parsed_paper
 
 PAPERS = papers_dir()
-# Text-layer papers still under the target (see docs/extraction.md, "Parsing"): each is
+# Text-layer papers still under the target (see apps/extraction/README.md, "Parsing"): each is
 # expected to fail until its layout habit is read, and strict, so a fix shows here.
 BELOW_TARGET = frozenset(
     {

@@ -117,7 +117,7 @@ async def test_upload_pick_start_watch_browse_retry_and_export(
         # A click on a value shows its evidence: page, confidence, the quoted passage.
         year = paper.locator('td[data-field="year"]')
         await year.click()
-        # A citation line alone is one signal: the middle band (docs/extraction.md).
+        # A citation line alone is one signal: the middle band (apps/extraction/README.md).
         await expect(year.locator(".evidence")).to_contain_text("p. 1 · confidence 85% · “")
         await expect(year.locator(".evidence")).to_contain_text(str(truth["paper-01.pdf"]["year"]))
         await year.locator(".value").click()  # the value again: the panel closes
@@ -175,7 +175,7 @@ async def test_upload_pick_start_watch_browse_retry_and_export(
         await context.close()
 
 
-# With SHOAL_WRITE_SCREENSHOTS=1 the page test rewrites the picture docs/extraction.md shows.
+# With SHOAL_WRITE_SCREENSHOTS=1 the page test rewrites the picture apps/extraction/README.md shows.
 WRITE_SCREENSHOTS = os.environ.get("SHOAL_WRITE_SCREENSHOTS") == "1"
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 

@@ -4,7 +4,7 @@
     shoal api --app shoal_extract.app:app      # /v1, dashboard, workbench at /extraction
 
 The llm extractor is configured by ``SHOAL_LLM_BASE_URL``, ``SHOAL_LLM_MODEL``
-and ``SHOAL_LLM_API_KEY`` (docs/extraction.md); without them only ``rules``
+and ``SHOAL_LLM_API_KEY`` (apps/extraction/README.md); without them only ``rules``
 runs. ``SHOAL_EXTRACT_MAX_PAGES`` and ``SHOAL_EXTRACT_MAX_OCR_PAGES`` bound one document.
 ``SHOAL_API_TOKEN_NAME`` names the token's holder in the reviews they store.
 """

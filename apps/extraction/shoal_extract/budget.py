@@ -20,7 +20,7 @@ Not the extraction kind's limits (partitioned by model), which hold item
 starts: an item makes several calls, the budget has two buckets, a call's
 tokens are known only inside the run, a pause must hold the calls of running
 items, and the model is the worker's setting, not the item's
-(docs/extraction.md, "The model budget across workers").
+(apps/extraction/README.md, "The model budget across workers").
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class ExtractionApp:
         if name == "llm" and self._llm is None:
             raise PermanentError(
                 "the llm extractor is not configured on this worker: set SHOAL_LLM_BASE_URL "
-                "and SHOAL_LLM_MODEL (docs/extraction.md)"
+                "and SHOAL_LLM_MODEL (apps/extraction/README.md)"
             )
         return name
 

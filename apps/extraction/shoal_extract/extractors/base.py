@@ -106,7 +106,7 @@ class CallContext:
     last_attempt: bool = True
 
 
-# What came of asking the model in the rules+llm mode (docs/extraction.md):
+# What came of asking the model in the rules+llm mode (apps/extraction/README.md):
 # not_needed: the rules filled every field, the model was not asked;
 # not_configured: no endpoint is configured, the rules' values alone;
 # answered: the model was asked the fields the rules left empty (a cached answer included);
