@@ -32,10 +32,14 @@ page's blocks out of order); look at the page to tell.
 **Furniture.** Lines the parse marks as page furniture (running headers and
 footers, page numbers, stamps, rotated margin lines): the count per paper.
 
-**OCR** (``--ocr``): the papers' pages rendered and read by Tesseract as a
-scan would be, at each DPI / page segmentation mode / option setting, with
-the text layer set aside: CPU-seconds a page (the Tesseract process's and
-ours) and the share of the text layer's words the OCR text holds whole.
+**OCR** (``--ocr``): the two scans' pages rendered and read by Tesseract as
+a scan would be, for each engine (the Tesseract program or the library in
+this process) / DPI / page segmentation mode / option setting, with the text
+layer set aside: CPU-seconds a page (ours, rendering included, and the
+Tesseract program's), the share of the text layer's words the OCR text holds
+whole, and its reading order (word trigrams, as above: a page read across
+its two columns loses most). ``--ocr-pages N`` takes the first N pages of each scan (14 takes
+all 18), ``--ocr-reps`` runs the settings in turn that many times.
 """
 
 from __future__ import annotations
@@ -46,12 +50,14 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pypdfium2
 
@@ -211,55 +217,175 @@ def parse_table(rows: list[PaperFigures]) -> list[str]:
 
 # --- OCR ---------------------------------------------------------------------------------
 
-OCR_SETTINGS: list[tuple[int, int, str]] = [
-    # (dpi, psm, extra tesseract options); the first is what shoal_extract.ocr did before
-    (200, 3, ""),
-    (200, 3, "-c tessedit_do_invert=0"),
-    (150, 3, ""),
-    (150, 3, "-c tessedit_do_invert=0"),
-    (150, 6, "-c tessedit_do_invert=0"),
-    (150, 4, "-c tessedit_do_invert=0"),
-    (120, 3, "-c tessedit_do_invert=0"),
-    (100, 3, "-c tessedit_do_invert=0"),
+# (engine, dpi, psm, options). Engines: "program" is the Tesseract program run
+# once a page on a PNG (what shoal_extract.ocr did up to 944515e, through
+# pytesseract), "program/paper" the program run once a paper on a list of the
+# paper's pages, "tesserocr" Tesseract 5.5 in this process through tesserocr,
+# one engine kept for all pages; "shoal" is shoal_extract.ocr as it is.
+# Options are Tesseract variables, name=value.
+OCR_SETTINGS: list[tuple[str, int, int, str]] = [
+    ("program", 200, 3, ""),
+    ("program/paper", 200, 3, ""),
+    ("tesserocr", 200, 3, ""),
+    ("tesserocr", 200, 3, "invert_threshold=0"),
+    ("tesserocr", 200, 3, "load_system_dawg=0 load_freq_dawg=0"),
+    ("tesserocr", 200, 6, ""),
+    ("tesserocr", 175, 3, ""),
+    ("tesserocr", 150, 3, ""),
+    ("tesserocr", 150, 4, ""),
+    ("tesserocr", 120, 3, ""),
+    ("shoal", 0, 0, ""),
 ]
 OCR_PAPERS = ("clincardiol_mattioli1998", "jcompphys_jordan1986")
 
 
-def _children_cpu() -> float:
+def _cpu() -> float:
+    """CPU-seconds of this process and of its finished children (the Tesseract program)."""
     t = os.times()
-    return t.children_user + t.children_system
+    return t.user + t.system + t.children_user + t.children_system
 
 
-def ocr_rows(directory: Path, pages_each: int) -> list[str]:
-    import pytesseract
+def _grey_image(image: Any) -> Any:
+    from PIL import Image
 
-    from shoal_extract.ocr import render_for_ocr
+    return Image.frombuffer(
+        "L", (image.width, image.height), image.pixels, "raw", "L", image.stride, 1
+    )
 
-    rows = [
-        "| DPI | psm | options | pages | CPU s a page | words whole |",
-        "|---|---|---|---|---|---|",
-    ]
-    samples = []
+
+def _run_program(images: list[Any], workdir: Path, psm: int, options: str) -> list[str]:
+    """The Tesseract program on the pages: one call for all of them (a list file of PNMs),
+    or one call on a PNG for one page (as pytesseract does)."""
+    config = [arg for o in options.split() for arg in ("-c", o)]
+    if len(images) == 1:
+        source = workdir / "page.png"
+        _grey_image(images[0]).save(source)
+    else:
+        names = []
+        for n, image in enumerate(images):
+            names.append(str(workdir / f"page-{n}.pnm"))
+            _grey_image(image).save(names[-1])
+        source = workdir / "pages.txt"
+        source.write_text("\n".join(names) + "\n")
+    out = subprocess.run(
+        ["tesseract", str(source), "-", "--psm", str(psm), *config],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "OMP_THREAD_LIMIT": "1"},  # one thread, as the app ran it
+    )
+    return out.stdout.split("\x0c")[: len(images)]
+
+
+def _start_tesserocr(psm: int, options: str) -> Any:
+    import tesserocr
+
+    from shoal_extract.ocr import LANG, tessdata_dir
+
+    variables = dict(o.split("=", 1) for o in options.split())
+    init = {k: v for k, v in variables.items() if k.startswith("load_")}  # read at start only
+    engine = tesserocr.PyTessBaseAPI(
+        path=tessdata_dir(), lang=LANG, oem=tesserocr.OEM.LSTM_ONLY, psm=psm, variables=init
+    )
+    for name, value in variables.items():
+        if name not in init and not engine.SetVariable(name, value):
+            raise ValueError(f"Tesseract has no variable {name!r}")
+    return engine
+
+
+def _ocr_papers(
+    setting: tuple[str, int, int, str], papers: list[tuple[Any, list[list[str]]]], engine: Any
+) -> tuple[float, float, float]:
+    """(CPU-seconds, words whole, order) for one setting: shares of the text layers' words
+    and word trigrams that the OCR text has."""
+    from shoal_extract.ocr import read_page_image, render_for_ocr
+
+    kind, dpi, psm, options = setting
+    cpu = 0.0
+    texts: list[tuple[str, list[str]]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for pdf, references in papers:
+            before = _cpu()
+            images = [
+                render_for_ocr(pdf[n], **({"dpi": dpi} if dpi else {}))
+                for n in range(len(references))
+            ]
+            if kind == "program":
+                got = [_run_program([image], Path(tmp), psm, options)[0] for image in images]
+            elif kind == "program/paper":
+                got = _run_program(images, Path(tmp), psm, options)
+            elif kind == "tesserocr":
+                got = []
+                for image in images:
+                    engine.SetImageBytes(image.pixels, image.width, image.height, 1, image.stride)
+                    engine.SetSourceResolution(image.dpi)
+                    got.append(engine.GetUTF8Text())
+            else:
+                got = [read_page_image(image) for image in images]
+            cpu += _cpu() - before
+            texts += zip(got, references, strict=True)
+    found = total = o_found = o_total = 0
+    for text, reference in texts:
+        f, t = whole_share(reference, keys(text))
+        found, total = found + f, total + t
+        f, t = trigram_share(reference, keys(text))
+        o_found, o_total = o_found + f, o_total + t
+    return cpu, found / total, o_found / o_total
+
+
+def ocr_rows(directory: Path, pages_each: int, reps: int) -> list[str]:
+    """Each setting over the first ``pages_each`` pages of each scan, ``reps`` times in turn."""
+    from shoal_extract.ocr import OCR_DPI, PAGE_SEGMENTATION, PageImage, read_page_image
+
+    papers = []
     for stem in OCR_PAPERS:
         content = (directory / "pdfs" / f"{stem}.pdf").read_bytes()
         reference = reference_pages(content)
         pdf = pypdfium2.PdfDocument(content)
-        for index in range(min(pages_each, len(pdf))):
-            samples.append((pdf, index, keys(reference[index])))
-    for dpi, psm, options in OCR_SETTINGS:
-        cpu = found = total = 0.0
-        for pdf, index, ref in samples:
-            before = time.process_time() + _children_cpu()
-            image = render_for_ocr(pdf[index], dpi=dpi)
-            text = pytesseract.image_to_string(image, lang="eng", config=f"--psm {psm} {options}")
-            cpu += time.process_time() + _children_cpu() - before
-            f, t = whole_share(ref, keys(text))
-            found, total = found + f, total + t
+        papers.append((pdf, [keys(text) for text in reference[:pages_each]]))
+    pages = sum(len(references) for _, references in papers)
+    started = _cpu()
+    read_page_image(PageImage(b"\xff" * 64, 8, 8, 8, OCR_DPI))  # starts shoal's engine
+    start_cpu = _cpu() - started
+    engines = {}
+    for setting in OCR_SETTINGS:
+        kind, _, psm, options = setting
+        if kind == "tesserocr":
+            engines[setting] = _start_tesserocr(psm, options)
+    seconds: dict[tuple[str, int, int, str], list[float]] = {s: [] for s in OCR_SETTINGS}
+    shares: dict[tuple[str, int, int, str], tuple[float, float]] = {}
+    for _ in range(reps):  # in turn, so a change in the machine's load falls on every setting
+        for setting in OCR_SETTINGS:
+            cpu, whole, order = _ocr_papers(setting, papers, engines.get(setting))
+            seconds[setting].append(cpu / pages)
+            shares[setting] = whole, order
+            print(
+                f"{setting}: {cpu / pages:.2f} CPU-s a page, {whole:.1%}, {order:.1%}", flush=True
+            )
+    rows = [
+        f"| engine | DPI | psm | options | pages | CPU s a page, median of {reps} (range) "
+        "| words whole | order |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for setting in OCR_SETTINGS:
+        kind, dpi, psm, options = setting
+        if kind == "shoal":
+            dpi, psm = OCR_DPI, PAGE_SEGMENTATION
+        s = seconds[setting]
         rows.append(
-            f"| {dpi} | {psm} | {options or '-'} | {len(samples)} | {cpu / len(samples):.2f} "
-            f"| {found / total:.1%} |"
+            f"| {kind} | {dpi} | {psm} | {options or '-'} | {pages} | {statistics.median(s):.2f} "
+            f"({min(s):.2f}-{max(s):.2f}) | {shares[setting][0]:.1%} | {shares[setting][1]:.1%} |"
         )
-        print(rows[-1], flush=True)
+    import tesserocr
+
+    program = subprocess.run(["tesseract", "--version"], capture_output=True, text=True)
+    rows += [
+        "",
+        f"The program: {program.stdout.split(chr(10))[0]}; tesserocr {tesserocr.__version__} with "
+        f"{tesserocr.tesseract_version().split(chr(10))[0]}; Debian's eng model.",
+        f"Starting shoal's engine (once a thread, loading the model): {start_cpu:.2f} CPU-s. "
+        f"Load average at the end: {', '.join(f'{n:.1f}' for n in os.getloadavg())}.",
+    ]
     return rows
 
 
@@ -269,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="a paper's file stem; repeatable")
     parser.add_argument("--ocr", action="store_true", help="time OCR settings instead")
     parser.add_argument("--ocr-pages", type=int, default=4, help="pages of each scan to OCR")
+    parser.add_argument("--ocr-reps", type=int, default=3, help="times each OCR setting runs")
     parser.add_argument("--record", action="store_true", help="write bench/runs/<date>-parse-*.md")
     args = parser.parse_args(argv)
     commit = _commit()  # the code measured, before anything is edited during the run
@@ -277,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no development set (a folder with pdfs/): set SHOAL_PAPERS_DIR or --papers")
         return 2
     if args.ocr:
-        lines = ocr_rows(directory, args.ocr_pages)
+        lines = ocr_rows(directory, args.ocr_pages, args.ocr_reps)
         kind = "ocr"
     else:
         rows = []
@@ -296,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         head = [
             f"# {kind} bench, {day}, commit {commit}",
             "",
-            f"`python -m bench.parse_bench{' --ocr' if args.ocr else ''}` on the development set "
+            f"`python -m bench.parse_bench {' '.join(argv if argv is not None else sys.argv[1:])}` "
+            "on the development set "
             f"({os.cpu_count()} cores, Python {sys.version.split()[0]}). Figures only.",
             "",
         ]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pdfplumber
-import pytesseract
 import pytest
 
 from shoal_extract.parsing import DocumentFormat, ParseError, ParseLimits, parse_document
@@ -113,13 +113,28 @@ def test_only_pages_without_a_text_layer_are_ocred(corpus_dir: Path) -> None:
     assert parsed.ocr_pages == ()
 
 
-def test_without_tesseract_a_scan_fails_naming_the_package(
-    hard_dir: Path, hard_key: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+def test_scans_read_in_threads_at_once_read_as_one_at_a_time(
+    hard_dir: Path, hard_key: dict[str, Any], tesseract: str
 ) -> None:
-    monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", "/nonexistent/tesseract")
+    # The worker parses in threads: each thread OCRs on a Tesseract engine of
+    # its own, taken from and given back to the process's idle ones.
+    content = (hard_dir / _paper(hard_key, "scan")["file"]).read_bytes()
+    alone = parse_document(content, DocumentFormat.PDF).text
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        texts = list(pool.map(lambda _: parse_document(content, DocumentFormat.PDF).text, range(3)))
+    assert texts == [alone] * 3
+
+
+def test_without_tesseracts_english_data_a_scan_fails_naming_the_package(
+    hard_dir: Path, hard_key: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Tesseract's own setting names a folder without the model: as on a
+    # machine without Debian's tesseract-ocr-eng.
+    monkeypatch.setenv("TESSDATA_PREFIX", str(tmp_path))
     content = (hard_dir / _paper(hard_key, "scan")["file"]).read_bytes()
     with pytest.raises(ParseError, match="page 1 has no text layer and needs OCR") as caught:
         parse_document(content, DocumentFormat.PDF)
-    assert "apt-get install tesseract-ocr tesseract-ocr-eng" in str(caught.value)
+    assert f"eng.traineddata) is not in TESSDATA_PREFIX={tmp_path}" in str(caught.value)
+    assert "apt-get install tesseract-ocr-eng" in str(caught.value)
     with pytest.raises(ParseError, match="need OCR, over the limit of 0"):
         parse_document(content, DocumentFormat.PDF, ParseLimits(max_ocr_pages=0))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from shoal_extract.corpus import write_corpus
 from shoal_extract.evaluate import ResultRow, score
 from shoal_extract.extractors.llm import check_answer
 from shoal_extract.extractors.rules import extract_fields
+from shoal_extract.ocr import OcrUnavailable, tessdata_dir
 from shoal_extract.parsing import EXTENSIONS, DocumentFormat, ParseError, parse_document
 from shoal_extract.templates import CLINICAL_TRIAL, METADATA, SHIPPED_TEMPLATES, parse_template
 
@@ -83,11 +83,12 @@ def test_broken_files_fail_with_the_parsers_message(corpus_dir: Path) -> None:
         messages[name] = str(caught.value)
     assert "pdfminer" in messages["broken-truncated.pdf"]
     assert "invalid pdf header" in messages["broken-not-a-pdf.pdf"]
-    if shutil.which("tesseract"):
-        # OCR ran on the page without a text layer and found nothing to read.
+    try:
+        tessdata_dir()
+    except OcrUnavailable:  # the error names what to install
+        assert "tesseract-ocr-eng" in messages["broken-scan-no-text.pdf"]
+    else:  # OCR ran on the page without a text layer and found nothing to read
         assert "no text layer, and OCR found no text" in messages["broken-scan-no-text.pdf"]
-    else:  # the error names what to install
-        assert "tesseract-ocr" in messages["broken-scan-no-text.pdf"]
     with pytest.raises(ParseError, match="not UTF-8"):
         parse_document(b"\xff\xfe\x00broken", DocumentFormat.TEXT)
 

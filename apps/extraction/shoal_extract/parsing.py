@@ -32,7 +32,7 @@ import pdfplumber
 import pypdfium2
 
 from shoal_extract.furniture import running_lines
-from shoal_extract.ocr import OcrUnavailable, ocr_page
+from shoal_extract.ocr import OcrUnavailable, read_page_image, render_for_ocr
 from shoal_extract.pdf_layout import page_layout, page_signatures, page_words
 from shoal_extract.pdf_signals import PdfSignals, read_signals
 from shoal_extract.pdf_words import Resolver
@@ -312,15 +312,24 @@ def _ocr(content: bytes, scans: list[int], texts: list[str], limits: ParseLimits
             pdf = pypdfium2.PdfDocument(content)
         except Exception as exc:
             raise ParseError(f"pdfium: {type(exc).__name__}: {exc}") from None
-        try:
-            for index in scans:
+    try:
+        for index in scans:
+            # Only the rendering needs PDFium: Tesseract reads the page with
+            # the lock free for other threads' parses and page views.
+            with _pdfium:
+                page = pdf[index]
                 try:
-                    texts[index] = ocr_page(pdf[index])
-                except OcrUnavailable as exc:
-                    raise ParseError(
-                        f"page {index + 1} has no text layer and needs OCR, but {exc}"
-                    ) from None
-        finally:
+                    image = render_for_ocr(page)
+                finally:
+                    page.close()
+            try:
+                texts[index] = read_page_image(image)
+            except OcrUnavailable as exc:
+                raise ParseError(
+                    f"page {index + 1} has no text layer and needs OCR, but {exc}"
+                ) from None
+    finally:
+        with _pdfium:
             pdf.close()
 
 
