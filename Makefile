@@ -6,10 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test stress-test lint bench clean system-packages
 
-# Debian packages the project uses beyond Python: Tesseract for the extraction
-# workbench's OCR of scanned pages, Chromium for the browser tests. Optional:
-# without Tesseract a scanned PDF ends in an error naming the package, and the
-# browser tests are skipped.
+# Debian packages the project uses beyond Python: Tesseract's English model for
+# the extraction workbench's OCR of scanned pages (the library comes with the
+# tesserocr wheel; the program is what bench/parse_bench.py --ocr compares
+# against), Chromium for the browser tests. Optional: without the model a
+# scanned PDF ends in an error naming the package, and the browser tests are
+# skipped.
 SYSTEM_PACKAGES := tesseract-ocr tesseract-ocr-eng chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

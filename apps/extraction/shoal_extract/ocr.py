@@ -6,10 +6,10 @@ the Tesseract 5.5 library), with the English model of Debian's
 :class:`OcrUnavailable` naming the package to install, and the document ends
 in a permanent error saying so: nothing crashes.
 
-Where the CPU goes (bench/runs/2026-12-07-ocr-*.md): Tesseract's line
+Where the CPU goes (bench/runs/2026-12-07-ocr-91e157c.md): Tesseract's line
 recogniser takes about three quarters of a page, its layout analysis most of
 the rest. The Tesseract program, called once a page, also loaded its model
-every time (0.1-0.2 CPU-seconds) and read the page from a PNG file; an engine
+every time (0.1-0.3 CPU-seconds) and read the page from a PNG file; an engine
 kept per thread loads the model once and reads the rendered pixels as they
 are.
 
@@ -34,10 +34,10 @@ INSTALL_HINT = f"install Debian's {PACKAGE} (apt-get install {PACKAGE})"
 # Where Debian's packages put the models (bookworm's and trixie's Tesseract 5,
 # bullseye's 4). Tesseract's own TESSDATA_PREFIX, where set, is used instead.
 TESSDATA_DIRS = ("/usr/share/tesseract-ocr/5/tessdata", "/usr/share/tesseract-ocr/4.00/tessdata")
-# Rendering resolution. 150 dpi reads the development set's two scans as well
-# as 200 did (92.8% of their text layers' words whole, against 92.9%) for 20%
-# less CPU: the layout analysis works on half as many pixels again at 200.
-# Below 150 words go: 90.5% at 120, 86.9% at 100.
+# Rendering resolution. 150 dpi reads the development set's two scans (300 dpi
+# bilevel images, which it halves exactly) about as well as 200 (86.7% of their
+# text layers' words whole against 87.1%) for a fifth less CPU: the layout
+# analysis has about half the pixels. Below 150 words go: 76.1% at 120.
 OCR_DPI = 150
 # Automatic page segmentation (Tesseract's mode 3): columns are found and read
 # one after the other. Modes 4 and 6 (one column; one block) cost about the
