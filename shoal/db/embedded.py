@@ -80,22 +80,35 @@ def _listen_port_range() -> tuple[int, int]:
     return low, high
 
 
+# Where this process's next port search starts: a point of the range picked
+# by the process id, then onward, so that two processes (two test workers)
+# search far apart and one process never hands out a port twice.
+_next_port: int | None = None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now.
 
-    Chosen at random below the range of ports outgoing connections take, so
-    no connection made meanwhile takes it before its server binds it.
+    Below the range of ports outgoing connections take, so no connection made
+    meanwhile takes it before its server binds it; each process walks the
+    range from its own point, so two processes rarely meet, and one never
+    hands out the same port twice until it has gone round.
     """
+    global _next_port
     low, high = _listen_port_range()
-    for _ in range(100):
-        port = random.randint(low, high)
+    span = high - low + 1
+    if _next_port is None or not low <= _next_port <= high:
+        _next_port = low + (os.getpid() * 7919 + random.randrange(64)) % span
+    for step in range(span):
+        port = low + (_next_port - low + step) % span
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
-    with socket.socket() as s:  # a crowded range: any port the kernel gives
+        _next_port = low + (port - low + 1) % span
+        return port
+    with socket.socket() as s:  # every port of the range is taken: any the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
