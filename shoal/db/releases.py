@@ -53,11 +53,6 @@ def released_versions() -> dict[str, frozenset[int]]:
     return {release: frozenset(files) for release, files in RELEASES.items()}
 
 
-def latest_release() -> str:
-    """The newest recorded release (the one with the most files)."""
-    return max(RELEASES, key=lambda release: len(RELEASES[release]))
-
-
 def check_released(migrations: Iterable[_Migration]) -> None:
     """Refuse files that differ from what a release shipped, or that a release shipped and are gone.
 

@@ -320,7 +320,7 @@ class Worker:
         await self._fetcher
         # Jobs claimed but never started go straight back.
         while self._buffer:
-            self._record(self._buffer.popleft()[0], Interrupted())
+            self.completer.record(self._buffer.popleft()[0], Interrupted())
         self._has_jobs.set()
         if self._tasks:
             finished = asyncio.ensure_future(asyncio.wait(self._tasks))
@@ -877,9 +877,6 @@ class Worker:
         self._running.pop(claim.id, None)
         self._finished += 1
         self._room.set()
-        self._record(claim, outcome)
-
-    def _record(self, claim: ClaimedJob, outcome: Outcome) -> None:
         self.completer.record(claim, outcome)
 
     def _written(self) -> None:
