@@ -65,3 +65,31 @@ def test_the_rules_name_only_series_that_exist(tmp_path: Path) -> None:
     used = set(re.findall(r"\b(shoal_\w+)", text))
     assert {"shoal_ingest_topic_depth", "shoal_polling_sql_timeouts_total"} <= used
     assert used <= exposed(tmp_path), used - exposed(tmp_path)
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, spaces to dashes)."""
+    anchors = set()
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_every_alert_has_a_runbook_of_its_own_in_the_readme() -> None:
+    rules = RULES.read_text()
+    alerts = re.findall(r"- alert: (\w+)\n(.*?)(?=\n      - alert:|\n  - name:|\Z)", rules, re.S)
+    assert len(alerts) >= 10
+    readme = REPO / "apps" / "polling" / "README.md"
+    anchors = heading_anchors(readme.read_text())
+    runbooks = {}
+    for name, body in alerts:
+        found = re.search(r'runbook: "apps/polling/README\.md#([\w-]+)"', body)
+        assert found, f"{name} has no runbook annotation"
+        assert found[1] in anchors, f"{name}: no heading #{found[1]} in {readme.name}"
+        runbooks[name] = found[1]
+    # Each of these means something the others do not: a runbook of its own.
+    assert runbooks["PollingTopicOldestMessage"] == "an-old-message-on-a-topic"
+    assert runbooks["PollingGatewayErrors"] == "gateway-calls-failing"
+    assert runbooks["PollingReconciliationStale"] == "reconciliation-not-running"
