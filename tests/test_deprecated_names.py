@@ -36,6 +36,24 @@ async def test_an_item_says_its_retry_limit_and_keeps_max_attempts() -> None:
     assert seen == [(2, 2, False, 3), (3, 2, True, 3)]
 
 
+async def test_an_item_runs_status_is_its_outcome_as_the_items_next_status() -> None:
+    async def flaky(item: Item) -> None:
+        raise ConnectionError("timeout")
+
+    kind = BatchKind("extract", flaky, retry_limit=1)
+    retried = await run_item(kind)
+    assert retried.outcome == "retried"
+    with pytest.warns(
+        DeprecationWarning, match=r"ItemRun\.status is deprecated; use ItemRun\.outcome"
+    ) as warned:
+        assert retried.status == "pending"
+    assert warned[0].filename == __file__  # the warning points at the reader's line
+    with pytest.warns(DeprecationWarning):
+        assert (await run_item(kind, attempt=2)).status == "error"
+    with pytest.warns(DeprecationWarning):
+        assert (await run_item(BatchKind("extract", _noop))).status == "completed"
+
+
 def test_app_consumer_and_sink_turn_max_attempts_into_retry_limit() -> None:
     app = App()
     topic: Topic[object] = Topic("readings")

@@ -247,11 +247,11 @@ async def test_run_item_follows_the_kinds_rules() -> None:
 
     kind = app.kinds["extract"]
     done = await run_item(kind, "paper", params={"prefix": "T:"}, ref="doi-1")
-    assert (done.status, done.result) == ("completed", {"ref": "doi-1", "title": "T:paper"})
-    assert (await run_item(kind, "scan")).status == "error"
+    assert (done.outcome, done.result) == ("completed", {"ref": "doi-1", "title": "T:paper"})
+    assert (await run_item(kind, "scan")).outcome == "error"
     flaky = await run_item(kind, "flaky")
-    assert (flaky.status, flaky.retry_in) == ("pending", timedelta(seconds=3))
-    assert (await run_item(kind, "flaky", attempt=3)).status == "error"
+    assert (flaky.outcome, flaky.retry_in) == ("retried", timedelta(seconds=3))
+    assert (await run_item(kind, "flaky", attempt=3)).outcome == "error"
 
 
 # -- enqueue assertions ------------------------------------------------------------------

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
+from shoal._deprecation import warn_renamed
 from shoal.batch.item import Item
 from shoal.batch.kinds import BatchKind
 from shoal.batch.rows import GuardedItem
-from shoal.batch.states import ItemId, TaskId
+from shoal.batch.states import ItemId, ItemStatus, TaskId
 from shoal.clock import SYSTEM_CLOCK, Clock
 from shoal.errors import InvalidInput
 from shoal.queue.client import Shoal
@@ -109,18 +110,35 @@ async def run_job(
     return JobRun("cancelled", JobState.CANCELLED, error=outcome.error)
 
 
+# What each outcome of an item's run leaves as the item's status (ItemRun.status).
+_ITEM_STATUS_AFTER: dict[str, ItemStatus] = {
+    "completed": ItemStatus.COMPLETED,
+    "retried": ItemStatus.PENDING,
+    "error": ItemStatus.ERROR,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ItemRun:
     """What the batch worker would make of one run of an item handler (see :func:`run_item`).
 
-    ``status`` is the item's next status: ``completed`` (with ``result``),
-    ``pending`` (a retry, after ``retry_in``) or ``error``.
+    ``outcome`` is ``completed`` (with ``result``), ``retried`` (the item goes
+    back to ``pending``, to run again after ``retry_in``) or ``error`` (the
+    item failed for good), the words of :class:`JobRun` and of the
+    ``item_finished`` event. ``status`` is its deprecated spelling, the
+    item's next status (``pending`` for a retried run).
     """
 
-    status: Literal["completed", "pending", "error"]
+    outcome: Literal["completed", "retried", "error"]
     result: Any = None
     error: BaseException | None = None
     retry_in: timedelta | None = None
+
+    @property
+    def status(self) -> ItemStatus:
+        """Deprecated: the item's next status; read ``outcome`` instead."""
+        warn_renamed("ItemRun.status", "ItemRun.outcome ('retried' where it said 'pending')")
+        return _ITEM_STATUS_AFTER[self.outcome]
 
 
 async def run_item(
@@ -139,8 +157,8 @@ async def run_item(
     is involved (item, task and job ids are 0; ``item.heartbeat()`` returns
     True). The outcome follows the kind's rules: a permanent error (the
     kind's ``permanent`` types, its ``classify``, ``PermanentError``) or a
-    failure of the last attempt makes the item ``error``; another failure puts
-    it back to ``pending`` with the kind's backoff.
+    failure of the last attempt is the outcome ``error``; another failure is
+    ``retried``: the item goes back to ``pending`` with the kind's backoff.
     """
     last_attempt = kind.retry_limit + 1
     if not 1 <= attempt <= last_attempt:
@@ -189,7 +207,7 @@ async def run_item(
     except Exception as exc:
         if kind.is_permanent(exc) or attempt >= last_attempt:
             return ItemRun("error", error=exc)
-        return ItemRun("pending", error=exc, retry_in=retry_delay(attempt, policy, jitter))
+        return ItemRun("retried", error=exc, retry_in=retry_delay(attempt, policy, jitter))
     return ItemRun("completed", result=result)
 
 
