@@ -5,7 +5,8 @@ every public attribute of the package, eager or imported on first use (its
 ``__dir__``), is in ``__all__``: a name cannot become public by accident, nor
 stay listed after it moved. The packages are found by walking ``shoal``, so a
 new one is checked without being named here. The modules an application
-imports beside them (shoal.cli, shoal.metrics, shoal.tracing) have an
+imports beside them (shoal.cli, shoal.metrics, shoal.tracing, and the
+pytest plugin shoal.testing.pytest_plugin, whose __all__ lists its fixtures) have an
 ``__all__`` whose names import; their other names are the module's own.
 """
 
@@ -32,7 +33,7 @@ def public_packages() -> list[str]:
 
 
 PACKAGES = public_packages()
-MODULES = ["shoal.cli", "shoal.metrics", "shoal.tracing"]
+MODULES = ["shoal.cli", "shoal.metrics", "shoal.testing.pytest_plugin", "shoal.tracing"]
 
 
 def test_the_walk_finds_the_packages_users_import() -> None:

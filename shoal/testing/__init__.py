@@ -13,6 +13,11 @@ Three kinds of help, usable from any async test framework:
   the calling task, against the real database.
 - Assertions on what was enqueued: :func:`assert_enqueued` and
   :func:`refute_enqueued`.
+- pytest fixtures, in the plugin :mod:`shoal.testing.pytest_plugin` (turned
+  on by ``pytest_plugins = ["shoal.testing.pytest_plugin"]`` in a
+  conftest.py; not imported here, so this package needs no pytest): a fresh
+  migrated database per test from ``DATABASE_URL``, a ``FakeClock`` and a
+  client on both.
 - Servers to run, kill and restart: :class:`NatsServer`, a nats-server of the
   test's own, and :class:`NatsCluster`, three of them clustered (the binary
   comes with the ``nats`` extra; a missing one is :class:`shoal.MissingExtra`).
