@@ -1,40 +1,52 @@
-"""Every Python block of the README and of docs/ runs, so an example cannot rot.
+"""Every code block of the README and of docs/ runs, as a reader copies it.
 
-The blocks of one page run in order in one namespace, as a reader reads them
-down the page, on a fresh database. Top-level ``await`` is allowed (the
-examples are written as if in an async function); a block that calls
-``asyncio.run`` works too, since each page runs in a thread of its own, on an
-event loop that is not running while a plain block executes.
+A page's blocks run in order, as a reader reads them down the page, on a
+fresh database with shoal's schema migrated: the Python blocks in one
+namespace, the SQL blocks on a connection of their own (autocommit, so a
+block may hold its own BEGIN/COMMIT). ``DATABASE_URL`` names that database
+while the page runs, and the current directory is a temporary one: a page
+opens what it uses from ``os.environ["DATABASE_URL"]`` in its own blocks, as
+a reader's copy would, and a SQL block that needs a table creates it.
 
-What a page takes for granted is given by its ``Setting`` below: the
-reader's own functions the examples call (``fetch_text``, ``load_pdf``...),
-a ``boss`` on the test's database, and the example URL
-``postgresql://localhost/app`` replaced by that database's. A block that
-cannot run here (it serves until stopped, or names a deployment's servers)
-is preceded by ``<!-- not run: REASON -->``; the reason is required.
+The test supplies nothing else but the reader's own domain code, the
+functions and types an example calls but that are the reader's to write
+(``fetch_text``, ``load_pdf``...): ``READER_OWN`` below, the whole list. A
+page that uses any other name it never defines fails
+``test_a_page_defines_every_name_it_uses``, before anything runs.
+
+Top-level ``await`` is allowed (the examples are written as if in an async
+function); a block that calls ``asyncio.run`` works too, since a plain block
+runs while the page's event loop is not running. A block that cannot run
+here (it serves until stopped, names a deployment's servers, or is a file of
+another tool) is preceded by ``<!-- not run: REASON -->``; the reason is
+required. What a page leaves open (a metrics server, a tracer) is closed
+after it by its ``CLEANUP`` entry; clients and pools it opened are closed
+whatever they are named.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import builtins
 import inspect
 import re
-import tempfile
+import symtable
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
-from shoal import FakeClock, Job, Shoal
+from shoal import Job, Shoal, SyncClient
 from shoal.db import Database
 
 ROOT = Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-EXAMPLE_URL = "postgresql://localhost/app"
-FENCE = re.compile(r"^```python\s*$")
+FENCE = re.compile(r"^```(?P<lang>python|sql)\s*$")
 NOT_RUN = re.compile(r"^<!-- not run: (?P<why>\S.*\S) -->$")
 
 Namespace = dict[str, Any]
@@ -43,6 +55,7 @@ Namespace = dict[str, Any]
 @dataclass(frozen=True)
 class Block:
     page: Path
+    lang: str  # python | sql
     line: int  # of the first line of code, 1-based
     code: str
     not_run: str | None
@@ -53,7 +66,8 @@ def blocks_of(page: Path) -> list[Block]:
     found = []
     i = 0
     while i < len(lines):
-        if FENCE.match(lines[i]):
+        fence = FENCE.match(lines[i])
+        if fence:
             start = i + 1
             end = start
             while end < len(lines) and lines[end].strip() != "```":
@@ -63,37 +77,30 @@ def blocks_of(page: Path) -> list[Block]:
                 raise AssertionError(f"{page.name}:{i}: '<!-- not run: REASON -->' needs a reason")
             match = NOT_RUN.match(before)
             code = "\n".join(lines[start:end]) + "\n"
-            found.append(Block(page, start + 1, code, match["why"] if match else None))
+            found.append(
+                Block(page, fence["lang"], start + 1, code, match["why"] if match else None)
+            )
             i = end
         i += 1
     return found
 
 
-# -- what each page takes for granted -------------------------------------------
+def runnable(page: Path) -> list[Block]:
+    return [block for block in blocks_of(page) if not block.not_run]
 
 
-async def fetch_text(ref: str) -> str | None:
-    return f"A paper at {ref}\nits body"
-
-
-def first_line(text: str) -> str:
-    return text.splitlines()[0]
-
-
-async def load_pdf(ref: str) -> str:
-    return f"text of {ref}"
-
-
-async def apply_observation(body: Any) -> None:
-    pass
-
-
-async def send_email(job: Job) -> dict[str, bool]:
-    return {"sent": True}
+# -- the reader's own code: all the test supplies ---------------------------------
+#
+# The functions and types an example calls as the reader's own domain code,
+# which no page could define without burying its point: what fetching a
+# paper, parsing a PDF or writing a reading means is the reader's business.
+# Every other name a page uses, it defines.
 
 
 @dataclass(frozen=True)
 class Reading:
+    """ingest.md: the reader's message type, with its own JSON codec."""
+
     card: str
     traffic_mb: int
 
@@ -105,83 +112,59 @@ class Reading:
         return {"card": self.card, "traffic_mb": self.traffic_mb}
 
 
-@dataclass
-class Setting:
-    """Names a page's examples use without defining, and what runs after its blocks."""
-
-    seed: Callable[[str, Path], Awaitable[Namespace]]
-    after: Callable[[Namespace], Awaitable[None]] | None = None
-    replace: dict[str, str] = field(default_factory=dict)
-
-
-async def _plain(url: str, tmp: Path) -> Namespace:
-    return {}
-
-
-async def _with_boss(url: str, tmp: Path) -> Namespace:
-    return {"boss": await Shoal.connect(url), "url": url}
-
-
-async def _readme(url: str, tmp: Path) -> Namespace:
-    return {
-        "fetch_text": fetch_text,
-        "first_line": first_line,
-        "apply_observation": apply_observation,
-    }
-
-
-async def _batch(url: str, tmp: Path) -> Namespace:
-    return {"load_pdf": load_pdf}
-
-
-async def _ingest(url: str, tmp: Path) -> Namespace:
-    from psycopg_pool import AsyncConnectionPool
-
-    pool = AsyncConnectionPool(url, min_size=1, max_size=2, open=False)
-    await pool.open()
+def reader_own() -> Namespace:
+    """A fresh set of the reader's own functions and types, for one page."""
     applied: list[Any] = []
-    written: list[Any] = []
 
-    async def apply_traffic_observation(conn: Any, reading: Reading) -> None:
+    async def fetch_text(ref: str) -> str | None:  # README: a paper's text, None if unreadable
+        return f"A paper at {ref}\nits body"
+
+    def first_line(text: str) -> str:  # README
+        return text.splitlines()[0]
+
+    async def apply_observation(body: Any) -> None:  # README: one idempotent transaction
+        applied.append(body)
+
+    async def load_pdf(ref: str) -> str:  # batch.md
+        return f"text of {ref}"
+
+    async def send_email(job: Job) -> dict[str, bool]:  # testing.md: a handler under test
+        return {"sent": True}
+
+    async def apply_traffic_observation(conn: Any, reading: Reading) -> None:  # ingest.md
         await conn.execute("SELECT 1")
         applied.append(reading)
 
-    async def insert_collection_records(records: list[Any]) -> None:
-        written.extend(records)
+    async def insert_collection_records(records: list[Any]) -> None:  # ingest.md
+        applied.extend(records)
 
     return {
-        **await _with_boss(url, tmp),
         "Reading": Reading,
-        "pool": pool,
-        "reading": Reading("card-1", 12),
+        "apply_observation": apply_observation,
         "apply_traffic_observation": apply_traffic_observation,
+        "fetch_text": fetch_text,
+        "first_line": first_line,
         "insert_collection_records": insert_collection_records,
-        "applied": applied,
+        "load_pdf": load_pdf,
+        "send_email": send_email,
+        # not a name the pages use: what the reader's functions above applied
+        "_applied": applied,
     }
 
 
-async def _ingest_after(ns: Namespace) -> None:
+READER_OWN = frozenset(name for name in reader_own() if not name.startswith("_"))
+
+
+# -- what a page leaves open, closed after it ------------------------------------
+
+
+async def _ingest(ns: Namespace) -> None:
     assert ns["done"].route == "applied"  # sync mode, the default: applied in place
-    assert ns["applied"] == [ns["reading"]]
+    assert ns["_applied"] == [ns["reading"]]
     await ns["pipeline"].close()
-    await ns["pool"].close()
 
 
-async def _testing(url: str, tmp: Path) -> Namespace:
-    clock = FakeClock()
-    db = await Database(url).open()
-    return {"db": db, "boss": Shoal(db, clock=clock), "clock": clock, "send_email": send_email}
-
-
-async def _testing_after(ns: Namespace) -> None:
-    # The complete example is a test function; call it as a test would, on
-    # a client of its own whose clock the test moves.
-    clock = FakeClock()
-    ns["example_boss"] = boss = Shoal(ns["db"], clock=clock)  # closed with the page
-    await ns["example"](boss, clock)
-
-
-async def _observability_after(ns: Namespace) -> None:
+async def _observability(ns: Namespace) -> None:
     from shoal import tracing
 
     assert ns["port"] > 0
@@ -190,59 +173,95 @@ async def _observability_after(ns: Namespace) -> None:
     ns["provider"].shutdown()
 
 
-SETTINGS: dict[str, Setting] = {
-    "README.md": Setting(_readme),
-    "api.md": Setting(_plain),
-    "batch.md": Setting(_batch),
-    "from-celery.md": Setting(_with_boss),
-    "from-pg-boss.md": Setting(_with_boss),
-    "ingest.md": Setting(_ingest, _ingest_after, replace={"/var/lib/poller/spool": "{tmp}/spool"}),
-    "ingest-nats.md": Setting(_plain),
-    "limits.md": Setting(_with_boss),
-    "observability.md": Setting(
-        _with_boss,
-        _observability_after,
-        replace={'serve("127.0.0.1", 9300)': 'serve("127.0.0.1", 0)'},
-    ),
-    "queue.md": Setting(_with_boss),
-    "sync.md": Setting(_plain),
-    "testing.md": Setting(_testing, _testing_after),
-    "upgrading.md": Setting(_plain),
+CLEANUP: dict[str, Callable[[Namespace], Awaitable[None]]] = {
+    "ingest.md": _ingest,
+    "observability.md": _observability,
 }
+
+
+# -- names a page uses without defining them ---------------------------------------
+
+
+def _globals_read(table: symtable.SymbolTable, *, top: bool = True) -> set[str]:
+    """Module-level names a block's code reads, at its top or from any function or class."""
+    names = set()
+    for symbol in table.get_symbols():
+        if not symbol.is_referenced():
+            continue
+        if symbol.is_global() if not top else not (symbol.is_assigned() or symbol.is_imported()):
+            names.add(symbol.get_name())
+    for child in table.get_children():
+        names |= _globals_read(child, top=False)
+    return names
+
+
+def undefined_names(blocks: list[Block]) -> dict[str, int]:
+    """Module-level names the Python blocks read but no block binds, with the first line read.
+
+    Scopes are Python's own (``symtable``): a function's parameter named
+    ``boss`` defines nothing for the code that calls it. The blocks are one
+    module (a name bound in any block counts as defined on the whole page).
+    """
+    bound: set[str] = set()
+    read: dict[str, int] = {}
+    for block in blocks:
+        if block.lang != "python":
+            continue
+        table = symtable.symtable(block.code, str(block.page), "exec")
+        bound |= {
+            symbol.get_name()
+            for symbol in table.get_symbols()
+            if symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace()
+        }
+        used = _globals_read(table)
+        for node in ast.walk(ast.parse(block.code)):
+            if isinstance(node, ast.Name) and node.id in used:
+                read.setdefault(node.id, block.line + node.lineno - 1)
+    return {
+        name: line
+        for name, line in read.items()
+        if name not in bound and not hasattr(builtins, name) and name not in READER_OWN
+    }
 
 
 # -- running a page ----------------------------------------------------------------
 
 
-async def _close_all(*namespaces: Namespace) -> None:
-    """Close every client and database a page made or was given (a block may rebind a name)."""
-    values = {id(v): v for ns in namespaces for v in ns.values()}.values()
+async def _close_all(ns: Namespace) -> None:
+    """Close every client, pool and database the page left open (a block may rebind a name)."""
+    values = list({id(v): v for v in ns.values()}.values())
     for value in values:
         if isinstance(value, Shoal):
             await value.close()
+        elif isinstance(value, SyncClient):
+            value.close()
     for value in values:
-        if isinstance(value, Database):
+        if isinstance(value, Database | AsyncConnectionPool):
             await value.close()
 
 
-def run_page(page: Path, url: str, tmp: Path) -> int:
+def _run_sql(block: Block, url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute(block.code.encode())
+        except psycopg.Error as exc:
+            where = f"{block.page.relative_to(ROOT)}:{block.line}"
+            raise AssertionError(f"{where}: the SQL block failed: {exc}") from exc
+
+
+def run_page(page: Path, url: str) -> int:
     """Run every block of ``page`` that is not marked; return how many ran."""
-    setting = SETTINGS[page.name]
     loop = asyncio.new_event_loop()
-    ns: Namespace = {"__name__": f"docs:{page.name}"}
-    seeded: Namespace = {}
+    ns: Namespace = {"__name__": f"docs:{page.name}", **reader_own()}
     ran = 0
     try:
-        seeded = loop.run_until_complete(setting.seed(url, tmp))
-        ns.update(seeded)
-        for block in blocks_of(page):
-            if block.not_run:
+        for block in runnable(page):
+            if block.lang == "sql":
+                _run_sql(block, url)
+                ran += 1
                 continue
-            code = block.code.replace(EXAMPLE_URL, url)
-            for old, new in setting.replace.items():
-                code = code.replace(old, new.format(tmp=tmp))
             # Blank lines first, so a traceback names the page's own line numbers.
-            source = "\n" * (block.line - 1) + code
+            source = "\n" * (block.line - 1) + block.code
             compiled = compile(
                 source, str(page.relative_to(ROOT)), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
             )
@@ -251,27 +270,43 @@ def run_page(page: Path, url: str, tmp: Path) -> int:
             else:
                 exec(compiled, ns)
             ran += 1
-        if setting.after is not None:
-            loop.run_until_complete(setting.after(ns))
+        cleanup = CLEANUP.get(page.name)
+        if cleanup is not None:
+            loop.run_until_complete(cleanup(ns))
     finally:
-        loop.run_until_complete(_close_all(seeded, ns))
+        loop.run_until_complete(_close_all(ns))
         loop.close()
     return ran
 
 
-PAGES_WITH_CODE = [page for page in PAGES if blocks_of(page)]
-
-
-def test_every_page_with_python_blocks_has_a_setting() -> None:
-    missing = [page.name for page in PAGES_WITH_CODE if page.name not in SETTINGS]
-    assert not missing, f"add a Setting for {missing} in {Path(__file__).name}"
+PAGES_WITH_CODE = [page for page in PAGES if runnable(page)]
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda page: page.name)
-def test_the_python_blocks_of_the_page_run(page: Path, db_url: str) -> None:
-    if page.name not in SETTINGS:
-        pytest.fail(f"no Setting for {page.name}")
-    with tempfile.TemporaryDirectory() as tmp:
-        ran = run_page(page, db_url, Path(tmp))
-    blocks = blocks_of(page)
-    assert ran == sum(1 for b in blocks if not b.not_run)
+def test_a_page_defines_every_name_it_uses(page: Path) -> None:
+    undefined = undefined_names(runnable(page))
+    where = ", ".join(f"{name!r} (line {line})" for name, line in sorted(undefined.items()))
+    assert not undefined, (
+        f"{page.relative_to(ROOT)} uses {where} but never defines it: open it in the page "
+        "(from os.environ['DATABASE_URL'] for a client), or, for the reader's own domain "
+        f"code, add it to READER_OWN in {Path(__file__).name}"
+    )
+
+
+def test_the_reader_own_list_is_short_and_used() -> None:
+    used = set()
+    for page in PAGES_WITH_CODE:
+        for block in runnable(page):
+            if block.lang == "python":
+                used |= {n.id for n in ast.walk(ast.parse(block.code)) if isinstance(n, ast.Name)}
+    assert not READER_OWN - used, f"not used by any page: {READER_OWN - used}"
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda page: page.name)
+def test_the_code_blocks_of_the_page_run(
+    page: Path, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.chdir(tmp_path)
+    ran = run_page(page, db_url)
+    assert ran == len(runnable(page))
