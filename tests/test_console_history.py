@@ -203,7 +203,7 @@ async def test_sampler_writes_one_sample_per_interval_with_counts_depths_percent
     charts = History(timed)
     clock.advance(timedelta(seconds=FINE_S))
     written = await sampler.sample_once()
-    assert written[FINE_S] == 3  # email, report, and '*'
+    assert written[FINE_S] == 4  # email, report, '*' and '**'
     assert (await sampler.sample_once())[FINE_S] == 0  # this slot is taken
 
     resolution, samples = await charts.history(queue="email", window="15m")
@@ -249,7 +249,7 @@ async def test_past_the_cap_finished_counts_are_scaled_from_the_latest_jobs(
     sampler = HistorySampler(timed)
     charts = History(timed)
     sampler.finished_cap = 1
-    assert (await sampler.sample_once())[FINE_S] == 2  # bulk and '*'
+    assert (await sampler.sample_once())[FINE_S] == 3  # bulk, '*' and '**'
 
     (sample,) = (await charts.history(queue="bulk", window="15m"))[1]
     # Two read (the cap and one more, to know it was passed), finished in the
@@ -286,7 +286,7 @@ async def test_two_samplers_at_once_write_one_sample(timed: Shoal, clock: FakeCl
     await timed.send("email", {})
     clock.advance(timedelta(seconds=FINE_S))
     results = await asyncio.gather(*(HistorySampler(timed).sample_once() for _ in range(4)))
-    assert sum(r[FINE_S] for r in results) == 2  # email and '*', written once
+    assert sum(r[FINE_S] for r in results) == 3  # email, '*' and '**', written once
 
 
 async def test_history_and_overview_routes(timed: Shoal, clock: FakeClock) -> None:

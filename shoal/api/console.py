@@ -5,6 +5,11 @@ or :class:`~shoal.console.topics.TopicInspector` call; the SQL and the rules
 live in those layers. An unknown queue, job, schedule or topic answers 404
 naming the field (a name's message lists the known ones), a bad cursor or
 state 422, a job in the wrong state for the action 409; nothing changes.
+
+The lists (``/queues``, ``/jobs``, ``/schedules``, ``/overview`` and
+``/history``) leave out shoal's own queues and schedules (names starting
+with ``shoal.``) unless asked with ``?internal=true``; ``/jobs/{id}`` shows
+any job.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from shoal.api.console_contract import (
 from shoal.api.errors import ApiError, ErrorBody
 from shoal.console.history import (
     ALL_QUEUES,
+    EVERY_QUEUE,
     SERIES,
     WINDOWS,
     History,
@@ -68,6 +74,10 @@ CANCELLED_BY = Annotated[
     ),
 ]
 WINDOW = Annotated[str, Query(description=f"One of {', '.join(WINDOWS)}.", max_length=10)]
+INTERNAL = Annotated[
+    bool,
+    Query(description="Show shoal's own queues and schedules too (names starting 'shoal.')."),
+]
 
 # What a topic redrive publishes on: built (and started) on first use.
 TransportSource = Callable[[], Awaitable[Transport]]
@@ -211,9 +221,9 @@ def queues_router(queues: QueueInspector) -> APIRouter:
     router = APIRouter(tags=["queues"])
 
     @router.get("/queues", response_model=QueueList, responses=_errors(401))
-    async def list_queues() -> dict[str, Any]:
+    async def list_queues(internal: INTERNAL = False) -> dict[str, Any]:
         """Every queue: jobs per state, oldest wait, pause, recent throughput."""
-        return {"queues": [queue_dict(q) for q in await queues.queues()]}
+        return {"queues": [queue_dict(q) for q in await queues.queues(internal=internal)]}
 
     @router.post(
         "/queues/{name}/pause", response_model=QueueAction, responses=_errors(401, 403, 404)
@@ -257,9 +267,12 @@ def jobs_router(queues: QueueInspector) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
         cursor: Annotated[str | None, Query(max_length=40)] = None,
         q: Annotated[str | None, Query(max_length=200)] = None,
+        internal: INTERNAL = False,
     ) -> dict[str, Any]:
         """Jobs, failed first, then newest first; ``q`` finds by id or singleton key."""
-        page = await queues.jobs(queue=queue, state=state, limit=limit, cursor=cursor, q=q)
+        page = await queues.jobs(
+            queue=queue, state=state, limit=limit, cursor=cursor, q=q, internal=internal
+        )
         return {"jobs": [job_summary(j) for j in page.jobs], "next_cursor": page.next_cursor}
 
     @router.get("/jobs/{job_id}", response_model=JobOut, responses=_errors(401, 404, 422))
@@ -295,8 +308,9 @@ def schedules_router(queues: QueueInspector) -> APIRouter:
     router = APIRouter(tags=["schedules"])
 
     @router.get("/schedules", response_model=ScheduleList, responses=_errors(401))
-    async def list_schedules() -> dict[str, Any]:
-        return {"schedules": [schedule_dict(s) for s in await queues.schedules()]}
+    async def list_schedules(internal: INTERNAL = False) -> dict[str, Any]:
+        schedules = await queues.schedules(internal=internal)
+        return {"schedules": [schedule_dict(s) for s in schedules]}
 
     @router.post(
         "/schedules/{name}/pause", response_model=ScheduleAction, responses=_errors(401, 403, 404)
@@ -437,9 +451,14 @@ def history_router(
 ) -> APIRouter:
     router = APIRouter(tags=["history"])
 
-    async def history_of(queue: str | None, window: str, series: list[str]) -> dict[str, Any]:
+    async def history_of(
+        queue: str | None, window: str, series: list[str], internal: bool
+    ) -> dict[str, Any]:
         parse_window(window)  # a bad window is named before anything else
-        name = ALL_QUEUES if queue is None else await queues.require_queue(queue)
+        if queue is None:
+            name = EVERY_QUEUE if internal else ALL_QUEUES
+        else:
+            name = await queues.require_queue(queue)
         resolution, samples = await charts.history(queue=name, window=window)
         return history_dict(name, window, resolution, samples, series)
 
@@ -448,23 +467,27 @@ def history_router(
         series: Annotated[str | None, Query(max_length=400)] = None,
         queue: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
         window: WINDOW = "1h",
+        internal: INTERNAL = False,
     ) -> dict[str, Any]:
         """Samples of a queue (or all) over a window: ``series`` is a comma-separated
         list of completed, failed, waiting, running, retrying, run_p50_s, run_p95_s,
-        wait_p50_s, wait_p95_s (default: all)."""
-        return await history_of(queue, window, parse_series(series))
+        wait_p50_s, wait_p95_s (default: all). All queues are those but shoal's
+        own (``queue`` ``*``), unless ``internal`` (``**``)."""
+        return await history_of(queue, window, parse_series(series), internal)
 
     @router.get("/overview", response_model=OverviewOut, responses=_errors(401, 404, 422))
     async def overview(
         window: WINDOW = "1h",
         queue: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+        internal: INTERNAL = False,
     ) -> dict[str, Any]:
         """The counts an operator looks at first, every series over the window, and
-        whether the database accepts writes (as ``/readyz`` probes it)."""
+        whether the database accepts writes (as ``/readyz`` probes it); shoal's
+        own queues count only with ``internal``."""
         # The write probe (up to its timeout while commits stall) runs beside the reads.
         probe = asyncio.ensure_future(writes.get())
         try:
-            charts = await history_of(queue, window, list(SERIES))
+            charts = await history_of(queue, window, list(SERIES), internal)
         except BaseException:
             probe.cancel()  # the probe itself is shielded; only this wait stops
             raise
@@ -472,11 +495,11 @@ def history_router(
         return {
             "counts": {
                 # Not summed over queues(): that counts every state of every queue.
-                "failed_jobs": await queues.failed_total(),
+                "failed_jobs": await queues.failed_total(internal=internal),
                 "dead_letters": sum(t.dead for t in await topics.topics()),
                 "open_tasks": await open_tasks(),
                 "live_workers": sum(1 for w in workers if not w.gone),
-                "paused_queues": len(await queues.boss.paused_queues()),
+                "paused_queues": len(await queues.paused_queues(internal=internal)),
             },
             "history": charts,
             "database": database_dict(await probe),

@@ -192,7 +192,9 @@ class WorkerList(BaseModel):
 
 
 class HistoryOut(BaseModel):
-    queue: str = Field(description="The queue, or * for all.")
+    queue: str = Field(
+        description="The queue, or * for all but shoal's own, or ** for all (?internal=true)."
+    )
     window: str
     resolution_s: int = Field(description="Seconds between samples.")
     at: list[str]

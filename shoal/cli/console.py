@@ -1,14 +1,16 @@
 """The console's commands: ``shoal jobs``, ``shoal job``, ``shoal schedule``.
 
-    shoal jobs [--queue Q] [--state failed] [--limit N] [--search TEXT]
+    shoal jobs [--queue Q] [--state failed] [--limit N] [--search TEXT] [--internal]
     shoal job ID                      one job: payload, output, every error, timings
     shoal job retry|cancel|rm ID      act on one job
-    shoal schedule list|pause|resume|rm [NAME]
+    shoal schedule list|pause|resume|rm [NAME] [--internal]
     shoal workers                     the worker processes and their heartbeats
 
 Each calls the same :class:`~shoal.console.queues.QueueInspector` method as
 the matching ``/v1`` route. An unknown queue, job or schedule exits 2 with a
-message listing the known ones; nothing changes.
+message listing the known ones; nothing changes. The lists leave out
+shoal's own queues and schedules (names starting ``shoal.``) unless given
+``--internal``.
 """
 
 from __future__ import annotations
@@ -58,7 +60,12 @@ def job_id_arg(text: str) -> int:
 async def cmd_jobs(args: argparse.Namespace, boss: Shoal) -> int:
     inspector = QueueInspector(boss)
     page = await inspector.jobs(
-        queue=args.queue, state=args.state, limit=args.limit, q=args.search, cursor=args.cursor
+        queue=args.queue,
+        state=args.state,
+        limit=args.limit,
+        q=args.search,
+        cursor=args.cursor,
+        internal=args.internal,
     )
     table = Table(title="jobs (failed first, newest first)")
     for column in ("id", "queue", "state", "attempt", "created", "finished", "error"):
@@ -135,7 +142,7 @@ async def cmd_schedule(args: argparse.Namespace, boss: Shoal) -> int:
         table = Table(title="schedules")
         for column in ("name", "cron", "tz", "queue", "next run", "last run", "last job", "owner"):
             table.add_column(column)
-        for s in await inspector.schedules():
+        for s in await inspector.schedules(internal=args.internal):
             last = "-" if s.last_job_id is None else f"{s.last_job_id} ({s.last_job_state})"
             table.add_row(
                 escape(s.name),
@@ -205,6 +212,7 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser], positiv
     )
     jobs.add_argument("--search", help="a job id or a singleton key (default: none)")
     jobs.add_argument("--cursor", help="continue a listing where it said 'more' (default: none)")
+    add_internal_switch(jobs)
     job = command("job", "show a job, or retry, cancel or rm (delete) one")
     job.add_argument("target", metavar="ID|ACTION", help="a job id, or retry|cancel|rm")
     job.add_argument(
@@ -215,6 +223,16 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser], positiv
     schedule.add_argument("action", choices=SCHEDULE_ACTIONS)
     schedule.add_argument(
         "name", nargs="?", help="the schedule (default: none; list takes none, the others one)"
+    )
+    add_internal_switch(schedule)
+
+
+def add_internal_switch(command: argparse.ArgumentParser) -> None:
+    """``--internal``: list shoal's own queues and schedules too."""
+    command.add_argument(
+        "--internal",
+        action="store_true",
+        help="show shoal's own queues and schedules too (names starting 'shoal.')",
     )
 
 

@@ -395,6 +395,9 @@ def parser() -> argparse.ArgumentParser:
         help="redraw every this many seconds (2 when given alone) until Ctrl-C "
         "(default: print once)",
     )
+    from shoal.cli.console import add_internal_switch
+
+    add_internal_switch(status)
     queue = command("queue", "control a queue")
     queue.add_argument("action", choices=["pause", "resume", "redrive"])
     queue.add_argument("name", help="the queue (for redrive: the dead-letter queue)")

@@ -28,12 +28,16 @@ async def cmd_status(args: argparse.Namespace, url: str) -> int:
     from shoal.app import DUTIES
     from shoal.db.leadership import leaders
     from shoal.ingest.store import IngestStore
+    from shoal.queue.options import is_internal
+
+    def shown(queue: str) -> bool:
+        return args.internal or not is_internal(queue)
 
     boss = await connect_existing(args, url)
     try:
         while True:
-            rows = await boss.stats()
-            paused = set(await boss.paused_queues())
+            rows = [row for row in await boss.stats() if shown(row.queue)]
+            paused = {queue for queue in await boss.paused_queues() if shown(queue)}
             topics = await IngestStore(boss.db).topic_states()
             holders = await leaders(boss.db, DUTIES)
             if args.watch:

@@ -28,7 +28,7 @@ WITH RECURSIVE waiting AS (
 SELECT queue FROM waiting WHERE queue IS NOT NULL
 UNION SELECT queue FROM failed WHERE queue IS NOT NULL
 UNION SELECT DISTINCT queue FROM {schema}.history
-      WHERE resolution = 300 AND queue <> '*'
+      WHERE resolution = 300 AND queue NOT IN ('*', '**')
         AND at > coalesce(%(now)s::timestamptz, now()) - interval '1 day'
 UNION SELECT queue FROM {schema}.paused_queue
 UNION SELECT queue FROM {schema}.schedule
@@ -98,8 +98,11 @@ WHERE s.schemaname = %(schema_name)s AND s.statistics_name = 'job_queue_state'
   AND s.most_common_vals[i][2] IN ('completed', 'cancelled')
 
 -- name: failed_total
--- Failed jobs of every queue, from job_failed_queue alone (the overview's count).
-SELECT count(*) FROM {schema}.job WHERE state = 'failed'
+-- Failed jobs of every queue but those named %(hide_prefix)s... (none when
+-- NULL), from job_failed_queue alone (the overview's count).
+SELECT count(*) FROM {schema}.job
+WHERE state = 'failed'
+  AND (%(hide_prefix)s::text IS NULL OR NOT starts_with(queue, %(hide_prefix)s::text))
 
 -- name: queue_finished_since
 -- Jobs that finished per queue since %(since_s)s seconds ago (the job_finished index).
@@ -126,6 +129,7 @@ SELECT id, queue, state::text AS state, data, priority, attempt, retry_limit,
 FROM {schema}.job
 WHERE state = 'failed'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(hide_prefix)s::text IS NULL OR NOT starts_with(queue, %(hide_prefix)s::text))
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s
@@ -255,7 +259,7 @@ LIMIT %(limit)s
 -- == history (the queue layer's samples, shoal/queue/history.py) ===========
 
 -- name: history
--- The samples of one queue (or '*') at one resolution over the last %(window_s)s seconds.
+-- The samples of one queue (or '*', or '**') at one resolution over the last %(window_s)s seconds.
 SELECT at, completed, failed, waiting, running, retrying, run_p50_s, run_p95_s, wait_p50_s,
        wait_p95_s
 FROM {schema}.history

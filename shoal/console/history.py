@@ -31,7 +31,9 @@ SERIES = (
     "wait_p50_s",
     "wait_p95_s",
 )
+# The samples of every queue but shoal's own, and of every queue (shoal.queue.history).
 ALL_QUEUES = "*"
+EVERY_QUEUE = "**"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class History:
 
 __all__ = [
     "ALL_QUEUES",
+    "EVERY_QUEUE",
     "SERIES",
     "WINDOWS",
     "History",

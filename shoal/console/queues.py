@@ -5,6 +5,11 @@ commands call. Every name given is checked first: an unknown queue, job or
 schedule is :class:`~shoal.errors.NotFound` naming the field (and, for a
 name, listing the known ones), and nothing is written.
 
+The lists leave out shoal's own queues and schedules (names starting with
+``shoal.``, :func:`~shoal.queue.options.is_internal`) unless called with
+``internal=True``; a job asked for by id, a search, and a queue named
+explicitly show them still.
+
 >>> inspector = QueueInspector(boss)                       # doctest: +SKIP
 >>> page = await inspector.jobs(queue="email", state="failed", limit=50)  # doctest: +SKIP
 >>> await inspector.retry_job(page.jobs[0].id)             # doctest: +SKIP
@@ -24,7 +29,7 @@ from shoal.db.pool import AsyncConn
 from shoal.errors import Conflict, InvalidInput, NotFound
 from shoal.queue.client import Shoal
 from shoal.queue.cron import next_tick
-from shoal.queue.options import check_queue_name
+from shoal.queue.options import INTERNAL_PREFIX, check_queue_name, is_internal
 from shoal.queue.rows import JobRecord
 from shoal.queue.states import JobId, JobState
 
@@ -143,8 +148,9 @@ class QueueInspector:
             raise NotFound(f"no queue {queue!r:.130}; {known}", field=field)
         return queue
 
-    async def queues(self) -> list[QueueSummary]:
-        """Every queue: jobs per state, oldest wait, pause, recent throughput.
+    async def queues(self, *, internal: bool = False) -> list[QueueSummary]:
+        """Every queue (shoal's own too when ``internal``): jobs per state, oldest
+        wait, pause, recent throughput.
 
         Up to ``exact_count_limit`` jobs in the table (by the planner's
         count), every state is counted exactly. Past it, the unfinished and
@@ -155,7 +161,12 @@ class QueueInspector:
         """
         now = self.clock.sql_now()
         if await self.console.job_rows_estimate() > self.exact_count_limit:
-            return await self._estimated_queues(now)
+            found = await self._estimated_queues(now)
+        else:
+            found = await self._counted_queues(now)
+        return [q for q in found if internal or not is_internal(q.queue)]
+
+    async def _counted_queues(self, now: datetime | None) -> list[QueueSummary]:
         stats = await self.store.queue_stats(now=now)
         paused = await self.console.queue_paused_at()
         recent = await self.console.queue_finished_since(since_s=THROUGHPUT_WINDOW_S, now=now)
@@ -182,9 +193,14 @@ class QueueInspector:
             for name in names
         ]
 
-    async def failed_total(self) -> int:
+    async def failed_total(self, *, internal: bool = False) -> int:
         """Failed jobs of every queue (what :meth:`queues` sums, for a fraction of its work)."""
-        return await self.console.failed_total()
+        return await self.console.failed_total(hide_prefix=None if internal else INTERNAL_PREFIX)
+
+    async def paused_queues(self, *, internal: bool = False) -> list[str]:
+        """The paused queues (shoal's own too when ``internal``)."""
+        paused = await self.boss.paused_queues()
+        return [q for q in paused if internal or not is_internal(q)]
 
     async def _estimated_queues(self, now: datetime | None) -> list[QueueSummary]:
         counts: dict[str, dict[str, int]] = {}
@@ -254,11 +270,13 @@ class QueueInspector:
         limit: int = DEFAULT_PAGE,
         cursor: str | None = None,
         q: str | None = None,
+        internal: bool = False,
     ) -> JobPage:
         """A page of jobs: failed first, then the rest, newest first within each.
 
         ``q`` finds a job by id or by singleton key. ``next_cursor`` continues
-        the list (None at its end).
+        the list (None at its end). Jobs of shoal's own queues are left out
+        unless ``internal``, ``queue`` names one, or ``q`` searches.
         """
         if not 1 <= limit <= MAX_PAGE:
             raise InvalidInput("limit", f"must be 1 to {MAX_PAGE}, got {limit}")
@@ -272,6 +290,7 @@ class QueueInspector:
         search_id = int(search) if is_id and search is not None else None
         if search_id is not None and search_id >= 2**63:
             search_id = None
+        hide = None if internal or queue is not None else INTERNAL_PREFIX
         parts = [FAILED_FIRST, OTHER_STATES] if wanted is None else [(wanted,)]
         if part >= len(parts):
             raise InvalidInput("cursor", f"{cursor!r:.80} is not a cursor this list returned")
@@ -290,11 +309,15 @@ class QueueInspector:
                 )
             elif parts[index] == FAILED_FIRST:
                 records = await self.console.list_failed_jobs(
-                    queue=queue, before_id=below, limit=wanted_rows
+                    queue=queue, before_id=below, limit=wanted_rows, hide_prefix=hide
                 )
             else:
                 records = await self.store.list_jobs(
-                    queue, states=parts[index], before_id=below, limit=wanted_rows
+                    queue,
+                    states=parts[index],
+                    before_id=below,
+                    limit=wanted_rows,
+                    hide_prefix=hide,
                 )
             found.extend((index, record) for record in records)
             if len(found) > limit:
@@ -359,8 +382,13 @@ class QueueInspector:
 
     # -- schedules -------------------------------------------------------------
 
-    async def schedules(self) -> list[ScheduleInfo]:
-        rows = await self.store.list_schedules(now=self.clock.sql_now())
+    async def schedules(self, *, internal: bool = False) -> list[ScheduleInfo]:
+        """Every schedule but shoal's own (by its name or its queue's), unless ``internal``."""
+        rows = [
+            r
+            for r in await self.store.list_schedules(now=self.clock.sql_now())
+            if internal or not (is_internal(r.name) or is_internal(r.queue))
+        ]
         return [
             ScheduleInfo(
                 name=r.name,

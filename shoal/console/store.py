@@ -72,8 +72,9 @@ class ConsoleStore:
         params = {"job_table": self._job_table, "schema_name": self.db.schema}
         return [(r[0], r[1], r[2]) for r in await self._rows("finished_estimates", params)]
 
-    async def failed_total(self) -> int:
-        return int((await self._rows("failed_total", {}))[0][0])
+    async def failed_total(self, *, hide_prefix: str | None = None) -> int:
+        """Failed jobs of every queue but those named ``hide_prefix...``."""
+        return int((await self._rows("failed_total", {"hide_prefix": hide_prefix}))[0][0])
 
     async def queue_finished_since(
         self, *, since_s: float, now: datetime | None
@@ -92,11 +93,22 @@ class ConsoleStore:
         return job_records(columns, rows)
 
     async def list_failed_jobs(
-        self, *, queue: str | None, before_id: int | None, limit: int
+        self,
+        *,
+        queue: str | None,
+        before_id: int | None,
+        limit: int,
+        hide_prefix: str | None = None,
     ) -> list[JobRecord]:
         """Failed jobs, newest first, below ``before_id`` (list_jobs of the queue's store
-        for the failed state, walking its own index)."""
-        params = {"queue": queue, "before_id": before_id, "limit": limit}
+        for the failed state, walking its own index), but those of queues named
+        ``hide_prefix...``."""
+        params = {
+            "queue": queue,
+            "before_id": before_id,
+            "limit": limit,
+            "hide_prefix": hide_prefix,
+        }
         return await self._jobs("list_failed_jobs", params)
 
     async def search_jobs(

@@ -3,7 +3,9 @@
 -- console's (shoal/console/console.sql).
 
 -- name: sample
--- One sample of every queue (and of all, as queue '*') at the latest multiple
+-- One sample of every queue (and of all: queue '*' for every queue but
+-- shoal's own, those named %(internal_prefix)s..., the console's default chart;
+-- '**' for every queue) at the latest multiple
 -- of %(resolution)s seconds, unless there is one: jobs finished since the
 -- previous sample (at most one interval back), their run-time and queue-wait
 -- percentiles, and the depths now. Finished jobs are read through the
@@ -50,8 +52,17 @@ WITH RECURSIVE slot AS (
            END AS factor
     FROM span LEFT JOIN finished f ON true
     GROUP BY span.at, span.since
+), scoped_finished AS (
+    -- Each finished job counts for its queue, for '**', and for '*' unless
+    -- its queue is shoal's own.
+    SELECT queue AS scope, state, finished_at, run_s, wait_s FROM finished
+    UNION ALL
+    SELECT '**', state, finished_at, run_s, wait_s FROM finished
+    UNION ALL
+    SELECT '*', state, finished_at, run_s, wait_s FROM finished
+    WHERE NOT starts_with(queue, %(internal_prefix)s)
 ), by_finished AS (
-    SELECT coalesce(queue, '*') AS queue,
+    SELECT scope AS queue,
            round(count(*) FILTER (WHERE state = 'completed') * min(scale.factor))::bigint
                AS completed,
            round(count(*) FILTER (WHERE state = 'failed') * min(scale.factor))::bigint AS failed,
@@ -59,8 +70,8 @@ WITH RECURSIVE slot AS (
            percentile_cont(0.95) WITHIN GROUP (ORDER BY run_s) AS run_p95,
            percentile_cont(0.5) WITHIN GROUP (ORDER BY wait_s) AS wait_p50,
            percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_s) AS wait_p95
-    FROM finished, scale
-    GROUP BY GROUPING SETS ((queue), ())
+    FROM scoped_finished, scale
+    GROUP BY scope
 ), claim_queues (queue) AS (
     -- The queues with created or retry jobs: one step down job_claim each.
     SELECT min(queue) FROM {schema}.job WHERE state IN ('created', 'retry')
@@ -120,20 +131,31 @@ WITH RECURSIVE slot AS (
     FROM {schema}.worker w, jsonb_each_text(w.running_by_queue) r
     WHERE w.heartbeat_at >= coalesce(%(now)s::timestamptz, now()) - %(gone_s)s * interval '1 second'
     GROUP BY r.key
+), scoped_depth AS (
+    SELECT queue AS scope, n, retrying, running FROM depth
+    UNION ALL
+    SELECT '**', n, retrying, running FROM depth
+    UNION ALL
+    SELECT '*', n, retrying, running FROM depth
+    WHERE NOT starts_with(queue, %(internal_prefix)s)
 ), by_depth AS (
-    SELECT coalesce(queue, '*') AS queue,
+    SELECT scope AS queue,
            greatest(sum(n - retrying), 0)::bigint AS waiting,
            sum(running)::bigint AS running,
            sum(retrying)::bigint AS retrying
-    FROM depth
-    GROUP BY GROUPING SETS ((queue), ())
+    FROM scoped_depth
+    GROUP BY scope
+), scopes AS (
+    -- '*' and '**' have a row in every sample, jobs or none.
+    SELECT queue FROM by_finished UNION SELECT queue FROM by_depth
+    UNION VALUES ('*'), ('**')
 )
 INSERT INTO {schema}.history (resolution, queue, at, completed, failed, waiting, running,
                               retrying, run_p50_s, run_p95_s, wait_p50_s, wait_p95_s)
 SELECT %(resolution)s, queue, span.at, coalesce(f.completed, 0), coalesce(f.failed, 0),
        coalesce(d.waiting, 0), coalesce(d.running, 0), coalesce(d.retrying, 0),
        f.run_p50, f.run_p95, f.wait_p50, f.wait_p95
-FROM span, by_finished f FULL JOIN by_depth d USING (queue)
+FROM span, scopes LEFT JOIN by_finished f USING (queue) LEFT JOIN by_depth d USING (queue)
 ON CONFLICT DO NOTHING
 
 -- name: plan_switches

@@ -423,7 +423,8 @@ LIMIT 1
 
 -- name: list_jobs
 -- A page of jobs in some states, newest first, below a cursor id; of one
--- queue, or (queue NULL) of every queue. Used by Shoal.jobs and the console.
+-- queue, or (queue NULL) of every queue, leaving out the queues whose names
+-- start with %(hide_prefix)s (none when NULL). Used by Shoal.jobs and the console.
 SELECT id, queue, state::text AS state, data, priority, attempt, retry_limit,
        extract(epoch FROM retry_delay)::float8 AS retry_delay_s, retry_backoff,
        extract(epoch FROM retry_delay_max)::float8 AS retry_delay_max_s,
@@ -435,6 +436,7 @@ SELECT id, queue, state::text AS state, data, priority, attempt, retry_limit,
 FROM {schema}.job
 WHERE state = ANY(%(states)s::{schema}.job_state[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(hide_prefix)s::text IS NULL OR NOT starts_with(queue, %(hide_prefix)s::text))
   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s

@@ -30,6 +30,7 @@ from shoal.db.queries import (
 from shoal.errors import InvalidInput
 from shoal.queue.cursor import Position
 from shoal.queue.limits import Limits, LimitState, Rate
+from shoal.queue.options import INTERNAL_PREFIX
 from shoal.queue.results import encode_result
 from shoal.queue.rows import (
     OPTION_COLUMNS,
@@ -647,8 +648,10 @@ class JobStore:
         states: Sequence[JobState],
         before_id: JobId | None,
         limit: int,
+        hide_prefix: str | None = None,
     ) -> list[JobRecord]:
-        """Jobs in ``states`` of ``queue`` (None: of all), newest first, below ``before_id``."""
+        """Jobs in ``states`` of ``queue`` (None: of all), newest first, below ``before_id``,
+        but for those of the queues named ``hide_prefix...``."""
         return await self._jobs(
             "list_jobs",
             {
@@ -656,6 +659,7 @@ class JobStore:
                 "states": [s.value for s in states],
                 "before_id": before_id,
                 "limit": limit,
+                "hide_prefix": hide_prefix,
             },
         )
 
@@ -848,6 +852,7 @@ class JobStore:
                         "finished_cap": finished_cap,
                         "depth_cap": depth_cap,
                         "gone_s": gone_s,
+                        "internal_prefix": INTERNAL_PREFIX,
                     },
                 )
                 written[resolution] = cur.rowcount
