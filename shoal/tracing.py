@@ -22,6 +22,9 @@ What it does while on:
   interrupted when the worker's shutdown or the job's ``expire_in`` cut it
   off). A run that raised records the exception and an error status. Batch
   items run as jobs of their kind's queue, so each item run is such a span.
+  Jobs of shoal's own queues (names starting ``shoal.``,
+  :func:`~shoal.queue.options.is_internal`) run without a span unless
+  ``instrument(internal_queues=True)`` asked for them.
 - Each ``apply`` of an ingest consumer of an :class:`~shoal.app.App` run by
   ``shoal worker`` is an ``apply <topic>`` span with ``shoal.topic``,
   ``shoal.message.id`` and ``shoal.message.attempt``.
@@ -38,6 +41,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import Cancel, MissingExtra, PermanentError, Snooze
+from shoal.queue.options import is_internal
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -54,22 +58,32 @@ TRACER_NAME = "shoal"
 _tracer: Tracer | None = None
 # The tracer of the global provider last seen, with that provider.
 _auto: tuple[object, Tracer] | None = None
+# Set by instrument(): whether runs of shoal's own queues get spans too.
+_internal_queues = False
 
 
-def instrument(tracer_provider: Any = None) -> None:
-    """Turn tracing on, with ``tracer_provider`` (default: the global one)."""
-    global _tracer
+def instrument(tracer_provider: Any = None, *, internal_queues: bool = False) -> None:
+    """Turn tracing on, with ``tracer_provider`` (default: the global one).
+
+    Runs of shoal's own queues (names starting ``shoal.``) get no span unless
+    ``internal_queues``: they would be a root span each, every second.
+
+    >>> tracing.instrument(provider, internal_queues=True)  # doctest: +SKIP
+    """
+    global _tracer, _internal_queues
     try:
         from opentelemetry import trace
     except ImportError:
         raise MissingExtra("tracing", "otel") from None
     _tracer = trace.get_tracer(TRACER_NAME, tracer_provider=tracer_provider)
+    _internal_queues = internal_queues
 
 
 def uninstrument() -> None:
     """Undo :func:`instrument` (a global provider that is set still turns tracing on)."""
-    global _tracer
+    global _tracer, _internal_queues
     _tracer = None
+    _internal_queues = False
 
 
 def tracer() -> Tracer | None:
@@ -110,9 +124,10 @@ def with_carrier(data: object, headers: Mapping[str, str] | None) -> object:
 
 
 def traced_handler(queue: str, handler: Handler) -> Handler:
-    """``handler`` run inside a span per run while tracing is on; itself while off."""
+    """``handler`` run inside a span per run while tracing is on; itself while off,
+    and for shoal's own queues unless ``instrument(internal_queues=True)``."""
     active = tracer()
-    if active is None:
+    if active is None or (is_internal(queue) and not _internal_queues):
         return handler
     from opentelemetry import propagate
     from opentelemetry.trace import SpanKind, Status, StatusCode

@@ -148,6 +148,27 @@ async def test_tracing_off_leaves_payloads_and_handlers_as_they_are(boss: Shoal)
     assert stored == {"a": 1}
 
 
+async def test_shoals_own_queues_run_without_spans_unless_asked(
+    boss: Shoal, spans: InMemorySpanExporter
+) -> None:
+    async def handler(job: Job) -> None:
+        return None
+
+    internal = "shoal.batch.aggregate"
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracing.instrument(provider, internal_queues=True)
+    probe = Probe(boss)
+    await boss.send(internal, {})
+    assert boss.work(internal, handler, poll_interval=timedelta(seconds=1)).handler is not handler
+    await probe.job_finished(internal, outcome="completed")
+    assert len(runs(spans, internal)) == 1
+
+    tracing.instrument(provider)  # the default: no span for them, a user's queue traced
+    assert boss.work(internal, handler, poll_interval=timedelta(seconds=1)).handler is handler
+    assert boss.work("plain", handler, poll_interval=timedelta(seconds=1)).handler is not handler
+
+
 GLOBAL_PROVIDER_SCRIPT = """
 import asyncio, os
 from opentelemetry import trace
