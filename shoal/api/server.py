@@ -25,6 +25,10 @@ h11's own bound applies only to a head still incomplete after a read: one that
 arrived whole in a single read (up to the 256 KiB asyncio reads at once)
 went through at any size.
 
+``shoal api`` binds its port itself (:func:`listen_socket`) before it says
+it serves, so a port that is taken is one error line and no announcement;
+and it logs the console's polls at DEBUG (:class:`ConsoleReadsAtDebug`).
+
 >>> uvicorn.Server(api_config(create_api(boss, batches), port=8000))  # doctest: +SKIP
 """
 
@@ -34,6 +38,7 @@ import asyncio
 import json
 import logging
 import re
+import socket
 import sys
 from typing import Any, ClassVar
 
@@ -223,6 +228,79 @@ def bounded_head_protocol(header_timeout_s: float) -> type[BoundedHeadProtocol]:
     return Protocol
 
 
+# uvicorn's own default backlog.
+LISTEN_BACKLOG = 2048
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening, for ``uvicorn.Server.serve(sockets=...)``.
+
+    A port another process holds (or an address this machine does not have)
+    is InvalidInput naming ``--port`` and the address, before anything is
+    announced or served.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # As uvicorn does: a restart need not wait out the old connections'
+    # TIME_WAIT. It never lets two processes listen on one port.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise InvalidInput("--port", f"cannot listen on {where}: {exc.strerror or exc}") from None
+    return sock
+
+
+# The API's read routes that the console pages poll every 2 s (console.html,
+# dashboard.html): GETs of them that succeed are logged at DEBUG, not INFO, so
+# an open console does not fill the log. Anything else (a write, an error, a
+# health probe) keeps uvicorn's INFO line.
+CONSOLE_READ_ROUTES = re.compile(
+    r"(/|/tasks|/v1/(overview|queues|jobs|schedules|topics|workers|history|tasks|limits)"
+    r"(/[^?]*)?)(\?.*)?"
+)
+
+
+def is_console_read(method: str, path: str, status: int) -> bool:
+    """Whether a request is one of the console's polls (see CONSOLE_READ_ROUTES).
+
+    >>> is_console_read("GET", "/v1/queues?internal=true", 200)
+    True
+    >>> is_console_read("POST", "/v1/queues/email/pause", 200)
+    False
+    """
+    return method == "GET" and status < 400 and CONSOLE_READ_ROUTES.fullmatch(path) is not None
+
+
+class ConsoleReadsAtDebug(logging.Filter):
+    """On uvicorn's access logger: the console's polls become DEBUG records.
+
+    A logger's filter runs after its INFO check, so the record is kept only
+    when the logger also takes DEBUG (``shoal api -v``).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn's access record: (client, method, path and query, HTTP version, status).
+        args = record.args
+        if not (isinstance(args, tuple) and len(args) == 5):
+            return True
+        _, method, path, _, status = args
+        if not (isinstance(status, int) and is_console_read(str(method), str(path), status)):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_console_reads(logger: str = "uvicorn.access") -> None:
+    """Put :class:`ConsoleReadsAtDebug` on ``logger`` (once)."""
+    target = logging.getLogger(logger)
+    if not any(isinstance(f, ConsoleReadsAtDebug) for f in target.filters):
+        target.addFilter(ConsoleReadsAtDebug())
+
+
 def api_config(
     app: Any, *, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, **options: Any
 ) -> uvicorn.Config:
@@ -232,11 +310,16 @@ def api_config(
 
 
 __all__ = [
+    "CONSOLE_READ_ROUTES",
     "DEFAULT_HEADER_TIMEOUT_S",
     "MAX_HEAD_BYTES",
     "BoundedHeadProtocol",
+    "ConsoleReadsAtDebug",
     "HeadCappedConnection",
     "HeadTooLarge",
     "api_config",
     "bounded_head_protocol",
+    "is_console_read",
+    "listen_socket",
+    "quiet_console_reads",
 ]

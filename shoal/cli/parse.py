@@ -381,6 +381,12 @@ def parser() -> argparse.ArgumentParser:
             f"(env SHOAL_LOG_FORMAT; default: {DEFAULT_LOG_FORMAT})",
         )
     api.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log each request, one INFO line (the console's polls at DEBUG, shown with -v)",
+    )
+    api.add_argument(
         "--read-only",
         action="store_true",
         help="refuse every request that would change something (403): a console to look, "

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -161,14 +162,28 @@ def api_token(args: argparse.Namespace) -> str | None:
 
 
 async def cmd_api(args: argparse.Namespace, url: str) -> int:
+    from shoal.api.server import listen_socket
+
+    token = api_token(args)
+    app = load_app(args.app)
+    # Bound before anything else: a port that is taken is one error line, with
+    # no "serving on" said first and no database connected for nothing.
+    sock = listen_socket(args.host, args.port)
+    try:
+        return await _serve_api(args, url, app, token, sock)
+    finally:
+        sock.close()
+
+
+async def _serve_api(
+    args: argparse.Namespace, url: str, app: App, token: str | None, sock: socket.socket
+) -> int:
     import uvicorn
 
     from shoal.api import create_api
     from shoal.api.console import LazyTransport
-    from shoal.api.server import api_config
+    from shoal.api.server import api_config, quiet_console_reads
 
-    token = api_token(args)
-    app = load_app(args.app)
     boss = await connect(args, url, max_size=args.pool_size, listen=False)
     limits = {
         "max_body_bytes": args.max_body_bytes,
@@ -194,8 +209,10 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
             host=args.host,
             port=args.port,
             log_level="debug" if args.verbose else args.log_level.lower(),
-            # JSON lines: uvicorn's loggers then go through the root's JSON handler.
-            **({"log_config": None} if args.log_format == "json" else {}),
+            # uvicorn's loggers go through the root's handler: JSON lines, or
+            # text lines with their time (uvicorn's own format has none).
+            log_config=None,
+            access_log=args.access_log,
             lifespan="off",
             server_header=False,
             header_timeout_s=(
@@ -203,9 +220,12 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
             ),
         )
     )
+    quiet_console_reads()
+    port = sock.getsockname()[1]  # the port given, or the one taken for port 0
+    host = f"[{args.host}]" if ":" in args.host else args.host
     announce(
         args,
-        f"shoal API and console on http://{args.host}:{args.port}/"
+        f"shoal API and console on http://{host}:{port}/"
         + (" (bearer token required)" if token else "")
         + (" read-only" if args.read_only else ""),
     )
@@ -214,7 +234,7 @@ async def cmd_api(args: argparse.Namespace, url: str) -> int:
     # server started here) close normally instead of dying mid-cleanup.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
