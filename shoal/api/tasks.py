@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from shoal.api.contract import (
@@ -107,6 +107,7 @@ def tasks_router(batches: Batches) -> APIRouter:
     )
     async def create_task(
         body: CreateTask,
+        request: Request,
         response: Response,
         idempotency_key_header: Annotated[
             str | None,
@@ -140,7 +141,9 @@ def tasks_router(batches: Batches) -> APIRouter:
             deadline=body.deadline_s,
         )
         response.status_code = 202 if created.created else 200
-        response.headers["Location"] = f"/v1/tasks/{created.task_id}"
+        # Under the API's mount prefix (or a proxy's root_path), where the task is.
+        root = request.scope.get("root_path", "")
+        response.headers["Location"] = f"{root}/v1/tasks/{created.task_id}"
         return {"task_id": created.task_id, "created": created.created}
 
     @router.get("/tasks", response_model=TaskList, responses=_errors(401, 403, 422))
