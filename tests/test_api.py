@@ -441,7 +441,7 @@ async def test_items_page_by_cursor_and_filter_by_status_with_their_errors(
     assert_error(huge, 422, "cursor")
 
 
-async def test_cancel_stops_pending_items_and_a_closed_task_answers_409(
+async def test_cancel_stops_pending_items_and_retry_failed_undoes_it(
     client: httpx.AsyncClient, batches: Batches
 ) -> None:
     task_id = (await client.post("/v1/tasks", json={"kind": KIND, "items": ["a", "b"]})).json()[
@@ -454,7 +454,17 @@ async def test_cancel_stops_pending_items_and_a_closed_task_answers_409(
     view = (await client.get(f"/v1/tasks/{task_id}")).json()
     assert (view["status"], view["outcome"]) == ("cancelled", "cancelled")
     assert_error(await client.post(f"/v1/tasks/{task_id}/cancel"), 409, "task_id")
-    assert_error(await client.post(f"/v1/tasks/{task_id}/retry-failed"), 409, "task_id")
+    # The undo: retry-failed reopens the cancelled items and the task.
+    retried = await client.post(f"/v1/tasks/{task_id}/retry-failed")
+    assert retried.status_code == 200, retried.text
+    body = retried.json()
+    assert body["retried"] == 2
+    assert (body["task"]["status"], body["task"]["outcome"]) == ("processing", None)
+    assert body["task"]["progress"]["pending"] == 2
+    pending = (await client.get(f"/v1/tasks/{task_id}/items?status=pending")).json()["items"]
+    assert [i["ref"] for i in pending] == ["a", "b"]
+    # Reopened, it can be cancelled again.
+    assert (await client.post(f"/v1/tasks/{task_id}/cancel")).status_code == 200
 
 
 async def test_retry_failed_reopens_the_task_and_its_error_items(

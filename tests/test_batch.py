@@ -531,6 +531,68 @@ async def test_retry_failed_reruns_error_items_and_reopens_the_task(boss: Shoal)
     assert bad.attempts == 1 and bad.errors[0]["message"] == "upstream bug"  # history kept
 
 
+async def test_retry_failed_reopens_a_cancelled_task_and_each_item_ends_once(
+    boss: Shoal,
+) -> None:
+    # Undoing a cancel: the task's cancelled items (pending ones never started,
+    # and one stopped while it ran) run again, and each item ends exactly once.
+    hold = asyncio.Event()
+    runs: list[str] = []
+    ended: list[str] = []
+    stopped: list[str] = []
+
+    async def handler(item: Item) -> str:
+        runs.append(item.ref)
+        if item.ref == "slow":
+            try:
+                await hold.wait()
+            except asyncio.CancelledError:
+                stopped.append(item.ref)
+                raise
+        ended.append(item.ref)
+        return "ok"
+
+    batches = make_batches(boss, handler, concurrency=1)
+    refs = ["slow", *(f"r{i}" for i in range(9))]
+    created = await batches.create("test.kind", refs)
+    async with running(batches):
+        await wait_for(lambda: runs == ["slow"], timeout_s=20)
+        view = await batches.cancel(created.task_id)
+        assert view.progress.cancelled == 10
+        await settle(batches, created.task_id)
+        assert (await batches.get(created.task_id)).outcome is TaskOutcome.CANCELLED
+        await wait_for(lambda: stopped == ["slow"], timeout_s=20)
+        assert ended == []  # the running one was stopped, the others never started
+
+        hold.set()
+        assert await batches.retry_failed(created.task_id) == 10
+        view = await batches.get(created.task_id)
+        assert (view.status, view.outcome, view.progress.cancelled) == (
+            TaskStatus.PROCESSING,
+            None,
+            0,
+        )
+        await settle(batches, created.task_id)
+    view = await batches.get(created.task_id)
+    assert (view.status, view.outcome) == (TaskStatus.COMPLETED, TaskOutcome.COMPLETED)
+    assert view.progress.completed == 10
+    assert sorted(ended) == sorted(refs)  # every item ended once, none twice
+    slow = (await batches.items(created.task_id, ref="slow")).items[0]
+    assert slow.errors[0]["type"] == "Cancelled"  # its stopped run stays on its history
+    assert await batches.retry_failed(created.task_id) == 0  # nothing left to reopen
+
+
+async def test_retry_failed_refuses_a_timed_out_task(fake_boss: Shoal, clock: FakeClock) -> None:
+    batches = make_batches(fake_boss)
+    created = await batches.create("test.kind", ["a"], deadline=60)
+    clock.advance(timedelta(seconds=60))
+    await batches.aggregator.run_once()
+    with pytest.raises(Conflict, match="deadline"):
+        await batches.retry_failed(created.task_id)
+    view = await batches.get(created.task_id)
+    assert (view.status, view.progress.cancelled) == (TaskStatus.CANCELLED, 1)
+
+
 async def test_items_page_by_status_with_a_cursor(boss: Shoal) -> None:
     batches = make_batches(boss)
     created = await batches.create("test.kind", [f"{i:03}" for i in range(25)])

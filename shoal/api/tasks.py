@@ -197,7 +197,8 @@ def tasks_router(batches: Batches) -> APIRouter:
         responses=_errors(401, 403, 404, 409),
     )
     async def retry_failed(task_id: str) -> dict[str, Any]:
-        """Put the task's error items back to pending with fresh attempts; reopens it."""
+        """Put the task's error and cancelled items back to pending with fresh attempts;
+        reopens the task (a cancelled one too: the undo of a cancel). 409 if it timed out."""
         canonical = task_id_of(task_id)
         retried = await batches.retry_failed(canonical)
         view = await batches.get(canonical)

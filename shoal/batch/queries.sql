@@ -377,20 +377,29 @@ JOIN unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt) ON u.id = 
 WHERE i.id = ANY(%(ids)s::bigint[]) AND i.status = 'cancelled' AND i.attempt = u.attempt
 
 -- name: reopen_failed_items
--- error -> pending for retry-failed, with a fresh allowance of attempts on top
--- of those spent (attempt stays monotonic: it is the fencing token).
+-- error and cancelled -> pending for retry-failed (cancelled items exist only
+-- in a cancelled task, which retry-failed reopens), with a fresh allowance of
+-- attempts on top of those spent (attempt stays monotonic: it is the fencing
+-- token, so a cancelled run's handler still going loses its write). A
+-- cancelled item's job may still be waiting: the re-dispatch of the same key
+-- is then dropped and that job runs the item; if that job was ending meanwhile
+-- (a cancelled run), sweep_orphans sends a new one.
 UPDATE {schema}.item i
 SET status = 'pending', attempt_base = i.attempt, error = NULL, result = NULL,
     finished_at = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 FROM {schema}.task t
-WHERE i.task_id = %(task_id)s::uuid AND i.status = 'error' AND t.id = i.task_id
+WHERE i.task_id = %(task_id)s::uuid AND i.status IN ('error', 'cancelled') AND t.id = i.task_id
 RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options,
           i.partition_key
 
 -- name: reopen_task
+-- Back to processing, and a cancel undone (retry-failed of a cancelled task).
+-- A task that timed out stays stopped: its deadline has passed.
 UPDATE {schema}.task
-SET status = 'processing', outcome = NULL, completed_at = NULL, last_item_at = NULL
-WHERE id = %(task_id)s::uuid AND status IN ('processing', 'completed')
+SET status = 'processing', outcome = NULL, completed_at = NULL, last_item_at = NULL,
+    cancel_reason = NULL, cancel_requested_at = NULL
+WHERE id = %(task_id)s::uuid AND status IN ('processing', 'completed', 'cancelled')
+  AND cancel_reason IS DISTINCT FROM 'timed_out'
 
 -- name: close_tasks
 -- Closes every task with no pending or running item, in one statement: the

@@ -331,15 +331,21 @@ class Batches:
         return await self.get(row.id)
 
     async def retry_failed(self, task_id: str) -> int:
-        """Put a task's error items back to pending with fresh attempts; reopens the task."""
+        """Put a task's error and cancelled items back to pending with fresh attempts.
+
+        One transaction: the items are reopened, the task goes back to
+        processing (a cancel is undone: a cancelled task is re-opened) and
+        their jobs are sent. Returns how many items were reopened. A task
+        that timed out is a Conflict: its deadline has passed.
+        """
         row = await self._row(task_id)
         now = self.clock.sql_now()
 
         async def retry(conn: AsyncConn) -> int:
             locked = await self.store.lock_task(conn, row.id)
             assert locked is not None
-            if locked.status is TaskStatus.CANCELLED or locked.cancel_reason is not None:
-                raise Conflict(f"task {row.id} was stopped ({locked.cancel_reason}); cannot retry")
+            if locked.cancel_reason is TaskOutcome.TIMED_OUT:
+                raise Conflict(f"task {row.id} timed out (its deadline passed); cannot retry")
             reopened = await self.store.reopen_failed_items(conn, row.id, now=now)
             if reopened:
                 await self.store.reopen_task(conn, row.id)

@@ -7,13 +7,14 @@ Item::
        │  │               ├──permanent error / last attempt / reaped, none left──> error
        │  │               └──reaped (no sign of life, attempts left)──> pending
        │  └──cancel / deadline──> cancelled
-       └──retry-failed── error
+       └──retry-failed── error, cancelled (of a task cancelled, not timed out)
 
 Task::
 
     processing ──close (nothing pending/running)──> completed (completed | completed_with_errors)
                └──close after cancel / deadline──> cancelled (cancelled | timed_out)
     completed ──retry-failed──> processing
+    cancelled (outcome cancelled) ──retry-failed──> processing
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class ItemStatus(StrEnum):
     ERROR = "error"
     """Permanent error, attempts exhausted, or reaped with none left. Left by retry-failed."""
     CANCELLED = "cancelled"
-    """Still pending when its task was cancelled or timed out. Terminal."""
+    """Pending or running when its task was cancelled or timed out. Left by retry-failed
+    (of a cancelled task; a timed-out task's stay)."""
 
 
 class TaskStatus(StrEnum):
@@ -44,7 +46,8 @@ class TaskStatus(StrEnum):
     COMPLETED = "completed"
     """Every item ended (outcome completed | completed_with_errors). Reopened by retry-failed."""
     CANCELLED = "cancelled"
-    """Closed after a cancel or a passed deadline (outcome cancelled | timed_out)."""
+    """Closed after a cancel or a passed deadline (outcome cancelled | timed_out).
+    Reopened by retry-failed when cancelled (not when timed out)."""
 
 
 class TaskOutcome(StrEnum):
@@ -59,11 +62,11 @@ ITEM_TRANSITIONS: dict[ItemStatus, frozenset[ItemStatus]] = {
     ItemStatus.RUNNING: frozenset({ItemStatus.COMPLETED, ItemStatus.ERROR, ItemStatus.PENDING}),
     ItemStatus.COMPLETED: frozenset(),
     ItemStatus.ERROR: frozenset({ItemStatus.PENDING}),
-    ItemStatus.CANCELLED: frozenset(),
+    ItemStatus.CANCELLED: frozenset({ItemStatus.PENDING}),
 }
 
 TASK_TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.PROCESSING: frozenset({TaskStatus.COMPLETED, TaskStatus.CANCELLED}),
     TaskStatus.COMPLETED: frozenset({TaskStatus.PROCESSING}),
-    TaskStatus.CANCELLED: frozenset(),
+    TaskStatus.CANCELLED: frozenset({TaskStatus.PROCESSING}),
 }
