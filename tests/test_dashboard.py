@@ -142,6 +142,7 @@ async def test_progress_bars_reach_100_percent_and_failed_items_show_their_error
 
     base, client = dashboard
     page = await browser.new_page()
+    page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))  # Cancel's confirm
     try:
         await page.goto(base + "/tasks")
         # The API needs a token: the page asks for it, then shows the (empty) task list.
@@ -210,5 +211,86 @@ async def test_progress_bars_reach_100_percent_and_failed_items_show_their_error
             "nodes => nodes.map(n => n.dataset.taskId)"
         )
         assert ids == [idle_id, task_id]
+    finally:
+        await page.close()
+
+
+async def test_tasks_page_has_the_console_header_tracebacks_and_a_cancel_that_can_be_undone(
+    browser: Any, dashboard: tuple[str, httpx.AsyncClient]
+) -> None:
+    from playwright.async_api import expect
+
+    base, client = dashboard
+    page = await browser.new_page()
+    dialogs: list[str] = []
+    answer = {"accept": False}
+
+    async def on_dialog(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        await (dialog.accept() if answer["accept"] else dialog.dismiss())
+
+    page.on("dialog", on_dialog)
+    try:
+        # The console's header and navigation, the same on both pages, Tasks marked.
+        await page.goto(base + "/")
+        console_nav = await page.locator("header nav a").all_inner_texts()
+        console_bg = await page.locator("header").evaluate("h => getComputedStyle(h).background")
+        await page.goto(base + "/tasks")
+        await page.fill("#token", TOKEN)
+        await page.click("#auth button[type=submit]")
+        assert await page.locator("header nav a").all_inner_texts() == console_nav
+        assert await page.locator("header").evaluate("h => getComputedStyle(h).background") == (
+            console_bg
+        )
+        await expect(page.locator("header nav a.on")).to_have_text("Tasks")
+
+        # A failed item's stored traceback, shown when the operator opens it.
+        created = await client.post(
+            "/v1/tasks", json={"kind": WORK, "items": ["fine", {"ref": "bad", "data": {"fail": 1}}]}
+        )
+        task_id = created.json()["task_id"]
+        card = page.locator(f'section.task[data-task-id="{task_id}"]')
+        await expect(card.locator(".badge")).to_have_text(
+            "completed with errors", timeout=UI_TIMEOUT_MS
+        )
+        await card.locator("details.failed summary").click()
+        entry = card.locator('tr[data-item-ref="bad"] li[data-attempt="1"]')
+        trace = entry.locator("details.traceback pre")
+        await expect(entry.locator("details.traceback summary")).to_be_visible(
+            timeout=UI_TIMEOUT_MS
+        )
+        await expect(trace).to_be_hidden()
+        await entry.locator("details.traceback summary").click()
+        await expect(trace).to_be_visible()
+        await expect(trace).to_contain_text("Traceback (most recent call last)")
+        await expect(trace).to_contain_text("PermanentError: bad: unreadable scan")
+
+        # Cancel asks first, saying what happens and how to undo it; declined, nothing changes.
+        idle = await client.post("/v1/tasks", json={"kind": IDLE, "items": ["x", "y", "z"]})
+        idle_id = idle.json()["task_id"]
+        idle_card = page.locator(f'section.task[data-task-id="{idle_id}"]')
+        bar = idle_card.get_by_role("progressbar")
+        await expect(idle_card.locator(".badge")).to_have_text("processing", timeout=UI_TIMEOUT_MS)
+        await idle_card.get_by_role("button", name="Cancel").click()
+        assert len(dialogs) == 1
+        assert "3 pending item(s) will not start" in dialogs[0]
+        assert 'press "Retry failed"' in dialogs[0]
+        view = (await client.get(f"/v1/tasks/{idle_id}")).json()
+        assert (view["status"], view["progress"]["cancelled"]) == ("processing", 0)
+        # Accepted: cancelled, and the card shows the split, not "100%".
+        answer["accept"] = True
+        await idle_card.get_by_role("button", name="Cancel").click()
+        await expect(idle_card.locator(".badge")).to_have_text("cancelled", timeout=UI_TIMEOUT_MS)
+        await expect(bar).to_have_text("0 done · 0 failed · 3 cancelled")
+        await expect(bar).to_have_attribute("aria-valuenow", "0")
+        await expect(bar.locator("span.cancelled")).to_have_attribute("style", "width: 100%;")
+
+        # The undo: Retry failed re-opens the cancelled task and its items.
+        await idle_card.get_by_role("button", name="Retry failed").click()
+        await expect(idle_card.locator(".badge")).to_have_text("processing", timeout=UI_TIMEOUT_MS)
+        await expect(idle_card.locator('[data-count="pending"]')).to_have_text("3 pending")
+        await expect(bar).to_have_text("0%")
+        view = (await client.get(f"/v1/tasks/{idle_id}")).json()
+        assert (view["status"], view["progress"]["pending"]) == ("processing", 3)
     finally:
         await page.close()
