@@ -253,7 +253,7 @@ async def test_tasks_page_has_the_console_header_tracebacks_and_a_cancel_that_ca
         await expect(card.locator(".badge")).to_have_text(
             "completed with errors", timeout=UI_TIMEOUT_MS
         )
-        await card.locator("details.failed summary").click()
+        await card.locator("details.failed > summary").click()
         entry = card.locator('tr[data-item-ref="bad"] li[data-attempt="1"]')
         trace = entry.locator("details.traceback pre")
         await expect(entry.locator("details.traceback summary")).to_be_visible(
