@@ -102,6 +102,9 @@ async def _click_through(browser: Any, base: str, client: httpx.AsyncClient) -> 
     # Where the task is, under the prefix.
     assert task.headers["Location"] == f"{PREFIX}/v1/tasks/{task_id}"
     assert (await client.get(task.headers["Location"])).status_code == 200
+    # A redirect (a trailing slash dropped) stays under the prefix.
+    slash = await client.get(f"{PREFIX}/tasks/", follow_redirects=True)
+    assert (slash.status_code, str(slash.url)) == (200, f"{base}{PREFIX}/tasks")
 
     page = await browser.new_page()
     failures: list[str] = []
