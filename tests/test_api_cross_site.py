@@ -39,6 +39,7 @@ from shoal.app import App
 from shoal.batch.service import Batches
 from shoal.demo import _serve_api, _servers
 from shoal.errors import InvalidInput
+from shoal.ingest.store import IngestStore
 from shoal.queue.states import JobId
 
 from .conftest import wait_for
@@ -75,10 +76,14 @@ def write_routes(api: FastAPI) -> list[tuple[str, str]]:
 class Targets:
     """Real rows for each write to act on: each write would change one of them."""
 
-    def __init__(self, task_id: str, failed_job: JobId, waiting_job: JobId) -> None:
+    def __init__(
+        self, task_id: str, failed_job: JobId, waiting_job: JobId, dead_letter: int
+    ) -> None:
         self.values = {
             "task_id": task_id,
             "job_id": str(failed_job),
+            "dead_id": str(dead_letter),
+            "worker_id": "any-worker",  # read only: refused before it is looked up
             "queue": "email",
             "schedule": "digest",
             "topic": "cards",
@@ -109,8 +114,9 @@ async def targets(boss: Shoal, batches: Batches) -> Targets:
     assert waiting is not None
     await boss.schedule("digest", "0 0 * * *", {"kind": "daily"}, queue="email")
     await dead_letters(boss, "cards", 2)
+    letter = (await IngestStore(boss.db).dead_letters("cards"))[0]
     created = await batches.create(KIND, ["a", "b"])
-    return Targets(created.task_id, failed[0], waiting)
+    return Targets(created.task_id, failed[0], waiting, letter.id)
 
 
 @pytest.fixture

@@ -366,7 +366,7 @@ async def test_read_only_refuses_every_mutating_route(boss: Shoal) -> None:
         if method not in ("get", "head")
     ]
     assert len(mutating) >= 14
-    fill = {"{name}": "mail", "{job_id}": str(failed), "{task_id}": "x"}
+    fill = {"{name}": "mail", "{job_id}": str(failed), "{task_id}": "x", "{dead_id}": "1"}
     async with client_for(api) as client:
         for method, template in mutating:
             path = template

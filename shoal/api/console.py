@@ -26,6 +26,7 @@ from shoal.api.console_contract import (
     BulkDone,
     DeadPageOut,
     Deleted,
+    Discarded,
     HistoryOut,
     JobOut,
     JobPageOut,
@@ -37,6 +38,7 @@ from shoal.api.console_contract import (
     ScheduleAction,
     ScheduleList,
     TopicList,
+    WorkerDetailOut,
     WorkerList,
 )
 from shoal.api.errors import ApiError, ErrorBody
@@ -51,20 +53,26 @@ from shoal.console.history import (
     parse_window,
 )
 from shoal.console.queues import DEFAULT_PAGE, MAX_PAGE, QueueInspector, QueueSummary, ScheduleInfo
+from shoal.console.store import RunningWork
 from shoal.console.topics import MAX_PAGE as MAX_DEAD_PAGE
 from shoal.console.topics import TopicInspector
+from shoal.console.why import job_reason
+from shoal.console.workers import DEFAULT_RUNNING, MAX_RUNNING, WorkerInspector
 from shoal.db.writes import CachedWriteCheck, WriteCheck
 from shoal.ingest.postgres import QUEUE_PREFIX as TOPIC_QUEUE_PREFIX
 from shoal.ingest.store import DeadLetter
 from shoal.ingest.transport import Transport
 from shoal.queue.registry import WorkerRegistry
-from shoal.queue.rows import JobRecord
+from shoal.queue.rows import JobRecord, WorkerInfo
 from shoal.queue.store import MAX_CANCELLED_BY
 
 # Job ids are Postgres bigints: a larger one would fail in the driver.
 MAX_ID = 2**63 - 1
 NAME = Annotated[str, Path(min_length=1, max_length=200)]
 JOB_ID = Annotated[int, Path(ge=1, le=MAX_ID)]
+DEAD_ID = Annotated[
+    int, Path(ge=1, le=MAX_ID, description="The dead letter's id (not its message's).")
+]
 CANCELLED_BY = Annotated[
     str,
     Query(
@@ -175,6 +183,7 @@ def job_detail(job: JobRecord) -> dict[str, Any]:
         "origin_id": job.origin_id,
         "retry_delay_s": job.policy.retry_delay.total_seconds(),
         "retry_backoff": job.policy.retry_backoff,
+        "retry_delay_max_s": job.policy.retry_delay_max.total_seconds(),
         "expire_in_s": job.expire_in.total_seconds(),
         "wait_s": None if started is None else (started - job.created_at).total_seconds(),
         "run_s": (
@@ -277,8 +286,18 @@ def jobs_router(queues: QueueInspector) -> APIRouter:
 
     @router.get("/jobs/{job_id}", response_model=JobOut, responses=_errors(401, 404, 422))
     async def get_job(job_id: JOB_ID) -> dict[str, Any]:
-        """One job (live or archived): payload, output, every attempt's error, timings."""
-        return job_detail(await queues.job(job_id))
+        """One job (live or archived): payload, output, every attempt's error and
+        history note, timings, and why it is where it is (``reason``)."""
+        job = await queues.job(job_id)
+        paused_at = (await queues.console.queue_paused_at()).get(job.queue)
+        now = queues.clock.now()
+        reason = job_reason(job, now=now, queue_paused=paused_at is not None)
+        return {
+            **job_detail(job),
+            "reason": reason.value,
+            "queue_paused_at": _iso(paused_at),
+            "now": now.isoformat(),
+        }
 
     @router.post(
         "/jobs/{job_id}/retry", response_model=JobOut, responses=_errors(401, 403, 404, 409)
@@ -382,6 +401,17 @@ def topics_router(
         page = await topics.dead(name, limit=limit, cursor=cursor, include_redriven=all)
         return {"dead": [dead_dict(d) for d in page.letters], "next_cursor": page.next_cursor}
 
+    @router.delete(
+        "/topics/{name}/dead/{dead_id}",
+        response_model=Discarded,
+        responses=_errors(401, 403, 404, 422),
+    )
+    async def discard_dead_letter(name: NAME, dead_id: DEAD_ID) -> dict[str, Any]:
+        """Delete one dead letter for good (waiting or redriven); on the postgres
+        transport, with the failed job its message left in the topic's queue."""
+        message_id = await topics.discard(name, dead_id)
+        return {"topic": name, "id": dead_id, "message_id": message_id, "discarded": True}
+
     @router.post(
         "/topics/{name}/redrive",
         response_model=Redriven,
@@ -412,30 +442,60 @@ def history_dict(
     }
 
 
+def worker_dict(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "app": w.app,
+        "queues": w.queues,
+        "started_at": w.started_at.isoformat(),
+        "heartbeat_at": w.heartbeat_at.isoformat(),
+        "running": w.running,
+        "done": w.done,
+        "gone": w.gone,
+        "rescued": w.rescued,
+        "rescued_at": _iso(w.rescued_at),
+    }
+
+
+def running_dict(r: RunningWork) -> dict[str, Any]:
+    return {
+        "what": r.what,
+        "id": r.id,
+        "queue": r.queue,
+        "task_id": r.task_id,
+        "ref": r.ref,
+        "attempt": r.attempt,
+        "started_at": r.started_at.isoformat(),
+        "lease_expires_at": _iso(r.lease_expires_at),
+        "preview": r.preview,
+    }
+
+
 def workers_router(registry: WorkerRegistry) -> APIRouter:
     router = APIRouter(tags=["workers"])
+    inspector = WorkerInspector(registry)
 
     @router.get("/workers", response_model=WorkerList, responses=_errors(401))
     async def list_workers() -> dict[str, Any]:
         """Every worker process that heartbeats (or stopped lately: ``gone``)."""
+        return {"workers": [worker_dict(w) for w in await registry.workers()]}
+
+    @router.get(
+        "/workers/{worker_id}", response_model=WorkerDetailOut, responses=_errors(401, 404, 422)
+    )
+    async def get_worker(
+        worker_id: Annotated[str, Path(min_length=1, max_length=64)],
+        limit: Annotated[int, Query(ge=1, le=MAX_RUNNING)] = DEFAULT_RUNNING,
+    ) -> dict[str, Any]:
+        """One worker process and the jobs and batch items it runs now, oldest first
+        (at most ``limit`` of each; ``truncated`` when more were running)."""
+        detail = await inspector.worker(worker_id, limit=limit)
         return {
-            "workers": [
-                {
-                    "id": w.id,
-                    "host": w.host,
-                    "pid": w.pid,
-                    "app": w.app,
-                    "queues": w.queues,
-                    "started_at": w.started_at.isoformat(),
-                    "heartbeat_at": w.heartbeat_at.isoformat(),
-                    "running": w.running,
-                    "done": w.done,
-                    "gone": w.gone,
-                    "rescued": w.rescued,
-                    "rescued_at": _iso(w.rescued_at),
-                }
-                for w in await registry.workers()
-            ]
+            **worker_dict(detail.worker),
+            "running_now": [running_dict(r) for r in detail.running],
+            "truncated": detail.truncated,
         }
 
     return router

@@ -7,6 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+JobReasonName = Literal[
+    "scheduled", "retry_wait", "queue_paused", "due", "running", "lease_passed", "finished"
+]
 JobStateName = Literal["created", "retry", "active", "completed", "cancelled", "failed"]
 
 
@@ -84,9 +87,20 @@ class JobOut(JobSummary):
     origin_id: int | None
     retry_delay_s: float
     retry_backoff: bool
+    retry_delay_max_s: float = Field(description="The longest delay backoff grows to.")
     expire_in_s: float
     wait_s: float | None = Field(description="From created to the start of the last attempt.")
     run_s: float | None = Field(description="From the last attempt's start to its end.")
+    reason: JobReasonName | None = Field(
+        None,
+        description=(
+            "Why the job is where it is (GET only): scheduled (start_after to come), "
+            "retry_wait (its retry delay running), queue_paused, due (waiting for a "
+            "worker), running, lease_passed (maintenance hands it back), finished."
+        ),
+    )
+    queue_paused_at: str | None = Field(None, description="When its queue was paused (GET only).")
+    now: str | None = Field(None, description="The server's time the reason was judged at.")
 
 
 class Deleted(BaseModel):
@@ -163,6 +177,13 @@ class Redrive(BaseModel):
     ids: list[int] | None = Field(default=None, min_length=1, max_length=10_000)
 
 
+class Discarded(BaseModel):
+    topic: str
+    id: int
+    message_id: str
+    discarded: bool
+
+
 class Redriven(BaseModel):
     topic: str
     redriven: int
@@ -189,6 +210,25 @@ class WorkerOut(BaseModel):
 
 class WorkerList(BaseModel):
     workers: list[WorkerOut]
+
+
+class RunningOut(BaseModel):
+    what: Literal["job", "item"] = Field(description="A job, or a batch item.")
+    id: int = Field(description="The job's id, or the item's.")
+    queue: str = Field(description="The job's queue; an item's kind's queue, batch.<kind>.")
+    task_id: str | None = Field(description="An item's task.")
+    ref: str | None = Field(description="An item's ref.")
+    attempt: int
+    started_at: str
+    lease_expires_at: str | None = Field(description="A job's lease (an item's is its heartbeat).")
+    preview: str = Field(description="The start of the payload's JSON.")
+
+
+class WorkerDetailOut(WorkerOut):
+    running_now: list[RunningOut] = Field(
+        description="The jobs and batch items it runs now, oldest first, up to the limit."
+    )
+    truncated: bool = Field(description="More were running than the limit shows.")
 
 
 class HistoryOut(BaseModel):

@@ -222,6 +222,45 @@ SET paused_at = NULL,
 WHERE name = %(name)s
 RETURNING name
 
+-- == what a worker process runs (jobs, and batch items) ====================
+
+-- name: worker_running
+-- What the registered process %(worker)s runs now, oldest first, each part
+-- at most %(limit)s rows: its active jobs (found through job_lease, the
+-- partial index of active jobs: no more of them than the workers'
+-- concurrency, however many jobs the table holds), then its running batch
+-- items (an item's job is taken, not held, at its claim: the item names its
+-- process itself), the running items of each processing task
+-- (task_processing) through item_task_status. A preview of each payload, cut
+-- to %(preview)s characters, stands for its data.
+WITH w AS (
+    SELECT no FROM {schema}.worker WHERE id = %(worker)s
+), jobs AS (
+    SELECT 'job' AS what, j.id, j.queue, NULL::text AS task_id, NULL::text AS ref, j.attempt,
+           j.started_at, {schema}.readable_time_v1(j.lease_expires_at) AS lease_expires_at,
+           left(j.data::text, %(preview)s) AS preview
+    FROM {schema}.job j
+    WHERE j.state = 'active' AND j.holder = (SELECT no FROM w)
+    ORDER BY j.started_at, j.id
+    LIMIT %(limit)s
+), items AS (
+    SELECT 'item' AS what, i.id, %(item_prefix)s || t.kind AS queue, t.id::text AS task_id,
+           i.ref, i.attempt, i.started_at, NULL::timestamptz AS lease_expires_at,
+           left(i.data::text, %(preview)s) AS preview
+    FROM {schema}.task t
+    CROSS JOIN LATERAL (
+        SELECT i.id, i.ref, i.attempt, i.started_at, i.data
+        FROM {schema}.item i
+        WHERE i.task_id = t.id AND i.status = 'running' AND i.holder = (SELECT no FROM w)
+    ) i
+    WHERE t.status = 'processing'
+    ORDER BY i.started_at, i.id
+    LIMIT %(limit)s
+)
+SELECT * FROM jobs
+UNION ALL
+SELECT * FROM items
+
 -- == topics and dead letters (the ingest layer's tables) ===================
 
 -- name: topics
@@ -255,6 +294,21 @@ WHERE topic = %(topic)s AND (%(all)s OR redriven_at IS NULL)
   AND (%(after_id)s::bigint IS NULL OR id > %(after_id)s::bigint)
 ORDER BY id
 LIMIT %(limit)s
+
+-- name: discard_dead
+-- Deletes one dead letter of a topic, waiting or redriven; its message id.
+DELETE FROM {schema}.ingest_dead
+WHERE topic = %(topic)s AND id = %(id)s
+RETURNING message_id
+
+-- name: discard_dead_job
+-- The postgres transport's own record of a message dead-lettered past its
+-- retries: the job its term failed, in the topic's queue. Deleted with the
+-- letter, or "retry failed" of that queue would deliver the discarded
+-- message again. Walks job_failed_queue (queue, id); the envelope's id is in
+-- the job's data. (A nats topic has no jobs: nothing to delete.)
+DELETE FROM {schema}.job
+WHERE queue = %(queue)s AND state = 'failed' AND data ->> 'id' = %(message_id)s
 
 -- == history (the queue layer's samples, shoal/queue/history.py) ===========
 

@@ -14,16 +14,33 @@ database clock), and returns plain values or the layers' row types.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from psycopg import sql
 
 from shoal.db.pool import AsyncConn, Database
 from shoal.db.queries import fetch_named, load_queries
 from shoal.ingest.store import DeadLetter
+from shoal.queue.limits import ITEM_QUEUE_PREFIX
 from shoal.queue.rows import JobRecord, job_records
 from shoal.queue.states import JobState
+
+
+@dataclass(frozen=True, slots=True)
+class RunningWork:
+    """A job or a batch item a worker process runs now (``worker_running``)."""
+
+    what: Literal["job", "item"]
+    id: int
+    queue: str  # an item's: its kind's queue, batch.<kind>
+    task_id: str | None  # an item's task
+    ref: str | None  # an item's ref
+    attempt: int
+    started_at: datetime
+    lease_expires_at: datetime | None  # a job's; an item's heartbeat is its lease
+    preview: str  # the payload's JSON, cut short
 
 
 class ConsoleStore:
@@ -179,6 +196,34 @@ class ConsoleStore:
         params = {"topic": topic, "all": include_redriven, "after_id": after_id, "limit": limit}
         return [DeadLetter(*r) for r in await self._rows("dead_page", params)]
 
+    async def discard_dead(
+        self, conn: AsyncConn, topic: str, letter_id: int, *, queue: str
+    ) -> str | None:
+        """Delete dead letter ``letter_id`` of ``topic`` and the failed job its message
+        left in ``queue`` (postgres transport), in ``conn``'s transaction; the letter's
+        message id, or None when the topic has no such letter."""
+        rows = await self._rows("discard_dead", {"topic": topic, "id": letter_id}, conn)
+        if not rows:
+            return None
+        message_id: str = rows[0][0]
+        params = {"queue": queue, "message_id": message_id}
+        await self._count("discard_dead_job", params, conn)
+        return message_id
+
+    # -- workers ---------------------------------------------------------------
+
+    async def worker_running(
+        self, worker_id: str, *, limit: int, preview: int
+    ) -> list[RunningWork]:
+        """The jobs and batch items worker ``worker_id`` runs now (each at most ``limit``)."""
+        params = {
+            "worker": worker_id,
+            "limit": limit,
+            "preview": preview,
+            "item_prefix": ITEM_QUEUE_PREFIX,
+        }
+        return [RunningWork(*r) for r in await self._rows("worker_running", params)]
+
     # -- history ---------------------------------------------------------------
 
     async def history(
@@ -190,4 +235,4 @@ class ConsoleStore:
         return await self._rows("history", params)
 
 
-__all__ = ["ConsoleStore"]
+__all__ = ["ConsoleStore", "RunningWork"]

@@ -17,6 +17,7 @@ from shoal.console.store import ConsoleStore
 from shoal.db.pool import AsyncConn
 from shoal.errors import InvalidInput, NotFound
 from shoal.ingest.message import Envelope
+from shoal.ingest.postgres import QUEUE_PREFIX
 from shoal.ingest.store import DeadLetter, IngestStore
 from shoal.ingest.transport import Transport
 from shoal.queue.client import Shoal
@@ -110,6 +111,28 @@ class TopicInspector:
             return len(envelopes)
 
         return await self.boss.db.run(run)
+
+    async def discard(self, topic: str, letter_id: int) -> str:
+        """Delete dead letter ``letter_id`` of ``topic`` for good, waiting or redriven;
+        its message id. NotFound (naming ``dead_id``) when the topic has no such letter.
+
+        Both transports keep their dead letters in shoal's table, so the
+        discard is the same for both, and needs no connection to the transport.
+        The postgres transport also kept the message itself, as the job its
+        dead-lettering failed in the topic's queue: that job goes with the
+        letter, in the same transaction. (A nats message was terminated in its
+        stream when it was dead-lettered: it is never delivered again.)
+        """
+        await self.require_topic(topic)
+        queue = QUEUE_PREFIX + topic
+
+        async def run(conn: AsyncConn) -> str | None:
+            return await self.console.discard_dead(conn, topic, letter_id, queue=queue)
+
+        message_id = await self.boss.db.run(run)
+        if message_id is None:
+            raise NotFound(f"topic {topic!r:.130} has no dead letter {letter_id}", field="dead_id")
+        return message_id
 
 
 __all__ = ["DeadPage", "TopicInspector", "TopicSummary"]
