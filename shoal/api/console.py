@@ -289,7 +289,7 @@ def jobs_router(queues: QueueInspector) -> APIRouter:
         """One job (live or archived): payload, output, every attempt's error and
         history note, timings, and why it is where it is (``reason``)."""
         job = await queues.job(job_id)
-        paused_at = (await queues.console.queue_paused_at()).get(job.queue)
+        paused_at = await queues.queue_paused_at(job.queue)
         now = queues.clock.now()
         reason = job_reason(job, now=now, queue_paused=paused_at is not None)
         return {

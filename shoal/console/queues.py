@@ -333,6 +333,10 @@ class QueueInspector:
             raise NotFound(f"job {job_id} does not exist", field="job_id")
         return record
 
+    async def queue_paused_at(self, queue: str) -> datetime | None:
+        """When ``queue`` was paused; None while it is not."""
+        return (await self.console.queue_paused_at()).get(queue)
+
     async def retry_job(self, job_id: int) -> JobRecord:
         """A failed or cancelled job to run again now."""
         record = await self.job(job_id)
