@@ -15,8 +15,10 @@ first and, unless ``--keep``, at the end):
    the rest (15.8%) waiting; failed and retrying jobs carry an error entry with a
    traceback, a tenth a singleton key), ``--archive`` archived jobs (default
    a tenth of ``--jobs``), ``--items`` batch items in 20 tasks (2% of them
-   failed, with their history), 24 hours of 10 s history samples and 30 days
-   of 5 min ones for every queue, 20 schedules, 6 workers, 3 topics with 10,000
+   failed, with their history; 1% of the five processing tasks' items
+   running), 24 hours of 10 s history samples and 30 days
+   of 5 min ones for every queue, 20 schedules, 6 workers (holding the active
+   jobs and running items between them), 3 topics with 10,000
    dead letters. Then VACUUM ANALYZE (the state autovacuum keeps a live table in).
 2. Times every console GET route (``--calls`` calls each, after 3 unmeasured
    ones), in this process through the ASGI app (``create_api``), so the
@@ -164,6 +166,7 @@ FILL_SQL = [
         SELECT k, 1 + (k - 1) / (%(items)s / 20) AS t,
                CASE WHEN k %% 50 = 0 THEN 'error'
                     WHEN 1 + (k - 1) / (%(items)s / 20) <= 5 AND k %% 3 = 0 THEN 'pending'
+                    WHEN 1 + (k - 1) / (%(items)s / 20) <= 5 AND k %% 100 = 1 THEN 'running'
                     ELSE 'completed' END::{schema}.item_status AS status
         FROM generate_series(1, %(items)s / 20 * 20) AS k
     ) g
@@ -195,6 +198,18 @@ FILL_SQL = [
            jsonb_build_object('queue-00', 10, 'queue-01', 5, 'topic.cards', 4),
            now() - interval '1 h', now(), w % 4, 1000 * w
     FROM generate_series(1, 6) AS w
+    """,
+    # Who runs what (the worker page): each active job and running item is
+    # held by one of the six workers.
+    """
+    UPDATE {schema}.job j SET holder = w.no
+    FROM {schema}.worker w
+    WHERE j.state = 'active' AND w.id = 'worker-' || (1 + mod(j.id, 6))
+    """,
+    """
+    UPDATE {schema}.item i SET holder = w.no
+    FROM {schema}.worker w
+    WHERE i.status = 'running' AND w.id = 'worker-' || (1 + mod(i.id, 6))
     """,
     """
     INSERT INTO {schema}.ingest_topic (topic, depth, ready, in_flight, delayed, oldest_age_s,
@@ -293,7 +308,15 @@ async def probe_ids(url: str, args: argparse.Namespace) -> dict[str, Any]:
         )
         row = await cur.fetchone()
         small_queue = row[0] if row else "queue-11"
+        cur = await conn.execute(
+            sql.SQL("SELECT id FROM {} WHERE state = 'active' ORDER BY id LIMIT 1").format(
+                sql.Identifier(SCHEMA, "job")
+            )
+        )
+        row = await cur.fetchone()
+        active = row[0] if row else live_failed
     return {
+        "active_id": active,
         "failed_id": live_failed,
         "archived_id": 7,
         "key": f"key-{(args.jobs // 2) // 10 * 10}",
@@ -332,6 +355,8 @@ def route_list(ids: dict[str, Any]) -> list[tuple[str, str | None]]:
         ("topics", "/v1/topics"),
         ("topic dead letters", "/v1/topics/cards/dead"),
         ("workers", "/v1/workers"),
+        ("worker page (running jobs and items)", "/v1/workers/worker-2"),
+        ("job page (active: holder, lease)", f"/v1/jobs/{ids['active_id']}"),
         ("history 1h", "/v1/history?window=1h"),
         ("history 24h", "/v1/history?window=24h"),
         ("tasks", "/v1/tasks"),
@@ -357,7 +382,9 @@ async def time_routes(url: str, args: argparse.Namespace) -> list[RouteTiming]:
     try:
         api = create_api(boss, Batches(boss, {}), token=None)
         transport = httpx.ASGITransport(app=api)
-        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+        # A loopback name: the API answers 421 to any other Host (DNS rebinding).
+        base = "http://127.0.0.1"
+        async with httpx.AsyncClient(transport=transport, base_url=base) as client:
             first = (await client.get("/v1/jobs")).json()
             for name, path in route_list(ids):
                 if path is None:
@@ -487,33 +514,32 @@ async def sample_loop(url: str, every_s: float, spent: list[tuple[float, float]]
         while True:
             started = time.perf_counter()
             cpu = backend_cpu_s(pid)
+            # Leadership is held apart, on the elector's own connection (shoal.db.
+            # leadership): a sampling round takes no lock of its own.
             async with conn.transaction():
-                cur = await conn.execute(queries["try_lead"], {"key": f"shoal.history:{SCHEMA}"})
-                lead = await cur.fetchone()
-                if lead and lead[0]:
-                    await conn.execute(queries["plan_switches"])
-                    await conn.execute(
-                        queries["sample"],
-                        {
-                            "now": None,
-                            "resolution": resolution,
-                            "finished_cap": FINISHED_CAP,
-                            "depth_cap": DEPTH_CAP,
-                            "gone_s": GONE_S,
-                        },
-                    )
-                    await conn.execute(
-                        queries["prune_history"],
-                        # What the sampler keeps at this resolution: an hour
-                        # for the bench's own ones; 24 h for 10 s samples (a
-                        # shorter keep deletes the filled day at the first
-                        # call, a cost the real sampler never has).
-                        {
-                            "now": None,
-                            "resolution": resolution,
-                            "keep_s": RETENTION_S.get(resolution, 3600),
-                        },
-                    )
+                await conn.execute(queries["plan_switches"])
+                await conn.execute(
+                    queries["sample"],
+                    {
+                        "now": None,
+                        "resolution": resolution,
+                        "finished_cap": FINISHED_CAP,
+                        "depth_cap": DEPTH_CAP,
+                        "gone_s": GONE_S,
+                    },
+                )
+                await conn.execute(
+                    queries["prune_history"],
+                    # What the sampler keeps at this resolution: an hour
+                    # for the bench's own ones; 24 h for 10 s samples (a
+                    # shorter keep deletes the filled day at the first
+                    # call, a cost the real sampler never has).
+                    {
+                        "now": None,
+                        "resolution": resolution,
+                        "keep_s": RETENTION_S.get(resolution, 3600),
+                    },
+                )
             spent.append((time.perf_counter() - started, backend_cpu_s(pid) - cpu))
             await asyncio.sleep(max(0.0, every_s - (time.perf_counter() - started)))
 
