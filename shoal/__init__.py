@@ -45,6 +45,7 @@ from shoal.queue.rows import JobError, JobRecord
 from shoal.queue.states import JobId, JobState
 from shoal.queue.sync import SyncClient
 from shoal.queue.worker import Worker
+from shoal.workflow import RunStatus, StepFailed, Workflow, WorkflowChanged, Workflows
 
 if _typing.TYPE_CHECKING:
     from shoal.ingest.nats import UnsafeDurability
@@ -121,11 +122,13 @@ __all__ = [
     "QueueDefaults",
     "Rate",
     "RetryAfter",
+    "RunStatus",
     "SendOptions",
     "SharedJobOptions",
     "Shoal",
     "ShoalError",
     "Snooze",
+    "StepFailed",
     "StillCreating",
     "Submitted",
     "SyncBatches",
@@ -139,6 +142,9 @@ __all__ = [
     "UnsafeDurability",
     "UnstorableResult",
     "Worker",
+    "Workflow",
+    "WorkflowChanged",
+    "Workflows",
     "migrate",
     "watch_task",
 ]

@@ -15,6 +15,8 @@ the rest back without spending an attempt.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
@@ -67,6 +69,15 @@ from shoal.queue.options import (
 from shoal.queue.threaded import is_async_callable
 from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Worker
 from shoal.worker_process import run_process
+from shoal.workflow.context import StepOptions, current_workflow
+from shoal.workflow.runner import (
+    DEFAULT_CONCURRENCY as DEFAULT_WORKFLOW_CONCURRENCY,
+)
+from shoal.workflow.runner import (
+    DEFAULT_JOB_OPTIONS as DEFAULT_WORKFLOW_JOB_OPTIONS,
+)
+from shoal.workflow.runner import WorkflowFunction, WorkflowSpec, queue_of
+from shoal.workflow.service import Workflows
 
 log = logging.getLogger("shoal.app")
 
@@ -102,6 +113,7 @@ class Served:
     kinds: dict[str, BatchKind]
     consumers: list[ConsumerSpec]
     sinks: list[SinkSpec]
+    workflows: dict[str, WorkflowSpec] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +140,7 @@ class App:
         self.kinds: dict[str, BatchKind] = {}
         self.consumers: list[ConsumerSpec] = []
         self.sinks: list[SinkSpec] = []
+        self.workflow_specs: dict[str, WorkflowSpec] = {}
         self.ingest_settings = IngestSettings()
         self._pipeline: Pipeline | None = None
 
@@ -306,6 +319,82 @@ class App:
 
         return register
 
+    def workflow(
+        self,
+        name: str,
+        *,
+        concurrency: int = DEFAULT_WORKFLOW_CONCURRENCY,
+        expire_in: timedelta | None = None,
+    ) -> Callable[[WorkflowFunction], WorkflowFunction]:
+        """Declare a durable workflow ``fn(wf, input)``, its steps checkpointed (docs/workflows.md).
+
+        Each run is resumed by a job of queue ``workflow.<name>``; a worker
+        process runs at most ``concurrency`` of them at once. ``expire_in``
+        bounds how long one job may run between two waits (15 minutes by
+        default): a longer step calls ``wf`` through smaller steps.
+
+        >>> app = App()
+        >>> @app.workflow("onboard")
+        ... async def onboard(wf, user_id):
+        ...     await wf.step(send_welcome, user_id)
+        ...     await wf.sleep(timedelta(days=3))
+        """
+        queue = check_queue_name(queue_of(name), field="name")
+        if name in self.workflow_specs:
+            raise InvalidInput("name", f"workflow {name!r} is already declared")
+        if queue in self.handlers:
+            raise InvalidInput("name", f"queue {queue!r} already has a handler")
+        options = dict(DEFAULT_WORKFLOW_JOB_OPTIONS)
+        if expire_in is not None:
+            options["expire_in"] = expire_in
+        parse_options(options)
+
+        def register(fn: WorkflowFunction) -> WorkflowFunction:
+            if not is_async_callable(fn):
+                raise InvalidInput("fn", f"workflow {name!r} must be an async def function")
+            self.workflow_specs[name] = WorkflowSpec(name, fn, concurrency, options)
+            return fn
+
+        return register
+
+    def step(
+        self,
+        *,
+        name: str | None = None,
+        retry_limit: int = 0,
+        retry_delay: timedelta = timedelta(0),
+        retry_backoff: bool = False,
+        transaction: bool = False,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
+        """Make a function a workflow step: called inside a run, it is checkpointed.
+
+        ``await fn(...)`` inside a workflow is ``await wf.step(fn, ...)`` with
+        these options; called anywhere else, it simply runs.
+
+        >>> app = App()
+        >>> @app.step(retry_limit=3, retry_backoff=True)
+        ... async def charge(order_id):
+        ...     ...
+        """
+        options = StepOptions.of(name, retry_limit, retry_delay, retry_backoff, transaction)
+
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+            @functools.wraps(fn)
+            async def step(*args: Any, **kwargs: Any) -> Any:
+                wf = current_workflow()
+                if wf is not None:
+                    return await wf.call(fn, args, kwargs, options)
+                result = fn(*args, **kwargs)
+                return await result if inspect.isawaitable(result) else result
+
+            return step
+
+        return wrap
+
+    def workflows(self, boss: Shoal) -> Workflows:
+        """The workflow API over ``boss`` for this app's workflows."""
+        return Workflows(boss, self.workflow_specs)
+
     def batches(self, boss: Shoal) -> Batches:
         """The batch API over ``boss`` for this app's kinds."""
         return Batches(boss, self.kinds)
@@ -339,8 +428,8 @@ class App:
         return hook
 
     def serves(self) -> list[str]:
-        """The names :meth:`select` knows: queues with a handler, batch kinds, topics."""
-        names = [*self.handlers, *self.kinds]
+        """The names :meth:`select` knows: handlers' queues, kinds, topics, workflows' queues."""
+        names = [*self.handlers, *self.kinds, *(s.queue for s in self.workflow_specs.values())]
         names += [c.topic.name for c in self.consumers] + [s.topic.name for s in self.sinks]
         return sorted(set(names))
 
@@ -370,6 +459,7 @@ class App:
             {name: kind for name, kind in self.kinds.items() if name in chosen},
             [c for c in self.consumers if c.topic.name in chosen],
             [s for s in self.sinks if s.topic.name in chosen],
+            {n: s for n, s in self.workflow_specs.items() if s.queue in chosen},
         )
         if known and not chosen:
             raise InvalidInput(

@@ -87,6 +87,9 @@ async def run_process(
             kind_workers.append(batches.work(kind.name))
             if kind.hook_queue is not None:
                 workers.append(boss.work(kind.hook_queue, _on_complete(batches, kind)))
+    if served.workflows:
+        workflows = app.workflows(boss)
+        workers.extend(workflows.work(name) for name in served.workflows)
     # Each duty runs in the one process that leads it; each term starts
     # it afresh (a new Maintenance counts silence from its own first pass).
     elector = boss.elector()

@@ -25,7 +25,7 @@ from psycopg import sql
 from shoal.db.migrate import load_migrations
 from shoal.db.releases import released_versions
 
-LAYERS = ("queue", "batch", "ingest")
+LAYERS = ("queue", "batch", "ingest", "workflow")
 _DEFINED = re.compile(r"^CREATE OR REPLACE FUNCTION \{schema\}\.(\w+)\(", re.MULTILINE)
 _CREATED = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION \{schema\}\.(\w+)\(")
 _CALLED = re.compile(r"(?<!FUNCTION )\{schema\}\.(\w+)\(")

@@ -1,4 +1,4 @@
-"""The batch and ingest layers reach the queue's tables only through the queue's functions.
+"""The layers above the queue reach its tables only through the queue's functions.
 
 What each layer's statements run (its ``queries.sql`` and other ``.sql`` files,
 and the database functions those call, followed through the live definitions
@@ -51,7 +51,7 @@ def _queue_tables() -> set[str]:
 def _functions() -> dict[str, tuple[str, str]]:
     """Each database function's live definition (functions.sql): name -> (layer, body)."""
     found: dict[str, tuple[str, str]] = {}
-    for layer in ("queue", "batch", "ingest"):
+    for layer in ("queue", "batch", "ingest", "workflow"):
         text = resources.files(f"shoal.{layer}").joinpath("functions.sql").read_text()
         for match in _CREATE_FUNCTION.finditer(text):
             start = text.index("$$", match.end()) + 2
@@ -91,7 +91,7 @@ def _reach(
     return found
 
 
-@pytest.mark.parametrize("layer", ["batch", "ingest"])
+@pytest.mark.parametrize("layer", ["batch", "ingest", "workflow"])
 def test_a_layer_above_the_queue_names_no_queue_table_in_what_it_runs(layer: str) -> None:
     statements = _layer_sql(layer)
     assert "queries.sql" in " ".join(statements)
@@ -145,7 +145,7 @@ def _contract_rows() -> dict[str, tuple[str, str]]:
     return rows
 
 
-@pytest.mark.parametrize("layer", ["batch", "ingest"])
+@pytest.mark.parametrize("layer", ["batch", "ingest", "workflow"])
 def test_the_architecture_page_lists_the_queue_functions_a_layer_calls(layer: str) -> None:
     row = _contract_rows().get(layer)
     assert row is not None, f"docs/architecture.md has no contract row for {layer}"
@@ -175,7 +175,7 @@ def test_no_statement_name_is_defined_in_two_sql_files() -> None:
     # Two statements of one name in two files (list_jobs once did) drift
     # apart unseen: each is read only by its own file's runner.
     where: dict[str, list[str]] = {}
-    for layer in ("queue", "batch", "ingest", "console"):
+    for layer in ("queue", "batch", "ingest", "workflow", "console"):
         for place, text in _layer_sql(layer).items():
             for name in _STATEMENT.findall(text):
                 where.setdefault(name, []).append(place)

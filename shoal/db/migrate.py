@@ -1,10 +1,11 @@
 """Versioned SQL migrations, applied under an advisory lock.
 
 Each layer keeps the migrations that create its tables and database
-functions beside its code: ``shoal/queue/migrations``, ``shoal/batch/migrations``
-and ``shoal/ingest/migrations`` hold numbered files (``0001_queue.sql``) of ONE
-version sequence 1..N, which this runner collects and applies in version order
-(a batch migration may call a function a queue migration created before it).
+functions beside its code: ``shoal/queue/migrations``, ``shoal/batch/migrations``,
+``shoal/ingest/migrations`` and ``shoal/workflow/migrations`` hold numbered
+files (``0001_queue.sql``) of ONE version sequence 1..N, which this runner
+collects and applies in version order (a batch migration may call a function
+a queue migration created before it).
 
 Migrations are append-only: a file, once released, is never edited, renamed to
 another version or removed. A database records each applied file's name and
@@ -111,6 +112,7 @@ SHOAL_MIGRATIONS = (
     "shoal.queue.migrations",
     "shoal.batch.migrations",
     "shoal.ingest.migrations",
+    "shoal.workflow.migrations",
 )
 
 

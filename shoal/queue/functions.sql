@@ -869,6 +869,40 @@ AS $$
     WHERE w.no = p_no;
 $$;
 
+-- ---- The workflow layer's jobs (shoal/workflow/functions.sql: signal_v1)
+
+-- Makes waiting jobs due now: a workflow run waiting for an event keeps a
+-- job that resumes it at the wait's timeout, and the event's arrival moves
+-- that job to now (signal_v1). Only jobs that wait (created or retry, due
+-- later) move; an active, finished or already-due job is left as it is, so a
+-- signal sent twice or late changes nothing. The queues of the jobs named are
+-- told on the schema's channel, as send_v2 does, so an idle worker claims at
+-- once rather than at its next poll (delivered on commit). The ids go through
+-- the primary key: a few jobs a call.
+CREATE OR REPLACE FUNCTION {schema}.wake_jobs_v1(p_ids bigint[], p_now timestamptz)
+RETURNS SETOF bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_queue text;
+BEGIN
+    RETURN QUERY
+    UPDATE {schema}.job j
+    SET start_after = coalesce(p_now, now())
+    WHERE j.id = ANY(p_ids) AND j.state IN ('created', 'retry')
+      AND j.start_after > coalesce(p_now, now())
+    RETURNING j.id;
+    FOR v_queue IN
+        SELECT DISTINCT j.queue FROM {schema}.job j
+        WHERE j.id = ANY(p_ids) AND j.state IN ('created', 'retry')
+    LOOP
+        PERFORM pg_notify(n.nspname || '_jobs', v_queue)
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = '{schema}.job'::regclass;
+    END LOOP;
+END;
+$$;
+
 -- ---- Reading jobs (shoal/queue/queries.sql: list_jobs, get_job, ...)
 
 -- A stored time as the readers load it (NULL stays NULL): within what Python's

@@ -1,0 +1,516 @@
+"""``Workflow``: a run as its workflow's code sees it, and how each step is checkpointed.
+
+A run is resumed by running its workflow function again from the top. Each
+call of :meth:`Workflow.step`, :meth:`Workflow.sleep` or
+:meth:`Workflow.wait_for` takes the next place in the run (1, 2, ...); where
+the run recorded a checkpoint at that place, the call returns what was
+recorded instead of doing the work again. So the code between the calls must
+decide the same way on every replay: what varies (the time, a random number,
+a read of the world) belongs in a step, whose result is recorded once.
+
+Waiting never holds a process: a sleep, a wait for an event, or a failed
+step's retry delay records where the run stopped, sends the queue job that
+will resume it (at the time, or earlier when the event comes), and unwinds
+the workflow function with :class:`Suspended`, which the runner catches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from shoal.clock import Clock
+from shoal.db.pool import AsyncConn, Database
+from shoal.errors import InvalidInput, PermanentError, UnstorableResult
+from shoal.queue.client import Shoal
+from shoal.queue.options import DEFAULT_RETRY_DELAY_MAX, MAX_DURATION
+from shoal.queue.results import callable_name, encode_result
+from shoal.queue.retry import SYSTEM_JITTER, RetryPolicy
+from shoal.queue.retry import retry_delay as delay_after
+from shoal.queue.threaded import is_async_callable
+from shoal.workflow.states import RunStatus, StepFailed, StepKind, StepStatus, WorkflowChanged
+from shoal.workflow.store import Checkpoint, StepRecord, WorkflowStore
+
+T = TypeVar("T")
+
+# A wait for an event with no timeout: its resume job is due this far ahead
+# (the longest duration a job takes), and an event makes it due at once.
+NO_TIMEOUT = MAX_DURATION - timedelta(days=1)
+MAX_KEY_LENGTH = 512
+
+_current: contextvars.ContextVar[Workflow] = contextvars.ContextVar("shoal_workflow")
+
+
+def current_workflow() -> Workflow | None:
+    """The run whose code is running in this task, if any (what ``@app.step`` functions use)."""
+    return _current.get(None)
+
+
+class Suspended(BaseException):
+    """The run waits (a sleep, an event, a retry delay): its resume job is sent.
+
+    A ``BaseException``, so a workflow's ``except Exception`` does not stop it.
+    """
+
+
+class Superseded(BaseException):
+    """Another job holds the run now (this one's lease ran out, or the run was cancelled)."""
+
+
+class MachineryFailed(BaseException):
+    """The database failed under a step's bookkeeping: the job fails and is retried.
+
+    Carried as a ``BaseException`` through the workflow's code, so that its
+    ``except Exception`` cannot take a lost connection for a failed step.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class StepOptions:
+    """How a step is named, retried and committed (see :meth:`Workflow.step`)."""
+
+    name: str | None
+    policy: RetryPolicy
+    transaction: bool
+
+    @classmethod
+    def of(
+        cls,
+        name: str | None,
+        retry_limit: int,
+        retry_delay: timedelta,
+        retry_backoff: bool,
+        transaction: bool,
+    ) -> StepOptions:
+        """Checked options: a bad one raises :class:`InvalidInput` naming it."""
+        if name is not None and (not isinstance(name, str) or not name):
+            raise InvalidInput("name", f"a step's name is a non-empty string, got {name!r}")
+        if isinstance(retry_limit, bool) or not isinstance(retry_limit, int) or retry_limit < 0:
+            raise InvalidInput(
+                "retry_limit", f"must be an integer of 0 or more, got {retry_limit!r}"
+            )
+        if not isinstance(retry_delay, timedelta) or retry_delay < timedelta(0):
+            raise InvalidInput(
+                "retry_delay", f"must be a timedelta of 0 or more, got {retry_delay!r}"
+            )
+        policy = RetryPolicy(retry_limit, retry_delay, bool(retry_backoff), DEFAULT_RETRY_DELAY_MAX)
+        return cls(name, policy, bool(transaction))
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What every run of one workflow needs: the database, the queue, the workflow's job options."""
+
+    store: WorkflowStore
+    boss: Shoal
+    queue: str
+    job_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def db(self) -> Database:
+        return self.store.db
+
+    @property
+    def clock(self) -> Clock:
+        return self.boss.clock
+
+
+class Workflow:
+    """One run of a workflow, handed to the workflow function as its first argument.
+
+    >>> @app.workflow("onboard")                                # doctest: +SKIP
+    ... async def onboard(wf: Workflow, user_id: int) -> str:
+    ...     account = await wf.step(create_account, user_id)
+    ...     await wf.sleep(timedelta(days=3))
+    ...     answer = await wf.wait_for(f"survey:{user_id}", timeout=timedelta(days=7))
+    ...     return "answered" if answer else "no answer"
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        run_id: str,
+        name: str,
+        epoch: int,
+        checkpoints: dict[int, Checkpoint],
+    ) -> None:
+        self._rt = runtime
+        self.id = run_id
+        self.name = name
+        self._epoch = epoch
+        self._checkpoints = checkpoints
+        self._seq = 0
+
+    # -- steps ---------------------------------------------------------------
+
+    async def step(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        retry_limit: int = 0,
+        retry_delay: timedelta = timedelta(0),
+        retry_backoff: bool = False,
+        transaction: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this run; a replay returns its recorded result.
+
+        The result must be storable as JSON; it comes back as JSON reads it
+        (a tuple as a list), on the first run as on a replay. A step that
+        raises is tried again ``retry_limit`` times, after ``retry_delay``
+        (doubling with ``retry_backoff``; a delay is slept durably, holding
+        no process), then :class:`StepFailed` is raised here. A
+        :class:`PermanentError` is not retried.
+
+        With ``transaction=True``, ``fn`` is called as ``fn(conn, *args,
+        **kwargs)`` inside a transaction on ``conn`` (a psycopg async
+        connection) that also writes the step's checkpoint: the step's own
+        writes and its checkpoint commit together or not at all, so its
+        effect in the database happens once.
+        """
+        options = StepOptions.of(name, retry_limit, retry_delay, retry_backoff, transaction)
+        return await self.call(fn, args, kwargs, options)
+
+    async def call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: StepOptions,
+    ) -> Any:
+        """:meth:`step` with the step's options apart from ``fn``'s own arguments."""
+        seq = self._next()
+        label = options.name or callable_name(fn)
+        done = self._replayed(seq, label, StepKind.STEP)
+        attempts = 0
+        if done is not None:
+            if done.status is StepStatus.COMPLETED:
+                return done.result
+            if done.status is StepStatus.FAILED:
+                raise StepFailed(self.id, label, seq, done.attempts, done.error or "")
+            attempts = done.attempts
+        call = _caller(fn, options.transaction)
+        while True:
+            attempts += 1
+            started = self._rt.clock.now()
+            try:
+                if options.transaction:
+                    return await self._run_in_transaction(
+                        call, args, kwargs, seq, label, attempts, started
+                    )
+                value = await call(*args, **kwargs)
+                text = encode_result(value, returned_by=_returned_by(label, seq))
+            except (asyncio.CancelledError, Suspended, Superseded, MachineryFailed):
+                raise
+            except Exception as exc:
+                error = "".join(traceback.format_exception(exc))
+                permanent = isinstance(exc, PermanentError | UnstorableResult)
+                if not permanent and attempts <= options.policy.retry_limit:
+                    delay = delay_after(attempts, options.policy, SYSTEM_JITTER)
+                    if delay <= timedelta(0):
+                        continue
+                    await self._retry_later(seq, label, attempts, error, started, delay)
+                await self._record(
+                    StepRecord(
+                        seq,
+                        label,
+                        StepKind.STEP,
+                        StepStatus.FAILED,
+                        attempts,
+                        None,
+                        error,
+                        started,
+                        self._rt.clock.now(),
+                    )
+                )
+                raise StepFailed(self.id, label, seq, attempts, error) from exc
+            await self._record(
+                StepRecord(
+                    seq,
+                    label,
+                    StepKind.STEP,
+                    StepStatus.COMPLETED,
+                    attempts,
+                    text,
+                    None,
+                    started,
+                    self._rt.clock.now(),
+                )
+            )
+            return None if text is None else json.loads(text)
+
+    async def _run_in_transaction(
+        self,
+        call: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        seq: int,
+        label: str,
+        attempts: int,
+        started: datetime,
+    ) -> Any:
+        async def work(conn: AsyncConn) -> Any:
+            value = await call(conn, *args, **kwargs)
+            text = encode_result(value, returned_by=_returned_by(label, seq))
+            record = StepRecord(
+                seq,
+                label,
+                StepKind.STEP,
+                StepStatus.COMPLETED,
+                attempts,
+                text,
+                None,
+                started,
+                self._rt.clock.now(),
+            )
+            if not await self._machinery(
+                self._rt.store.record_step(self.id, self._epoch, record, conn)
+            ):
+                raise Superseded  # rolls back the step's own writes with it
+            return None if text is None else json.loads(text)
+
+        return await self._rt.db.run(work)
+
+    # -- durable timers --------------------------------------------------------
+
+    async def sleep(self, duration: timedelta) -> None:
+        """Wait ``duration``, holding no process; a run resumed by a restart does not wait again."""
+        if not isinstance(duration, timedelta):
+            raise InvalidInput("duration", f"must be a timedelta, got {duration!r}")
+        await self._sleep(lambda now: now + max(duration, timedelta(0)))
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Wait until ``when`` (timezone-aware) without holding a process."""
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise InvalidInput("when", f"must be a timezone-aware datetime, got {when!r}")
+        await self._sleep(lambda _now: when)
+
+    async def _sleep(self, until_of: Callable[[datetime], datetime]) -> None:
+        seq = self._next()
+        done = self._replayed(seq, "sleep", StepKind.SLEEP)
+        now = self._rt.clock.now()
+        if done is not None and done.status is StepStatus.COMPLETED:
+            return
+        until = until_of(now) if done is None else _time(done.result["until"])
+        started = now if done is None else None
+        if now >= until:
+            await self._record(
+                StepRecord(
+                    seq,
+                    "sleep",
+                    StepKind.SLEEP,
+                    StepStatus.COMPLETED,
+                    0,
+                    _json({"until": until.isoformat()}),
+                    None,
+                    started,
+                    now,
+                )
+            )
+            return
+        record = StepRecord(
+            seq,
+            "sleep",
+            StepKind.SLEEP,
+            StepStatus.WAITING,
+            0,
+            _json({"until": until.isoformat()}),
+            None,
+            started,
+            None,
+        )
+        await self._suspend(record, RunStatus.SLEEPING, until, key=None)
+
+    # -- events ----------------------------------------------------------------
+
+    async def wait_for(
+        self,
+        key: str,
+        *,
+        timeout: timedelta | None = None,  # noqa: ASYNC109 - a durable timeout, not a deadline
+    ) -> Any:
+        """The payload of the next event sent to ``key`` with :meth:`Workflows.signal`.
+
+        An event sent before the wait is kept for it; each event is
+        delivered to one wait, once. Returns None when ``timeout`` passes
+        first. Holds no process while it waits.
+        """
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH:
+            raise InvalidInput("key", f"must be a string of 1 to {MAX_KEY_LENGTH} characters")
+        if timeout is not None and not isinstance(timeout, timedelta):
+            raise InvalidInput("timeout", f"must be a timedelta or None, got {timeout!r}")
+        seq = self._next()
+        done = self._replayed(seq, key, StepKind.WAIT)
+        if done is not None and done.status is StepStatus.COMPLETED:
+            return None if done.result.get("timed_out") else done.result.get("payload")
+        now = self._rt.clock.now()
+        if done is None:
+            deadline = None if timeout is None else now + max(timeout, timedelta(0))
+            started: datetime | None = now
+        else:
+            deadline = _time(done.result["deadline"]) if done.result.get("deadline") else None
+            started = None
+        store = self._rt.store
+
+        async def attempt(conn: AsyncConn) -> tuple[bool, Any]:
+            found, payload = await store.take_event(
+                conn, self.id, seq, key, now=self._rt.clock.sql_now()
+            )
+            if found or (deadline is not None and now >= deadline):
+                result = {"payload": payload} if found else {"timed_out": True}
+                record = StepRecord(
+                    seq,
+                    key,
+                    StepKind.WAIT,
+                    StepStatus.COMPLETED,
+                    0,
+                    _json(result),
+                    None,
+                    started,
+                    now,
+                )
+                if not await store.record_step(self.id, self._epoch, record, conn):
+                    raise Superseded
+                return True, payload if found else None
+            record = StepRecord(
+                seq,
+                key,
+                StepKind.WAIT,
+                StepStatus.WAITING,
+                0,
+                _json({"deadline": None if deadline is None else deadline.isoformat()}),
+                None,
+                started,
+                None,
+            )
+            await self._arm(conn, record, RunStatus.WAITING, deadline or now + NO_TIMEOUT, key)
+            return False, None
+
+        over, value = await self._machinery(self._rt.db.run(attempt))
+        if not over:
+            raise Suspended
+        return value
+
+    # -- bookkeeping -------------------------------------------------------------
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _replayed(self, seq: int, name: str, kind: StepKind) -> Checkpoint | None:
+        done = self._checkpoints.get(seq)
+        if done is not None and (done.kind is not kind or done.name != name):
+            raise WorkflowChanged(
+                f"workflow {self.name!r}, run {self.id!r}: step {seq} was recorded as "
+                f"{done.kind.value} {done.name!r}, but the code now has {kind.value} {name!r} "
+                "there; finish or cancel the runs started on the old code before deploying "
+                "a change to the order of steps (docs/workflows.md)"
+            )
+        return done
+
+    async def _record(self, record: StepRecord) -> None:
+        if not await self._machinery(self._rt.store.record_step(self.id, self._epoch, record)):
+            raise Superseded
+
+    async def _retry_later(
+        self, seq: int, label: str, attempts: int, error: str, started: datetime, delay: timedelta
+    ) -> None:
+        record = StepRecord(
+            seq, label, StepKind.STEP, StepStatus.RETRYING, attempts, None, error, started, None
+        )
+        await self._suspend(record, RunStatus.SLEEPING, self._rt.clock.now() + delay, key=None)
+
+    async def _suspend(
+        self, record: StepRecord, status: RunStatus, wake_at: datetime, *, key: str | None
+    ) -> None:
+        async def arm(conn: AsyncConn) -> None:
+            await self._arm(conn, record, status, wake_at, key)
+
+        await self._machinery(self._rt.db.run(arm))
+        raise Suspended
+
+    async def _arm(
+        self,
+        conn: AsyncConn,
+        record: StepRecord,
+        status: RunStatus,
+        wake_at: datetime,
+        key: str | None,
+    ) -> None:
+        """In ``conn``'s transaction: the checkpoint, the resume job, and the run's new status."""
+        rt = self._rt
+        if not await rt.store.record_step(self.id, self._epoch, record, conn):
+            raise Superseded
+        job = await rt.boss.send(
+            rt.queue, {"run": self.id}, conn=conn, start_after=wake_at, **rt.job_options
+        )
+        assert job is not None  # no singleton key: a send always inserts
+        suspended = await rt.store.suspend_run(
+            conn,
+            self.id,
+            self._epoch,
+            status=status,
+            wake_job=job,
+            seq=record.seq,
+            key=key,
+            now=rt.clock.sql_now(),
+        )
+        if not suspended:
+            raise Superseded
+
+    async def _machinery(self, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except (Suspended, Superseded, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise MachineryFailed(exc) from exc
+
+
+def _caller(fn: Callable[..., Any], transaction: bool) -> Callable[..., Awaitable[Any]]:
+    if not callable(fn):
+        raise InvalidInput("fn", f"a step must be a function, got {fn!r}")
+    if is_async_callable(fn):
+        return fn
+    if transaction:
+        raise InvalidInput(
+            "fn", f"a step with transaction=True must be an async def function, got {fn!r}"
+        )
+
+    async def in_thread(*args: Any, **kwargs: Any) -> Any:
+        context = contextvars.copy_context()
+        return await asyncio.to_thread(context.run, fn, *args, **kwargs)
+
+    return in_thread
+
+
+def _returned_by(label: str, seq: int) -> str:
+    return f"step {seq} ({label!r}) returned a result that cannot be stored: "
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _time(text: str) -> datetime:
+    at = datetime.fromisoformat(text)
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def enter(wf: Workflow) -> contextvars.Token[Workflow]:
+    return _current.set(wf)
+
+
+def leave(token: contextvars.Token[Workflow]) -> None:
+    _current.reset(token)

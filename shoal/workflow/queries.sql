@@ -1,0 +1,128 @@
+-- The workflow layer's statements, run only by shoal/workflow/store.py.
+-- Tables: shoal/workflow/migrations; the functions called here, with their
+-- reasons: shoal/workflow/functions.sql and shoal/queue/functions.sql.
+
+-- name: insert_run
+-- A new run; nothing when a run of that id exists (a start is idempotent by id).
+INSERT INTO {schema}.workflow_run (id, name, input, created_at, updated_at)
+VALUES (%(id)s, %(name)s, %(input)s::jsonb,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (id) DO NOTHING
+RETURNING id
+
+-- name: begin_run
+-- A job takes a run to replay it: the next epoch (which fences out any older
+-- runner's checkpoints), and the run's checkpoints so far, in one statement.
+-- A run that sleeps or waits is taken only by the job that was to wake it; a
+-- finished run by none (the job then has nothing to do).
+UPDATE {schema}.workflow_run r
+SET epoch = r.epoch + 1, status = 'running', job = %(job)s,
+    wake_job = NULL, wait_seq = NULL, wait_key = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE r.id = %(run)s
+  AND (r.status IN ('pending', 'running') OR r.wake_job = %(job)s)
+RETURNING r.name, r.input, r.epoch,
+    (SELECT coalesce(jsonb_agg(jsonb_build_array(
+                s.seq, s.name, s.kind, s.status, s.attempts, s.result, s.error)
+             ORDER BY s.seq), '[]'::jsonb)
+     FROM {schema}.workflow_step s WHERE s.run_id = r.id) AS steps
+
+-- name: record_step
+-- A step's checkpoint, written only by the runner holding the run's current
+-- epoch (the share lock waits for a begin_run in flight, then sees its epoch).
+-- A completed checkpoint is never overwritten: a second writer gets no row.
+WITH fence AS (
+    SELECT 1 FROM {schema}.workflow_run
+    WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
+    FOR SHARE
+)
+INSERT INTO {schema}.workflow_step AS s (
+    run_id, seq, name, kind, status, attempts, result, error, started_at, finished_at)
+SELECT %(run)s, %(seq)s, %(name)s, %(kind)s, %(status)s, %(attempts)s, %(result)s::jsonb,
+       %(error)s, coalesce(%(started)s::timestamptz, now()), %(finished)s::timestamptz
+FROM fence
+ON CONFLICT (run_id, seq) DO UPDATE
+SET status = excluded.status, attempts = excluded.attempts, result = excluded.result,
+    error = excluded.error, finished_at = excluded.finished_at
+WHERE s.status <> 'completed'
+RETURNING s.seq
+
+-- name: suspend_run
+-- The run sleeps or waits until wake_job runs (or an event wakes it early).
+UPDATE {schema}.workflow_run
+SET status = %(status)s, wake_job = %(wake_job)s, wait_seq = %(seq)s, wait_key = %(key)s,
+    job = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
+RETURNING id
+
+-- name: finish_run
+UPDATE {schema}.workflow_run
+SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s, job = NULL,
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
+RETURNING id
+
+-- name: lock_event_key
+-- Serializes a wait with signal_v1 on one key (shoal/workflow/functions.sql
+-- says why); held to the end of the transaction.
+SELECT pg_advisory_xact_lock(hashtextextended('shoal.workflow.event:{schema}:' || %(key)s, 0))
+
+-- name: take_event
+-- The oldest event of a key no wait has taken, taken by this run's step.
+UPDATE {schema}.workflow_event e
+SET taken_by = %(run)s, taken_seq = %(seq)s, taken_at = coalesce(%(now)s::timestamptz, now())
+WHERE e.id = (
+    SELECT id FROM {schema}.workflow_event
+    WHERE key = %(key)s AND taken_by IS NULL
+    ORDER BY id LIMIT 1)
+RETURNING e.payload
+
+-- name: signal
+SELECT {schema}.signal_v1(%(key)s, %(payload)s::jsonb, %(now)s::timestamptz)
+
+-- name: cancel_run
+-- The jobs that hold or would resume the run come back, to be cancelled.
+UPDATE {schema}.workflow_run
+SET status = 'cancelled', wait_key = NULL,
+    finished_at = coalesce(%(now)s::timestamptz, now()),
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE id = %(run)s AND status NOT IN ('completed', 'failed', 'cancelled')
+RETURNING job, wake_job
+
+-- name: reopen_run
+-- A failed or cancelled run goes back to pending, without the checkpoint of
+-- the step that failed: it runs again, the steps before it do not.
+WITH run AS (
+    UPDATE {schema}.workflow_run
+    SET status = 'pending', error = NULL, result = NULL, finished_at = NULL,
+        job = NULL, wake_job = NULL, wait_seq = NULL, wait_key = NULL,
+        epoch = epoch + 1, updated_at = coalesce(%(now)s::timestamptz, now())
+    WHERE id = %(run)s AND status IN ('failed', 'cancelled')
+    RETURNING id, name
+), dropped AS (
+    DELETE FROM {schema}.workflow_step s USING run
+    WHERE s.run_id = run.id AND s.status = 'failed'
+)
+SELECT id, name FROM run
+
+-- name: get_run
+SELECT id, name, status, input, result, error, created_at, updated_at, finished_at,
+       wait_key, epoch
+FROM {schema}.workflow_run WHERE id = %(run)s
+
+-- name: run_steps
+SELECT seq, name, kind, status, attempts, result, error, started_at, finished_at
+FROM {schema}.workflow_step WHERE run_id = %(run)s ORDER BY seq
+
+-- name: list_runs
+-- Newest first, a page after the (created_at, id) of the previous page's last.
+SELECT id, name, status, input, result, error, created_at, updated_at, finished_at,
+       wait_key, epoch
+FROM {schema}.workflow_run
+WHERE (%(name)s::text IS NULL OR name = %(name)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(before_at)s::timestamptz IS NULL
+       OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::text))
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s

@@ -1,0 +1,223 @@
+"""``Workflows``: start runs, send events, read, cancel and retry runs.
+
+>>> workflows = app.workflows(boss)                                   # doctest: +SKIP
+>>> run = await workflows.start("onboard", {"user": 7}, id="onboard-7")  # doctest: +SKIP
+>>> await workflows.signal("survey:7", {"score": 9})                  # doctest: +SKIP
+>>> (await workflows.wait(run.id, timeout=timedelta(minutes=1))).status  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from shoal.db.pool import AsyncConn
+from shoal.errors import DeadlineExceeded, InvalidInput, NotFound, UnstorableResult
+from shoal.queue.client import Shoal
+from shoal.queue.results import encode_result
+from shoal.queue.states import JobId
+from shoal.queue.worker import Worker
+from shoal.workflow.context import MAX_KEY_LENGTH, Runtime
+from shoal.workflow.runner import WorkflowRunner, WorkflowSpec, queue_of
+from shoal.workflow.states import FINAL, RunStatus
+from shoal.workflow.store import RunRow, StepRow, WorkflowStore
+
+MAX_RUN_ID_LENGTH = 256
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A start's answer: the run's id, and whether this call created it (False: it existed)."""
+
+    id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A run and its steps, as the API and the console show it."""
+
+    run: RunRow
+    steps: list[StepRow]
+
+    @property
+    def id(self) -> str:
+        return self.run.id
+
+    @property
+    def status(self) -> RunStatus:
+        return self.run.status
+
+    @property
+    def result(self) -> Any:
+        return self.run.result
+
+    @property
+    def error(self) -> str | None:
+        return self.run.error
+
+
+class Workflows:
+    """The workflow layer's front door, over one :class:`Shoal` client."""
+
+    def __init__(self, boss: Shoal, specs: Mapping[str, WorkflowSpec]) -> None:
+        self.boss = boss
+        self.specs = dict(specs)
+        self.store = WorkflowStore(boss.db)
+
+    def _spec(self, name: object) -> WorkflowSpec:
+        spec = self.specs.get(name) if isinstance(name, str) else None
+        if spec is None:
+            known = ", ".join(sorted(self.specs)) or "none"
+            raise InvalidInput("name", f"no workflow {name!r} is declared (declared: {known})")
+        return spec
+
+    def runtime(self, spec: WorkflowSpec) -> Runtime:
+        return Runtime(self.store, self.boss, spec.queue, spec.job_options)
+
+    async def start(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        id: str | None = None,
+        conn: AsyncConn | None = None,
+    ) -> Started:
+        """Start a run of workflow ``name`` with ``input``; idempotent by ``id``.
+
+        A second start with an ``id`` already used starts nothing and answers
+        ``created=False`` (whatever its input). With ``conn``, the run and its
+        first job are written in the caller's open transaction.
+        """
+        spec = self._spec(name)
+        run_id = str(uuid.uuid4()) if id is None else _run_id(id)
+        data = _storable("input", input)
+        now = self.boss.clock.sql_now()
+
+        async def start(c: AsyncConn) -> bool:
+            if not await self.store.insert_run(c, run_id, spec.name, data, now=now):
+                return False
+            await self.boss.send(spec.queue, {"run": run_id}, conn=c, **spec.job_options)
+            return True
+
+        created = await self.boss.db.on(conn, start)
+        return Started(run_id, created)
+
+    async def signal(self, key: str, payload: Any = None, *, conn: AsyncConn | None = None) -> int:
+        """Send an event to ``key``: delivered once, to one run's ``wait_for(key)``; its id.
+
+        Kept until a run waits for it when none does yet. Also from SQL:
+        ``SELECT shoal.signal('review:42', '{"ok": true}')``.
+        """
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH:
+            raise InvalidInput("key", f"must be a string of 1 to {MAX_KEY_LENGTH} characters")
+        text = _storable("payload", payload)
+        return await self.store.signal(key, text, now=self.boss.clock.sql_now(), conn=conn)
+
+    async def get(self, run_id: str) -> RunView:
+        """A run and its steps; :class:`NotFound` when no run has that id."""
+        run = await self.store.get_run(_run_id(run_id))
+        if run is None:
+            raise NotFound(f"no workflow run {run_id!r}")
+        return RunView(run, await self.store.run_steps(run.id))
+
+    async def list(
+        self,
+        *,
+        name: str | None = None,
+        status: RunStatus | str | None = None,
+        before: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[RunRow]:
+        """Runs, newest first; ``before``: the (created_at, id) of the previous page's last run."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidInput("limit", f"must be 1 to {MAX_PAGE}, got {limit}")
+        try:
+            parsed = None if status is None else RunStatus(status)
+        except ValueError:
+            known = ", ".join(s.value for s in RunStatus)
+            raise InvalidInput("status", f"{status!r} is not a run status ({known})") from None
+        return await self.store.list_runs(name=name, status=parsed, before=before, limit=limit)
+
+    async def cancel(self, run_id: str, *, by: str = "api") -> bool:
+        """Cancel a run not finished: False when it had finished already.
+
+        Its running step is stopped (the job running it is cancelled) and its
+        sleep or wait ends; steps already finished stay as they are.
+        """
+        jobs = await self.store.cancel_run(_run_id(run_id), now=self.boss.clock.sql_now())
+        if jobs is None:
+            await self.get(run_id)  # NotFound for a run that does not exist
+            return False
+        if jobs:
+            await self.boss.cancel([JobId(job) for job in jobs], by=by)
+        return True
+
+    async def retry(self, run_id: str) -> bool:
+        """Run a failed or cancelled run again from the step that failed; False if it was neither.
+
+        The steps it finished keep their checkpoints and do not run again.
+        """
+        ident = _run_id(run_id)
+        now = self.boss.clock.sql_now()
+
+        async def reopen(c: AsyncConn) -> bool:
+            name = await self.store.reopen_run(c, ident, now=now)
+            if name is None:
+                return False
+            spec = self.specs.get(name)
+            options = spec.job_options if spec is not None else {}
+            await self.boss.send(queue_of(name), {"run": ident}, conn=c, **options)
+            return True
+
+        if await self.boss.db.run(reopen):
+            return True
+        await self.get(run_id)
+        return False
+
+    async def wait(
+        self,
+        run_id: str,
+        *,
+        timeout: timedelta,  # noqa: ASYNC109 - how long to poll the run
+    ) -> RunView:
+        """The run once it is completed, failed or cancelled; :class:`DeadlineExceeded` after
+        ``timeout``."""
+        deadline = asyncio.get_running_loop().time() + timeout.total_seconds()
+        pause = 0.01
+        while True:
+            view = await self.get(run_id)
+            if view.status in FINAL:
+                return view
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise DeadlineExceeded(
+                    f"workflow run {run_id!r} is still {view.status.value} after {timeout}"
+                )
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, 0.5)
+
+    def work(self, name: str) -> Worker:
+        """Start running workflow ``name``'s jobs in this process."""
+        spec = self._spec(name)
+        return self.boss.work(
+            spec.queue, WorkflowRunner(self.runtime(spec), spec), concurrency=spec.concurrency
+        )
+
+
+def _storable(field: str, value: object) -> str | None:
+    try:
+        return encode_result(value)
+    except UnstorableResult as exc:
+        raise InvalidInput(field, f"cannot be stored as JSON: {exc}") from None
+
+
+def _run_id(value: object) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_RUN_ID_LENGTH:
+        raise InvalidInput("id", f"a run id is a string of 1 to {MAX_RUN_ID_LENGTH} characters")
+    return value

@@ -1,0 +1,252 @@
+"""The only code that runs the workflow layer's SQL: one typed function per statement."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shoal.db.pool import AsyncConn, Database
+from shoal.db.queries import load_queries
+from shoal.workflow.states import RunStatus, StepKind, StepStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """What a run recorded of one step, as a replay reads it."""
+
+    seq: int
+    name: str
+    kind: StepKind
+    status: StepStatus
+    attempts: int
+    result: Any
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Begun:
+    """A run as the job that resumes it took it."""
+
+    name: str
+    input: Any
+    epoch: int
+    checkpoints: dict[int, Checkpoint]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    id: str
+    name: str
+    status: RunStatus
+    input: Any
+    result: Any
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    wait_key: str | None
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    seq: int
+    name: str
+    kind: StepKind
+    status: StepStatus
+    attempts: int
+    result: Any
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A checkpoint to write: the step's place, what it is, and how it ended so far."""
+
+    seq: int
+    name: str
+    kind: StepKind
+    status: StepStatus
+    attempts: int = 0
+    result: str | None = None  # JSON text
+    error: str | None = None
+    started: datetime | None = None
+    finished: datetime | None = None
+
+
+def _run_row(row: tuple[Any, ...]) -> RunRow:
+    return RunRow(
+        id=row[0],
+        name=row[1],
+        status=RunStatus(row[2]),
+        input=row[3],
+        result=row[4],
+        error=row[5],
+        created_at=row[6],
+        updated_at=row[7],
+        finished_at=row[8],
+        wait_key=row[9],
+        epoch=row[10],
+    )
+
+
+def _checkpoint(cell: list[Any]) -> Checkpoint:
+    seq, name, kind, status, attempts, result, error = cell
+    return Checkpoint(seq, name, StepKind(kind), StepStatus(status), attempts, result, error)
+
+
+class WorkflowStore:
+    """Typed access to the workflow tables of one schema."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.sql = load_queries("shoal.workflow", db.schema)
+
+    async def _rows(
+        self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
+    ) -> list[tuple[Any, ...]]:
+        return await self.db.fetch(self.sql[name], params, conn)
+
+    async def insert_run(
+        self, conn: AsyncConn, run_id: str, name: str, data: str | None, *, now: datetime | None
+    ) -> bool:
+        """A new run; False when a run of that id exists."""
+        params = {"id": run_id, "name": name, "input": data, "now": now}
+        return bool(await self._rows("insert_run", params, conn))
+
+    async def begin_run(self, run_id: str, job: int, *, now: datetime | None) -> Begun | None:
+        """Take the run for this job (the next epoch) with its checkpoints; None: not its turn."""
+        rows = await self._rows("begin_run", {"run": run_id, "job": job, "now": now})
+        if not rows:
+            return None
+        name, data, epoch, steps = rows[0]
+        checkpoints = {c.seq: c for c in map(_checkpoint, steps)}
+        return Begun(name, data, epoch, checkpoints)
+
+    async def record_step(
+        self, run_id: str, epoch: int, step: StepRecord, conn: AsyncConn | None = None
+    ) -> bool:
+        """Write a checkpoint; False when this runner no longer holds the run (fenced)."""
+        params = {
+            "run": run_id,
+            "epoch": epoch,
+            "seq": step.seq,
+            "name": step.name,
+            "kind": step.kind.value,
+            "status": step.status.value,
+            "attempts": step.attempts,
+            "result": step.result,
+            "error": step.error,
+            "started": step.started,
+            "finished": step.finished,
+        }
+        return bool(await self._rows("record_step", params, conn))
+
+    async def suspend_run(
+        self,
+        conn: AsyncConn,
+        run_id: str,
+        epoch: int,
+        *,
+        status: RunStatus,
+        wake_job: int,
+        seq: int,
+        key: str | None,
+        now: datetime | None,
+    ) -> bool:
+        params = {
+            "run": run_id,
+            "epoch": epoch,
+            "status": status.value,
+            "wake_job": wake_job,
+            "seq": seq,
+            "key": key,
+            "now": now,
+        }
+        return bool(await self._rows("suspend_run", params, conn))
+
+    async def finish_run(
+        self,
+        run_id: str,
+        epoch: int,
+        *,
+        status: RunStatus,
+        result: str | None,
+        error: str | None,
+        now: datetime | None,
+    ) -> bool:
+        params = {
+            "run": run_id,
+            "epoch": epoch,
+            "status": status.value,
+            "result": result,
+            "error": error,
+            "now": now,
+        }
+        return bool(await self._rows("finish_run", params))
+
+    async def take_event(
+        self, conn: AsyncConn, run_id: str, seq: int, key: str, *, now: datetime | None
+    ) -> tuple[bool, Any]:
+        """Lock the key against signals, then take its oldest untaken event: (found, payload)."""
+        await self._rows("lock_event_key", {"key": key}, conn)
+        rows = await self._rows(
+            "take_event", {"run": run_id, "seq": seq, "key": key, "now": now}, conn
+        )
+        return (True, rows[0][0]) if rows else (False, None)
+
+    async def signal(
+        self, key: str, payload: str | None, *, now: datetime | None, conn: AsyncConn | None
+    ) -> int:
+        rows = await self._rows("signal", {"key": key, "payload": payload, "now": now}, conn)
+        return int(rows[0][0])
+
+    async def cancel_run(self, run_id: str, *, now: datetime | None) -> list[int] | None:
+        """Cancel a run not finished; the jobs holding or waking it (None: nothing cancelled)."""
+        rows = await self._rows("cancel_run", {"run": run_id, "now": now})
+        if not rows:
+            return None
+        return [job for job in rows[0] if job is not None]
+
+    async def reopen_run(self, conn: AsyncConn, run_id: str, *, now: datetime | None) -> str | None:
+        """A failed or cancelled run back to pending; its workflow's name (None: not reopened)."""
+        rows = await self._rows("reopen_run", {"run": run_id, "now": now}, conn)
+        return str(rows[0][1]) if rows else None
+
+    async def get_run(self, run_id: str) -> RunRow | None:
+        rows = await self._rows("get_run", {"run": run_id})
+        return _run_row(rows[0]) if rows else None
+
+    async def run_steps(self, run_id: str) -> list[StepRow]:
+        rows = await self._rows("run_steps", {"run": run_id})
+        return [
+            StepRow(r[0], r[1], StepKind(r[2]), StepStatus(r[3]), r[4], r[5], r[6], r[7], r[8])
+            for r in rows
+        ]
+
+    async def list_runs(
+        self,
+        *,
+        name: str | None,
+        status: RunStatus | None,
+        before: tuple[datetime, str] | None,
+        limit: int,
+    ) -> list[RunRow]:
+        params = {
+            "name": name,
+            "status": None if status is None else status.value,
+            "before_at": None if before is None else before[0],
+            "before_id": None if before is None else before[1],
+            "limit": limit,
+        }
+        return [_run_row(r) for r in await self._rows("list_runs", params)]
+
+
+def dumps(value: Any) -> str:
+    """JSON text of a value already checked storable (inputs, payloads)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,340 @@
+"""Durable workflows in one process: steps checkpointed once, timers, events, cancel and retry.
+
+Time is a FakeClock (in Python and in SQL): a sleep or a wait's timeout ends
+when the test moves the clock, never by waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from shoal import App, FakeClock, InvalidInput, NotFound, Shoal
+from shoal.db.pool import AsyncConn
+from shoal.workflow import RunStatus, StepFailed, StepKind, StepStatus, Workflow, Workflows
+from shoal.workflow.store import StepRecord
+
+from .conftest import wait_for
+
+app = App()
+calls: list[tuple[str, Any]] = []
+
+
+@app.step()
+async def add(a: int, b: int) -> int:
+    calls.append(("add", (a, b)))
+    return a + b
+
+
+def double(x: int) -> int:  # a plain function: run in a thread
+    calls.append(("double", x))
+    return 2 * x
+
+
+@app.workflow("sum")
+async def sum_workflow(wf: Workflow, data: dict[str, int]) -> dict[str, int]:
+    x = await add(data["a"], data["b"])
+    y = await wf.step(double, x)
+    return {"total": y}
+
+
+@app.workflow("nap")
+async def nap(wf: Workflow, data: None) -> str:
+    before = await add(1, 1)
+    await wf.sleep(timedelta(hours=3))
+    after = await wf.step(double, before)
+    return f"{before}->{after}"
+
+
+@app.workflow("review")
+async def review(wf: Workflow, data: dict[str, Any]) -> Any:
+    await add(0, 0)
+    verdict = await wf.wait_for(f"review:{data['doc']}", timeout=timedelta(days=7))
+    calls.append(("verdict", verdict))
+    return verdict
+
+
+flaky_left: dict[str, int] = {}
+
+
+async def flaky(name: str) -> str:
+    calls.append(("flaky", name))
+    if flaky_left.get(name, 0) > 0:
+        flaky_left[name] -= 1
+        raise RuntimeError(f"{name} is down")
+    return f"{name} ok"
+
+
+@app.workflow("retrying")
+async def retrying(wf: Workflow, data: dict[str, Any]) -> str:
+    first = await add(2, 3)
+    answer = await wf.step(
+        flaky, data["name"], retry_limit=data["retries"], retry_delay=timedelta(minutes=5)
+    )
+    return f"{first} {answer}"
+
+
+@app.workflow("catches")
+async def catches(wf: Workflow, data: None) -> str:
+    try:
+        await wf.step(flaky, "never", retry_limit=0)
+    except StepFailed as failed:
+        return f"compensated after {failed.attempts}"
+    return "no failure"
+
+
+async def write_row(conn: AsyncConn, run: str) -> int:
+    await conn.execute("INSERT INTO effects (run) VALUES (%s)", (run,))
+    return 1
+
+
+@app.workflow("transactional")
+async def transactional(wf: Workflow, data: None) -> int:
+    return int(await wf.step(write_row, wf.id, transaction=True))
+
+
+@pytest.fixture(autouse=True)
+def fresh_calls() -> None:
+    calls.clear()
+    flaky_left.clear()
+
+
+@pytest.fixture
+async def workflows(fake_boss: Shoal) -> AsyncIterator[Workflows]:
+    api = app.workflows(fake_boss)
+    for name in app.workflow_specs:
+        api.work(name)
+    yield api
+    await fake_boss.stop_workers(timedelta(seconds=5))
+
+
+async def settled(api: Workflows, run_id: str, *statuses: RunStatus) -> Any:
+    want = set(statuses) or {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+
+    async def done() -> bool:
+        return (await api.get(run_id)).status in want
+
+    await wait_for(done)
+    return await api.get(run_id)
+
+
+async def test_each_step_runs_once_and_the_run_records_its_result(workflows: Workflows) -> None:
+    started = await workflows.start("sum", {"a": 2, "b": 5})
+    view = await settled(workflows, started.id)
+    assert view.status is RunStatus.COMPLETED
+    assert view.result == {"total": 14}
+    assert calls == [("add", (2, 5)), ("double", 7)]
+    assert [(s.seq, s.name, s.kind, s.status, s.result) for s in view.steps] == [
+        (1, "tests.test_workflows.add", StepKind.STEP, StepStatus.COMPLETED, 7),
+        (2, "tests.test_workflows.double", StepKind.STEP, StepStatus.COMPLETED, 14),
+    ]
+
+
+async def test_a_start_is_idempotent_by_the_callers_id(workflows: Workflows) -> None:
+    first = await workflows.start("sum", {"a": 1, "b": 1}, id="order-42")
+    again = await workflows.start("sum", {"a": 9, "b": 9}, id="order-42")
+    assert (first.id, first.created) == ("order-42", True)
+    assert (again.id, again.created) == ("order-42", False)
+    view = await settled(workflows, "order-42")
+    assert view.result == {"total": 4}
+    assert calls == [("add", (1, 1)), ("double", 2)]
+
+
+async def test_a_durable_sleep_holds_no_job_and_the_resumed_run_does_not_redo_steps(
+    workflows: Workflows, fake_boss: Shoal, clock: FakeClock
+) -> None:
+    started = await workflows.start("nap")
+    await settled(workflows, started.id, RunStatus.SLEEPING)
+    assert calls == [("add", (1, 1))]
+    # Nothing runs while it sleeps: its only job waits for the wake time.
+    active = await fake_boss.jobs("workflow.nap", state="active")
+    assert active == []
+    clock.advance(timedelta(hours=2, minutes=59))
+    assert (await workflows.get(started.id)).status is RunStatus.SLEEPING
+    clock.advance(timedelta(minutes=1))
+    view = await settled(workflows, started.id)
+    assert view.result == "2->4"
+    assert calls == [("add", (1, 1)), ("double", 2)]
+    assert [s.kind for s in view.steps] == [StepKind.STEP, StepKind.SLEEP, StepKind.STEP]
+    assert view.steps[1].status is StepStatus.COMPLETED
+
+
+async def test_an_event_sent_before_the_wait_is_kept_and_delivered_once(
+    workflows: Workflows,
+) -> None:
+    await workflows.signal("review:early", {"approved": True})
+    first = await workflows.start("review", {"doc": "early"})
+    second = await workflows.start("review", {"doc": "early"})
+    view = await settled(workflows, first.id)
+    assert view.result == {"approved": True}
+    # The second run waits: the one event went to the first.
+    assert (await settled(workflows, second.id, RunStatus.WAITING)).status is RunStatus.WAITING
+    await workflows.signal("review:early", {"approved": False})
+    assert (await settled(workflows, second.id)).result == {"approved": False}
+
+
+async def test_an_event_sent_while_the_run_waits_wakes_it_at_once(
+    workflows: Workflows, clock: FakeClock
+) -> None:
+    started = await workflows.start("review", {"doc": "d7"})
+    await settled(workflows, started.id, RunStatus.WAITING)
+    await workflows.signal("review:d7", "ship it")
+    view = await settled(workflows, started.id)  # the clock never moved
+    assert view.result == "ship it"
+    assert calls.count(("add", (0, 0))) == 1
+
+
+async def test_a_wait_returns_none_when_its_timeout_passes_first(
+    workflows: Workflows, clock: FakeClock
+) -> None:
+    started = await workflows.start("review", {"doc": "late"})
+    await settled(workflows, started.id, RunStatus.WAITING)
+    clock.advance(timedelta(days=7))
+    view = await settled(workflows, started.id)
+    assert view.status is RunStatus.COMPLETED and view.result is None
+    assert view.steps[1].result == {"timed_out": True}
+    # An event after the timeout stays for a later wait.
+    await workflows.signal("review:late", 1)
+    again = await workflows.start("review", {"doc": "late"})
+    assert (await settled(workflows, again.id)).result == 1
+
+
+async def test_an_event_sent_from_sql_wakes_the_run(boss: Shoal, db_url: str) -> None:
+    # On real time: shoal.signal() in SQL reads the database's clock.
+    api = app.workflows(boss)
+    api.work("review")
+    started = await api.start("review", {"doc": "sql"})
+    await settled(api, started.id, RunStatus.WAITING)
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("SELECT shoal.signal('review:sql', '{\"from\": \"sql\"}')")
+    assert (await settled(api, started.id)).result == {"from": "sql"}
+    await boss.stop_workers(timedelta(seconds=5))
+
+
+async def test_a_failing_step_is_retried_after_its_delay_without_redoing_earlier_steps(
+    workflows: Workflows, clock: FakeClock
+) -> None:
+    flaky_left["gateway"] = 2
+    started = await workflows.start("retrying", {"name": "gateway", "retries": 3})
+    view = await settled(workflows, started.id, RunStatus.SLEEPING)
+    assert view.steps[1].status is StepStatus.RETRYING and view.steps[1].attempts == 1
+    assert "gateway is down" in (view.steps[1].error or "")
+    clock.advance(timedelta(minutes=5))
+    await wait_for(lambda: calls.count(("flaky", "gateway")) == 2)
+    await settled(workflows, started.id, RunStatus.SLEEPING)
+    clock.advance(timedelta(minutes=5))
+    view = await settled(workflows, started.id)
+    assert view.result == "5 gateway ok"
+    assert calls.count(("add", (2, 3))) == 1
+    assert calls.count(("flaky", "gateway")) == 3
+    assert view.steps[1].attempts == 3
+
+
+async def test_a_step_out_of_attempts_fails_the_run_and_retry_resumes_from_that_step(
+    workflows: Workflows,
+) -> None:
+    flaky_left["billing"] = 1
+    started = await workflows.start("retrying", {"name": "billing", "retries": 0})
+    view = await settled(workflows, started.id)
+    assert view.status is RunStatus.FAILED
+    assert "step 2 ('tests.test_workflows.flaky')" in (view.error or "")
+    assert "billing is down" in (view.error or "")
+    assert view.steps[1].status is StepStatus.FAILED
+    assert await workflows.retry(started.id)
+    view = await settled(workflows, started.id)
+    assert view.status is RunStatus.COMPLETED and view.result == "5 billing ok"
+    assert calls.count(("add", (2, 3))) == 1  # the step before the failure kept its checkpoint
+    assert not await workflows.retry(started.id)  # completed: nothing to retry
+
+
+async def test_a_workflow_may_catch_a_failed_step_and_go_on(workflows: Workflows) -> None:
+    flaky_left["never"] = 10
+    started = await workflows.start("catches")
+    view = await settled(workflows, started.id)
+    assert view.status is RunStatus.COMPLETED and view.result == "compensated after 1"
+
+
+async def test_a_transactional_step_commits_its_writes_with_its_checkpoint(
+    workflows: Workflows, fake_boss: Shoal
+) -> None:
+    async with fake_boss.db.connection() as conn:
+        await conn.execute("CREATE TABLE effects (run text)")
+        await conn.commit()
+    started = await workflows.start("transactional")
+    assert (await settled(workflows, started.id)).result == 1
+    async with fake_boss.db.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM effects")
+        assert (await cur.fetchone()) == (1,)
+
+
+async def test_a_runner_that_lost_the_run_writes_no_checkpoint(fake_boss: Shoal) -> None:
+    api = app.workflows(fake_boss)  # no worker: the test plays two runners by hand
+    started = await api.start("sum", {"a": 1, "b": 2})
+    stale = await api.store.begin_run(started.id, 1, now=None)
+    fresh = await api.store.begin_run(started.id, 2, now=None)
+    assert stale is not None and fresh is not None and fresh.epoch == stale.epoch + 1
+    step = StepRecord(1, "x", StepKind.STEP, StepStatus.COMPLETED, 1, "1")
+    assert not await api.store.record_step(started.id, stale.epoch, step)
+    assert await api.store.record_step(started.id, fresh.epoch, step)
+    # A completed checkpoint is never overwritten, even by its own runner.
+    assert not await api.store.record_step(started.id, fresh.epoch, step)
+
+
+async def test_cancel_ends_a_sleeping_run_and_its_wake_job(
+    workflows: Workflows, fake_boss: Shoal, clock: FakeClock
+) -> None:
+    started = await workflows.start("nap")
+    await settled(workflows, started.id, RunStatus.SLEEPING)
+    assert await workflows.cancel(started.id)
+    assert not await workflows.cancel(started.id)
+    waiting = await fake_boss.jobs("workflow.nap", state="created")
+    assert waiting == []
+    clock.advance(timedelta(hours=4))
+    view = await workflows.get(started.id)
+    assert view.status is RunStatus.CANCELLED
+    assert calls == [("add", (1, 1))]
+
+
+async def test_a_changed_workflow_fails_the_run_naming_the_step(fake_boss: Shoal) -> None:
+    changed = App()
+
+    @changed.workflow("nap")
+    async def nap_changed(wf: Workflow, data: None) -> str:
+        await wf.step(double, 1)  # step 1 was `add` when the run started
+        return "never"
+
+    api = app.workflows(fake_boss)
+    started = await api.start("nap")
+    api.work("nap")
+    await settled(api, started.id, RunStatus.SLEEPING)
+    await fake_boss.stop_workers(timedelta(seconds=5))
+    assert await api.cancel(started.id) and await api.retry(started.id)
+    other = changed.workflows(fake_boss)
+    other.work("nap")
+    view = await settled(other, started.id)
+    assert view.status is RunStatus.FAILED
+    assert "step 1 was recorded as step 'tests.test_workflows.add'" in (view.error or "")
+    assert "'tests.test_workflows.double'" in (view.error or "")
+    await fake_boss.stop_workers(timedelta(seconds=5))
+
+
+async def test_bad_input_is_refused_naming_the_field(fake_boss: Shoal) -> None:
+    api = app.workflows(fake_boss)
+    with pytest.raises(InvalidInput, match="name: no workflow 'nope'"):
+        await api.start("nope")
+    with pytest.raises(InvalidInput, match="input: "):
+        await api.start("sum", {"a": object()})
+    with pytest.raises(InvalidInput, match="key: "):
+        await api.signal("")
+    with pytest.raises(InvalidInput, match="id: "):
+        await api.start("sum", id="")
+    with pytest.raises(NotFound):
+        await api.get("no-such-run")
+    with pytest.raises(InvalidInput, match="retry_limit"):
+        app.step(retry_limit=-1)
+    with pytest.raises(InvalidInput, match="already declared"):
+        app.workflow("sum")(sum_workflow)
