@@ -393,7 +393,7 @@ class App:
 
     def workflows(self, boss: Shoal) -> Workflows:
         """The workflow API over ``boss`` for this app's workflows."""
-        return Workflows(boss, self.workflow_specs)
+        return Workflows(boss, self.workflow_specs, batches=self.batches(boss))
 
     def batches(self, boss: Shoal) -> Batches:
         """The batch API over ``boss`` for this app's kinds."""

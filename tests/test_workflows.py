@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
+import asyncio
+
 import psycopg
 import pytest
 
-from shoal import App, FakeClock, InvalidInput, NotFound, Shoal
+from shoal import App, FakeClock, InvalidInput, Item, NotFound, Shoal, TaskStatus
 from shoal.db.pool import AsyncConn
 from shoal.workflow import RunStatus, StepFailed, StepKind, StepStatus, Workflow, Workflows
 from shoal.workflow.store import StepRecord
@@ -97,8 +99,44 @@ async def transactional(wf: Workflow, data: None) -> int:
     return int(await wf.step(write_row, wf.id, transaction=True))
 
 
+@app.batch("wf.items", retry_delay=timedelta(0))
+async def item_handler(item: Item) -> dict[str, Any]:
+    calls.append(("item", item.ref))
+    if item.data and item.data.get("hold"):
+        await hold.wait()
+    return {"ref": item.ref}
+
+
+hold = asyncio.Event()
+
+
+@app.workflow("fanout")
+async def fanout(wf: Workflow, data: dict[str, Any]) -> dict[str, Any]:
+    refs = [
+        {"ref": f"doc-{i}", "data": {"hold": data.get("hold", False)}} for i in range(data["n"])
+    ]
+    task = await wf.batch("wf.items", refs)
+    after = await add(task["progress"]["completed"], 0)
+    return {"task": task, "after": after}
+
+
+@app.workflow("parallel")
+async def parallel(wf: Workflow, data: None) -> list[Any]:
+    results = await wf.gather(wf.step(add, 1, 2), wf.step(double, 10), wf.step(add, 3, 4))
+    await wf.sleep(timedelta(minutes=1))
+    return results
+
+
+@app.workflow("parent")
+async def parent(wf: Workflow, data: dict[str, Any]) -> dict[str, Any]:
+    first = await add(1, 0)
+    child = await wf.child(data["child"], data["input"])
+    return {"first": first, "child": child}
+
+
 @pytest.fixture(autouse=True)
 def fresh_calls() -> None:
+    hold.clear()
     calls.clear()
     flaky_left.clear()
 
@@ -108,7 +146,12 @@ async def workflows(fake_boss: Shoal) -> AsyncIterator[Workflows]:
     api = app.workflows(fake_boss)
     for name in app.workflow_specs:
         api.work(name)
+    assert api.batches is not None
+    await api.batches.store_kinds()
+    items = api.batches.work("wf.items", poll_interval=timedelta(milliseconds=50))
     yield api
+    hold.set()
+    await items.stop(grace=timedelta(seconds=5))
     await fake_boss.stop_workers(timedelta(seconds=5))
 
 
@@ -167,14 +210,19 @@ async def test_an_event_sent_before_the_wait_is_kept_and_delivered_once(
     workflows: Workflows,
 ) -> None:
     await workflows.signal("review:early", {"approved": True})
-    first = await workflows.start("review", {"doc": "early"})
-    second = await workflows.start("review", {"doc": "early"})
-    view = await settled(workflows, first.id)
-    assert view.result == {"approved": True}
-    # The second run waits: the one event went to the first.
-    assert (await settled(workflows, second.id, RunStatus.WAITING)).status is RunStatus.WAITING
+    runs = [(await workflows.start("review", {"doc": "early"})).id for _ in range(2)]
+
+    async def one_done_one_waiting() -> bool:
+        statuses = sorted([(await workflows.get(r)).status.value for r in runs])
+        return statuses == ["completed", "waiting"]
+
+    await wait_for(one_done_one_waiting)
+    # The one event went to one run; the other waits for the next.
+    views = {(await workflows.get(r)).status: await workflows.get(r) for r in runs}
+    assert views[RunStatus.COMPLETED].result == {"approved": True}
     await workflows.signal("review:early", {"approved": False})
-    assert (await settled(workflows, second.id)).result == {"approved": False}
+    later = await settled(workflows, views[RunStatus.WAITING].id)
+    assert later.result == {"approved": False}
 
 
 async def test_an_event_sent_while_the_run_waits_wakes_it_at_once(
@@ -338,3 +386,96 @@ async def test_bad_input_is_refused_naming_the_field(fake_boss: Shoal) -> None:
         app.step(retry_limit=-1)
     with pytest.raises(InvalidInput, match="already declared"):
         app.workflow("sum")(sum_workflow)
+
+
+async def closed_by_the_aggregator(api: Workflows, run_id: str, *statuses: RunStatus) -> Any:
+    """Aggregator passes (a worker process's duty) until the run is in one of ``statuses``."""
+    assert api.batches is not None
+    batches = api.batches
+
+    async def there() -> bool:
+        await batches.aggregator.run_once()
+        return (await api.get(run_id)).status in statuses
+
+    await wait_for(there)
+    return await api.get(run_id)
+
+
+async def test_a_fan_out_to_a_batch_task_resumes_the_run_when_the_task_closes(
+    workflows: Workflows, fake_boss: Shoal
+) -> None:
+    started = await workflows.start("fanout", {"n": 5})
+    view = await closed_by_the_aggregator(workflows, started.id, RunStatus.COMPLETED)
+    task = view.result["task"]
+    assert task["outcome"] == "completed"
+    assert task["progress"]["completed"] == 5 and view.result["after"] == 5
+    assert sorted(ref for kind, ref in calls if kind == "item") == [f"doc-{i}" for i in range(5)]
+    assert [s.kind for s in view.steps] == [StepKind.BATCH, StepKind.STEP]
+    # The same task on a replay: created once, with the run's key.
+    assert workflows.batches is not None
+    assert len(await workflows.batches.tasks(kind="wf.items")) == 1
+
+
+async def test_while_a_fan_out_runs_the_run_holds_no_job_and_cancel_stops_the_task(
+    workflows: Workflows, fake_boss: Shoal
+) -> None:
+    started = await workflows.start("fanout", {"n": 3, "hold": True})
+    view = await settled(workflows, started.id, RunStatus.WAITING)
+    assert await fake_boss.jobs("workflow.fanout", state="active") == []
+    await wait_for(lambda: sum(1 for kind, _ in calls if kind == "item") == 3)
+    assert await workflows.cancel(started.id)
+    assert workflows.batches is not None
+    task_id = view.steps[0].result["task_id"]
+    await closed_by_the_aggregator(workflows, started.id, RunStatus.CANCELLED)
+    task = await workflows.batches.get(task_id)
+    assert task.status is TaskStatus.CANCELLED and task.outcome is not None
+    assert task.outcome.value == "cancelled"
+    assert task.progress.completed == 0  # every held item was stopped, none finished
+
+
+async def test_gathered_steps_run_at_once_and_are_not_run_again_on_resume(
+    workflows: Workflows, clock: FakeClock
+) -> None:
+    started = await workflows.start("parallel")
+    await settled(workflows, started.id, RunStatus.SLEEPING)
+    clock.advance(timedelta(minutes=1))
+    view = await settled(workflows, started.id)
+    assert view.result == [3, 20, 7]
+    assert sorted(calls, key=str) == sorted(
+        [("add", (1, 2)), ("double", 10), ("add", (3, 4))], key=str
+    )
+    assert [s.name for s in view.steps[:3]] == [
+        "tests.test_workflows.add",
+        "tests.test_workflows.double",
+        "tests.test_workflows.add",
+    ]
+
+
+async def test_a_child_workflow_runs_and_its_result_resumes_the_parent(
+    workflows: Workflows,
+) -> None:
+    started = await workflows.start("parent", {"child": "sum", "input": {"a": 4, "b": 4}})
+    view = await settled(workflows, started.id)
+    assert view.status is RunStatus.COMPLETED
+    assert view.result == {"first": 1, "child": {"total": 16}}
+    child = await workflows.get(f"{started.id}/2")
+    assert child.status is RunStatus.COMPLETED
+
+
+async def test_cancelling_a_parent_cancels_the_child_it_waits_for(workflows: Workflows) -> None:
+    started = await workflows.start("parent", {"child": "review", "input": {"doc": "c1"}})
+    await settled(workflows, started.id, RunStatus.WAITING)
+    child_id = f"{started.id}/2"
+    await settled(workflows, child_id, RunStatus.WAITING)
+    assert await workflows.cancel(started.id)
+    assert (await workflows.get(child_id)).status is RunStatus.CANCELLED
+
+
+async def test_a_failed_child_fails_the_step_in_the_parent(workflows: Workflows) -> None:
+    flaky_left["kid"] = 5
+    started = await workflows.start(
+        "parent", {"child": "retrying", "input": {"name": "kid", "retries": 0}}
+    )
+    view = await settled(workflows, started.id)
+    assert view.status is RunStatus.FAILED
+    assert "kid is down" in (view.error or "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -53,6 +54,7 @@ from shoal.errors import (
     TransientError,
 )
 from shoal.queue.client import Shoal
+from shoal.queue.options import check_queue_name
 from shoal.queue.worker import DEFAULT_POLL_INTERVAL, Worker
 
 # Most item jobs one claim takes (the queue's default is 500). Reached only by
@@ -186,6 +188,8 @@ class Batches:
         idempotency_key: str | None = None,
         params: Any = None,
         deadline: timedelta | float | None = None,
+        on_complete_queue: str | None = None,
+        conn: AsyncConn | None = None,
     ) -> Created:
         """Create a task with its items and their jobs, in ONE transaction.
 
@@ -200,6 +204,11 @@ class Batches:
         with ``partition_by`` keys each item by it (an item's own
         ``partition_key`` wins), and the item keeps that key through every
         run (docs/limits.md, "Batch kinds").
+
+        ``on_complete_queue`` sends the task's completion job (``{"task_id",
+        "outcome"}``) to that queue in place of the kind's ``on_complete``
+        hook: what a workflow's ``wf.batch`` resumes on. With ``conn``, the
+        task is written in the caller's open transaction.
         """
         own = self.kinds.get(kind) if isinstance(kind, str) else None
         plan = CreatePlan.of(
@@ -213,6 +222,10 @@ class Batches:
             defaults=self.boss.defaults,
             partitioner=None if own is None else own.partitioner,
         )
+        if on_complete_queue is not None:
+            plan = replace(
+                plan, task=replace(plan.task, on_complete_queue=check_queue_name(on_complete_queue))
+            )
         now = self.clock.sql_now()
         # A big task's one statement of items and jobs is given as long as
         # its size needs, and so is the transaction around it.
@@ -245,6 +258,8 @@ class Batches:
             return Created(task_id, created=True)
 
         try:
+            if conn is not None:
+                return await self.boss.db.on(conn, create)
             return await self.boss.db.run(create, deadline=within)
         except TransientError as exc:
             raise still_creating(exc, idempotency_key) from exc

@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import json
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from shoal.batch.service import Batches
+from shoal.batch.states import TaskStatus
 from shoal.clock import Clock
 from shoal.db.pool import AsyncConn, Database
 from shoal.errors import InvalidInput, PermanentError, UnstorableResult
@@ -44,12 +47,18 @@ T = TypeVar("T")
 NO_TIMEOUT = MAX_DURATION - timedelta(days=1)
 MAX_KEY_LENGTH = 512
 
-_current: contextvars.ContextVar[Workflow] = contextvars.ContextVar("shoal_workflow")
+_current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar(
+    "shoal_workflow", default=None
+)
 
 
 def current_workflow() -> Workflow | None:
-    """The run whose code is running in this task, if any (what ``@app.step`` functions use)."""
-    return _current.get(None)
+    """The run whose code is running in this task, if any (what ``@app.step`` functions use).
+
+    None inside a step: a step called from a step is a plain call, checkpointed
+    as part of the outer one.
+    """
+    return _current.get()
 
 
 class Suspended(BaseException):
@@ -107,6 +116,10 @@ class StepOptions:
         return cls(name, policy, bool(transaction))
 
 
+# Starts a child run: (workflow name, input, run id, done key) -> created.
+StartChild = Callable[[str, Any, str, str, AsyncConn], Awaitable[bool]]
+
+
 @dataclass(frozen=True, slots=True)
 class Runtime:
     """What every run of one workflow needs: the database, the queue, the workflow's job options."""
@@ -115,6 +128,8 @@ class Runtime:
     boss: Shoal
     queue: str
     job_options: dict[str, Any] = field(default_factory=dict)
+    batches: Batches | None = None
+    start_child: StartChild | None = None
 
     @property
     def db(self) -> Database:
@@ -402,7 +417,155 @@ class Workflow:
             raise Suspended
         return value
 
+    # -- fan-out -----------------------------------------------------------------
+
+    async def batch(
+        self,
+        kind: str,
+        items: Sequence[str | Mapping[str, Any]],
+        *,
+        params: Any = None,
+        deadline: timedelta | None = None,
+    ) -> dict[str, Any]:
+        """Create a batch task of ``kind`` and wait, holding no process, until it closes.
+
+        Returns ``{"task_id", "outcome", "progress"}`` (the progress counts as
+        :class:`shoal.Progress` gives them). The task is created once per run,
+        in the transaction that records the step; its completion job resumes
+        the run (in place of the kind's ``on_complete`` hook). Cancelling the
+        run cancels the task.
+        """
+        if self._rt.batches is None:
+            raise InvalidInput("kind", "this workflow's runner has no batch kinds (App.batch)")
+        batches = self._rt.batches
+        seq = self._next()
+        done = self._replayed(seq, kind, StepKind.BATCH)
+        if done is not None and done.status is StepStatus.COMPLETED:
+            return dict(done.result)
+        now = self._rt.clock.now()
+        if done is None:
+            key = f"shoal.workflow:{_digest(self.id)}:{seq}"
+
+            async def create(conn: AsyncConn) -> None:
+                created = await batches.create(
+                    kind,
+                    items,
+                    idempotency_key=key,
+                    params=params,
+                    deadline=deadline,
+                    on_complete_queue=self._rt.queue,
+                    conn=conn,
+                )
+                record = StepRecord(
+                    seq,
+                    kind,
+                    StepKind.BATCH,
+                    StepStatus.WAITING,
+                    0,
+                    _json({"task_id": created.task_id}),
+                    None,
+                    now,
+                    None,
+                )
+                await self._wait_unwoken(conn, record, task_key(created.task_id))
+
+            await self._machinery(self._rt.db.run(create))
+            raise Suspended
+        task_id = str(done.result["task_id"])
+        view = await self._machinery(batches.get(task_id))
+        if view.status is TaskStatus.PROCESSING:
+
+            async def again(conn: AsyncConn) -> None:
+                record = StepRecord(
+                    seq,
+                    kind,
+                    StepKind.BATCH,
+                    StepStatus.WAITING,
+                    0,
+                    _json({"task_id": task_id}),
+                    None,
+                    None,
+                    None,
+                )
+                await self._wait_unwoken(conn, record, task_key(task_id))
+
+            await self._machinery(self._rt.db.run(again))
+            raise Suspended
+        result = {
+            "task_id": task_id,
+            "outcome": None if view.outcome is None else view.outcome.value,
+            "progress": view.progress.as_dict(),
+        }
+        await self._record(
+            StepRecord(
+                seq, kind, StepKind.BATCH, StepStatus.COMPLETED, 0, _json(result), None, None, now
+            )
+        )
+        return json.loads(_json(result))  # type: ignore[no-any-return]
+
+    async def child(self, name: str, input: Any = None) -> Any:
+        """Start a run of workflow ``name`` and wait for it, holding no process: its result.
+
+        The child's id is derived from this run's and its place here, so a
+        replay finds the same child. A child that fails or is cancelled raises
+        :class:`StepFailed` here; cancelling this run cancels the child.
+        """
+        if self._rt.start_child is None:
+            raise InvalidInput("name", "this workflow's runner cannot start child workflows")
+        start_child = self._rt.start_child
+        child_id = f"{self.id}/{self._seq + 1}"
+        if len(child_id) > MAX_KEY_LENGTH // 2:
+            child_id = f"child-{_digest(self.id)}-{self._seq + 1}"
+        key = child_key(child_id)
+
+        async def start(conn: AsyncConn) -> str:
+            await start_child(name, input, child_id, key, conn)
+            return child_id
+
+        await self.step(start, name=f"start {name}", transaction=True)
+        ended = await self.wait_for(key)
+        if ended.get("status") != "completed":
+            status = ended.get("status")
+            error = ended.get("error") or f"the child run {child_id!r} was {status}"
+            raise StepFailed(self.id, f"child {name}", self._seq, 1, str(error))
+        return ended.get("result")
+
+    async def gather(self, *steps: Awaitable[Any]) -> list[Any]:
+        """Run steps at once, ``await wf.gather(wf.step(a), wf.step(b, 2))``: their results.
+
+        Each argument is one call of :meth:`step` (their places in the run are
+        taken in argument order); for a branch of several steps, start a
+        :meth:`child` workflow. If one step waits (a retry delay) or fails,
+        the others are stopped; their finished steps keep their checkpoints.
+        """
+        tasks = [asyncio.ensure_future(step) for step in steps]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            raise
+
     # -- bookkeeping -------------------------------------------------------------
+
+    async def _wait_unwoken(self, conn: AsyncConn, record: StepRecord, key: str) -> None:
+        """Record a wait that no job of its own ends (a task's completion job or an event does)."""
+        rt = self._rt
+        if not await rt.store.record_step(self.id, self._epoch, record, conn):
+            raise Superseded
+        suspended = await rt.store.suspend_run(
+            conn,
+            self.id,
+            self._epoch,
+            status=RunStatus.WAITING,
+            wake_job=None,
+            seq=record.seq,
+            key=key,
+            now=rt.clock.sql_now(),
+        )
+        if not suspended:
+            raise Superseded
 
     def _next(self) -> int:
         self._seq += 1
@@ -479,20 +642,47 @@ class Workflow:
 
 
 def _caller(fn: Callable[..., Any], transaction: bool) -> Callable[..., Awaitable[Any]]:
+    """``fn`` as a coroutine function that runs outside any workflow (steps do not nest)."""
     if not callable(fn):
         raise InvalidInput("fn", f"a step must be a function, got {fn!r}")
     if is_async_callable(fn):
-        return fn
+
+        async def outside(*args: Any, **kwargs: Any) -> Any:
+            token = _current.set(None)
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                _current.reset(token)
+
+        return outside
     if transaction:
         raise InvalidInput(
             "fn", f"a step with transaction=True must be an async def function, got {fn!r}"
         )
 
+    def plain(*args: Any, **kwargs: Any) -> Any:
+        _current.set(None)  # in the thread's own copy of the context
+        return fn(*args, **kwargs)
+
     async def in_thread(*args: Any, **kwargs: Any) -> Any:
         context = contextvars.copy_context()
-        return await asyncio.to_thread(context.run, fn, *args, **kwargs)
+        return await asyncio.to_thread(context.run, plain, *args, **kwargs)
 
     return in_thread
+
+
+def task_key(task_id: str) -> str:
+    """The wait key of a run waiting for a batch task to close."""
+    return f"shoal.batch:{task_id}"
+
+
+def child_key(child_id: str) -> str:
+    """The event a child run's end sends to its parent."""
+    return f"shoal.workflow.done:{child_id}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _returned_by(label: str, seq: int) -> str:
@@ -508,9 +698,9 @@ def _time(text: str) -> datetime:
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
-def enter(wf: Workflow) -> contextvars.Token[Workflow]:
+def enter(wf: Workflow) -> contextvars.Token[Workflow | None]:
     return _current.set(wf)
 
 
-def leave(token: contextvars.Token[Workflow]) -> None:
+def leave(token: contextvars.Token[Workflow | None]) -> None:
     _current.reset(token)

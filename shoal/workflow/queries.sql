@@ -4,8 +4,8 @@
 
 -- name: insert_run
 -- A new run; nothing when a run of that id exists (a start is idempotent by id).
-INSERT INTO {schema}.workflow_run (id, name, input, created_at, updated_at)
-VALUES (%(id)s, %(name)s, %(input)s::jsonb,
+INSERT INTO {schema}.workflow_run (id, name, input, done_key, created_at, updated_at)
+VALUES (%(id)s, %(name)s, %(input)s::jsonb, %(done_key)s,
         coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT (id) DO NOTHING
 RETURNING id
@@ -22,6 +22,21 @@ SET epoch = r.epoch + 1, status = 'running', job = %(job)s,
 WHERE r.id = %(run)s
   AND (r.status IN ('pending', 'running') OR r.wake_job = %(job)s)
 RETURNING r.name, r.input, r.epoch,
+    (SELECT coalesce(jsonb_agg(jsonb_build_array(
+                s.seq, s.name, s.kind, s.status, s.attempts, s.result, s.error)
+             ORDER BY s.seq), '[]'::jsonb)
+     FROM {schema}.workflow_step s WHERE s.run_id = r.id) AS steps
+
+-- name: begin_waiting_run
+-- As begin_run, for the job that ends a wait with no wake job of its own: a
+-- batch task's completion job names the task, and the run waiting for it is
+-- found by its wait_key.
+UPDATE {schema}.workflow_run r
+SET epoch = r.epoch + 1, status = 'running', job = %(job)s,
+    wake_job = NULL, wait_seq = NULL, wait_key = NULL,
+    updated_at = coalesce(%(now)s::timestamptz, now())
+WHERE r.wait_key = %(key)s AND r.status = 'waiting'
+RETURNING r.id, r.name, r.input, r.epoch,
     (SELECT coalesce(jsonb_agg(jsonb_build_array(
                 s.seq, s.name, s.kind, s.status, s.attempts, s.result, s.error)
              ORDER BY s.seq), '[]'::jsonb)
@@ -56,12 +71,20 @@ WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
 RETURNING id
 
 -- name: finish_run
-UPDATE {schema}.workflow_run
-SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s, job = NULL,
-    finished_at = coalesce(%(now)s::timestamptz, now()),
-    updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
-RETURNING id
+-- A child run's end is an event to its parent (done_key), in the same statement.
+WITH finished AS (
+    UPDATE {schema}.workflow_run
+    SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s, job = NULL,
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
+    RETURNING id, done_key, status, result, error
+)
+SELECT f.id, CASE WHEN f.done_key IS NOT NULL THEN {schema}.signal_v1(
+           f.done_key,
+           jsonb_build_object('status', f.status, 'result', f.result, 'error', f.error),
+           %(now)s::timestamptz) END
+FROM finished f
 
 -- name: lock_event_key
 -- Serializes a wait with signal_v1 on one key (shoal/workflow/functions.sql
@@ -82,13 +105,22 @@ RETURNING e.payload
 SELECT {schema}.signal_v1(%(key)s, %(payload)s::jsonb, %(now)s::timestamptz)
 
 -- name: cancel_run
--- The jobs that hold or would resume the run come back, to be cancelled.
-UPDATE {schema}.workflow_run
-SET status = 'cancelled', wait_key = NULL,
-    finished_at = coalesce(%(now)s::timestamptz, now()),
-    updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE id = %(run)s AND status NOT IN ('completed', 'failed', 'cancelled')
-RETURNING job, wake_job
+-- The jobs that hold or would resume the run come back, to be cancelled, and
+-- what it waited for (a batch task or a child run is cancelled with it). A
+-- child run's parent hears of it as of any other end.
+WITH cancelled AS (
+    UPDATE {schema}.workflow_run r
+    SET status = 'cancelled', wait_key = NULL,
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    FROM (SELECT id, wait_key FROM {schema}.workflow_run WHERE id = %(run)s FOR UPDATE) old
+    WHERE r.id = old.id AND r.status NOT IN ('completed', 'failed', 'cancelled')
+    RETURNING r.job, r.wake_job, old.wait_key, r.done_key
+)
+SELECT c.job, c.wake_job, c.wait_key,
+       CASE WHEN c.done_key IS NOT NULL THEN {schema}.signal_v1(
+           c.done_key, jsonb_build_object('status', 'cancelled'), %(now)s::timestamptz) END
+FROM cancelled c
 
 -- name: reopen_run
 -- A failed or cancelled run goes back to pending, without the checkpoint of

@@ -21,6 +21,7 @@ from shoal.workflow.context import (
     Workflow,
     enter,
     leave,
+    task_key,
 )
 from shoal.workflow.states import RunStatus, WorkflowChanged
 
@@ -69,15 +70,20 @@ class WorkflowRunner:
 
     async def __call__(self, job: Job) -> None:
         data = job.data
-        if not isinstance(data, dict) or not isinstance(data.get("run"), str):
+        store = self.rt.store
+        now = self.rt.clock.sql_now()
+        if isinstance(data, dict) and isinstance(data.get("run"), str):
+            begun = await store.begin_run(data["run"], job.id, now=now)
+        elif isinstance(data, dict) and isinstance(data.get("task_id"), str):
+            # A batch task's completion job: the run that waits for the task.
+            begun = await store.begin_waiting_run(task_key(data["task_id"]), job.id, now=now)
+        else:
             raise InvalidInput(
                 "data", f"a workflow job names its run as {{'run': id}}, got {data!r}"
             )
-        run_id: str = data["run"]
-        store = self.rt.store
-        begun = await store.begin_run(run_id, job.id, now=self.rt.clock.sql_now())
         if begun is None:
             return  # finished, cancelled, or waiting for another job: nothing to do
+        run_id = begun.id
         wf = Workflow(self.rt, run_id, begun.name, begun.epoch, begun.checkpoints)
         token = enter(wf)
         try:

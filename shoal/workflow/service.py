@@ -9,24 +9,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from shoal.batch.service import Batches
 from shoal.db.pool import AsyncConn
-from shoal.errors import DeadlineExceeded, InvalidInput, NotFound, UnstorableResult
+from shoal.errors import Conflict, DeadlineExceeded, InvalidInput, NotFound, UnstorableResult
 from shoal.queue.client import Shoal
 from shoal.queue.results import encode_result
 from shoal.queue.states import JobId
 from shoal.queue.worker import Worker
-from shoal.workflow.context import MAX_KEY_LENGTH, Runtime
+from shoal.workflow.context import MAX_KEY_LENGTH, Runtime, child_key, task_key
 from shoal.workflow.runner import WorkflowRunner, WorkflowSpec, queue_of
 from shoal.workflow.states import FINAL, RunStatus
 from shoal.workflow.store import RunRow, StepRow, WorkflowStore
 
 MAX_RUN_ID_LENGTH = 256
+TASK_KEY_PREFIX = task_key("")
+CHILD_KEY_PREFIX = child_key("")
 MAX_PAGE = 500
 
 
@@ -65,10 +69,18 @@ class RunView:
 class Workflows:
     """The workflow layer's front door, over one :class:`Shoal` client."""
 
-    def __init__(self, boss: Shoal, specs: Mapping[str, WorkflowSpec]) -> None:
+    def __init__(
+        self,
+        boss: Shoal,
+        specs: Mapping[str, WorkflowSpec],
+        *,
+        batches: Batches | None = None,
+    ) -> None:
         self.boss = boss
         self.specs = dict(specs)
         self.store = WorkflowStore(boss.db)
+        # The batch kinds wf.batch creates tasks of (App.workflows passes the app's).
+        self.batches = batches
 
     def _spec(self, name: object) -> WorkflowSpec:
         spec = self.specs.get(name) if isinstance(name, str) else None
@@ -78,7 +90,22 @@ class Workflows:
         return spec
 
     def runtime(self, spec: WorkflowSpec) -> Runtime:
-        return Runtime(self.store, self.boss, spec.queue, spec.job_options)
+        return Runtime(
+            self.store, self.boss, spec.queue, spec.job_options, self.batches, self._start_child
+        )
+
+    async def _start_child(
+        self, name: str, input: Any, run_id: str, done_key: str, conn: AsyncConn
+    ) -> bool:
+        spec = self._spec(name)
+        data = _storable("input", input)
+        now = self.boss.clock.sql_now()
+        if not await self.store.insert_run(
+            conn, run_id, spec.name, data, done_key=done_key, now=now
+        ):
+            return False
+        await self.boss.send(spec.queue, {"run": run_id}, conn=conn, **spec.job_options)
+        return True
 
     async def start(
         self,
@@ -150,12 +177,20 @@ class Workflows:
         Its running step is stopped (the job running it is cancelled) and its
         sleep or wait ends; steps already finished stay as they are.
         """
-        jobs = await self.store.cancel_run(_run_id(run_id), now=self.boss.clock.sql_now())
-        if jobs is None:
+        cancelled = await self.store.cancel_run(_run_id(run_id), now=self.boss.clock.sql_now())
+        if cancelled is None:
             await self.get(run_id)  # NotFound for a run that does not exist
             return False
+        jobs, waited_for = cancelled
         if jobs:
             await self.boss.cancel([JobId(job) for job in jobs], by=by)
+        # What it waited for goes with it: a batch task, a child run.
+        if waited_for is not None and waited_for.startswith(TASK_KEY_PREFIX) and self.batches:
+            task_id = waited_for.removeprefix(TASK_KEY_PREFIX)
+            with contextlib.suppress(Conflict, NotFound):  # closed meanwhile
+                await self.batches.cancel(task_id)
+        elif waited_for is not None and waited_for.startswith(CHILD_KEY_PREFIX):
+            await self.cancel(waited_for.removeprefix(CHILD_KEY_PREFIX), by=by)
         return True
 
     async def retry(self, run_id: str) -> bool:

@@ -33,6 +33,7 @@ class StepKind(StrEnum):
     STEP = "step"
     SLEEP = "sleep"
     WAIT = "wait"
+    BATCH = "batch"
 
 
 class StepFailed(ShoalError):

@@ -30,6 +30,7 @@ class Checkpoint:
 class Begun:
     """A run as the job that resumes it took it."""
 
+    id: str
     name: str
     input: Any
     epoch: int
@@ -113,10 +114,17 @@ class WorkflowStore:
         return await self.db.fetch(self.sql[name], params, conn)
 
     async def insert_run(
-        self, conn: AsyncConn, run_id: str, name: str, data: str | None, *, now: datetime | None
+        self,
+        conn: AsyncConn,
+        run_id: str,
+        name: str,
+        data: str | None,
+        *,
+        done_key: str | None = None,
+        now: datetime | None,
     ) -> bool:
-        """A new run; False when a run of that id exists."""
-        params = {"id": run_id, "name": name, "input": data, "now": now}
+        """A new run; False when a run of that id exists. ``done_key``: the event its end sends."""
+        params = {"id": run_id, "name": name, "input": data, "done_key": done_key, "now": now}
         return bool(await self._rows("insert_run", params, conn))
 
     async def begin_run(self, run_id: str, job: int, *, now: datetime | None) -> Begun | None:
@@ -125,8 +133,15 @@ class WorkflowStore:
         if not rows:
             return None
         name, data, epoch, steps = rows[0]
-        checkpoints = {c.seq: c for c in map(_checkpoint, steps)}
-        return Begun(name, data, epoch, checkpoints)
+        return Begun(run_id, name, data, epoch, {c.seq: c for c in map(_checkpoint, steps)})
+
+    async def begin_waiting_run(self, key: str, job: int, *, now: datetime | None) -> Begun | None:
+        """:meth:`begin_run` for the run waiting for ``key`` (a batch task's completion)."""
+        rows = await self._rows("begin_waiting_run", {"key": key, "job": job, "now": now})
+        if not rows:
+            return None
+        run_id, name, data, epoch, steps = rows[0]
+        return Begun(run_id, name, data, epoch, {c.seq: c for c in map(_checkpoint, steps)})
 
     async def record_step(
         self, run_id: str, epoch: int, step: StepRecord, conn: AsyncConn | None = None
@@ -154,7 +169,7 @@ class WorkflowStore:
         epoch: int,
         *,
         status: RunStatus,
-        wake_job: int,
+        wake_job: int | None,
         seq: int,
         key: str | None,
         now: datetime | None,
@@ -206,12 +221,18 @@ class WorkflowStore:
         rows = await self._rows("signal", {"key": key, "payload": payload, "now": now}, conn)
         return int(rows[0][0])
 
-    async def cancel_run(self, run_id: str, *, now: datetime | None) -> list[int] | None:
-        """Cancel a run not finished; the jobs holding or waking it (None: nothing cancelled)."""
+    async def cancel_run(
+        self, run_id: str, *, now: datetime | None
+    ) -> tuple[list[int], str | None] | None:
+        """Cancel a run not finished: the jobs holding or waking it, and the key it waited for.
+
+        None when nothing was cancelled (finished, or no such run).
+        """
         rows = await self._rows("cancel_run", {"run": run_id, "now": now})
         if not rows:
             return None
-        return [job for job in rows[0] if job is not None]
+        job, wake_job, wait_key, _signalled = rows[0]
+        return [j for j in (job, wake_job) if j is not None], wait_key
 
     async def reopen_run(self, conn: AsyncConn, run_id: str, *, now: datetime | None) -> str | None:
         """A failed or cancelled run back to pending; its workflow's name (None: not reopened)."""

@@ -7,7 +7,10 @@
 -- by the job holding the current one, so a runner that lost its lease and was
 -- replaced writes nothing more. While a run sleeps or waits, `wake_job` is
 -- the queue job that will resume it, `wait_seq` the step it waits at, and
--- `wait_key` the event it waits for (signal_v1 wakes the job early).
+-- `wait_key` the event it waits for (signal_v1 wakes the job early; a wait
+-- for a batch task or a child run has no wake job: the task's completion job,
+-- or the child's event, resumes it). A child run's `done_key` is the event
+-- its end sends to its parent.
 CREATE TABLE {schema}.workflow_run (
     id          text COLLATE "C" PRIMARY KEY,
     name        text COLLATE "C" NOT NULL,
@@ -20,6 +23,7 @@ CREATE TABLE {schema}.workflow_run (
     wake_job    bigint,
     wait_seq    integer,
     wait_key    text COLLATE "C",
+    done_key    text COLLATE "C",
     result      jsonb,
     error       text,
     created_at  timestamptz NOT NULL DEFAULT now(),
@@ -31,7 +35,8 @@ CREATE INDEX workflow_run_waiting ON {schema}.workflow_run (wait_key) WHERE wait
 CREATE INDEX workflow_run_created ON {schema}.workflow_run (created_at DESC, id DESC);
 
 -- One row per step a run reached, by its place in the run (seq, from 1).
--- `kind`: a step the code ran, a sleep or a wait for an event. A completed
+-- `kind`: a step the code ran, a sleep, a wait for an event, a batch task it
+-- created and waited for, or a child run it started. A completed
 -- row is the checkpoint a replay returns instead of running the step again;
 -- `retrying` holds the attempts a failing step has made, `waiting` a sleep or
 -- a wait not over yet, `failed` a step whose attempts are spent.
@@ -39,7 +44,7 @@ CREATE TABLE {schema}.workflow_step (
     run_id      text COLLATE "C" NOT NULL REFERENCES {schema}.workflow_run ON DELETE CASCADE,
     seq         integer NOT NULL CHECK (seq >= 1),
     name        text NOT NULL,
-    kind        text NOT NULL CHECK (kind IN ('step', 'sleep', 'wait')),
+    kind        text NOT NULL CHECK (kind IN ('step', 'sleep', 'wait', 'batch')),
     status      text NOT NULL CHECK (status IN ('completed', 'retrying', 'waiting', 'failed')),
     attempts    integer NOT NULL DEFAULT 0,
     result      jsonb,
