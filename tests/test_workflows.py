@@ -6,11 +6,10 @@ when the test moves the clock, never by waiting.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
-
-import asyncio
 
 import psycopg
 import pytest
