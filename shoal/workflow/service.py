@@ -77,7 +77,8 @@ class Workflows:
         batches: Batches | None = None,
     ) -> None:
         self.boss = boss
-        self.specs = dict(specs)
+        # Read, not copied: an App's workflows declared later are known too.
+        self.specs = specs
         self.store = WorkflowStore(boss.db)
         # The batch kinds wf.batch creates tasks of (App.workflows passes the app's).
         self.batches = batches
