@@ -23,7 +23,7 @@ What it does while on:
   off). A run that raised records the exception and an error status. Batch
   items run as jobs of their kind's queue, so each item run is such a span.
   Jobs of shoal's own queues (names starting ``shoal.``,
-  :func:`~shoal.queue.options.is_internal`) run without a span unless
+  :func:`~shoal.internal.is_internal`) run without a span unless
   ``instrument(internal_queues=True)`` asked for them.
 - Each ``apply`` of an ingest consumer of an :class:`~shoal.app.App` run by
   ``shoal worker`` is an ``apply <topic>`` span with ``shoal.topic``,
@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import Cancel, MissingExtra, PermanentError, Snooze
-from shoal.queue.options import is_internal
+from shoal.internal import is_internal
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer

@@ -28,7 +28,7 @@ async def cmd_status(args: argparse.Namespace, url: str) -> int:
     from shoal.app import DUTIES
     from shoal.db.leadership import leaders
     from shoal.ingest.store import IngestStore
-    from shoal.queue.options import is_internal
+    from shoal.internal import is_internal
 
     def shown(queue: str) -> bool:
         return args.internal or not is_internal(queue)

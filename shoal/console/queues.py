@@ -6,7 +6,7 @@ schedule is :class:`~shoal.errors.NotFound` naming the field (and, for a
 name, listing the known ones), and nothing is written.
 
 The lists leave out shoal's own queues and schedules (names starting with
-``shoal.``, :func:`~shoal.queue.options.is_internal`) unless called with
+``shoal.``, :func:`~shoal.internal.is_internal`) unless called with
 ``internal=True``; a job asked for by id, a search, and a queue named
 explicitly show them still.
 
@@ -27,9 +27,10 @@ from zoneinfo import ZoneInfo
 from shoal.console.store import ConsoleStore
 from shoal.db.pool import AsyncConn
 from shoal.errors import Conflict, InvalidInput, NotFound
+from shoal.internal import INTERNAL_PREFIX, is_internal
 from shoal.queue.client import Shoal
 from shoal.queue.cron import next_tick
-from shoal.queue.options import INTERNAL_PREFIX, check_queue_name, is_internal
+from shoal.queue.options import check_queue_name
 from shoal.queue.rows import JobRecord
 from shoal.queue.states import JobId, JobState
 

@@ -9,7 +9,7 @@ contends for it), and a sample is written only when the latest one is older
 than the current slot, each row once (``ON CONFLICT DO NOTHING``), so
 samplers that race write one sample. A sample per queue, plus one for all
 queues but shoal's own (queue ``*``, what the console charts by default; see
-:func:`~shoal.queue.options.is_internal`) and one for every queue (``**``), holds:
+:func:`~shoal.internal.is_internal`) and one for every queue (``**``), holds:
 
 - ``completed``, ``failed``: jobs that finished in the interval (past
   ``FINISHED_CAP`` of them, estimated from the latest ``FINISHED_CAP``);

@@ -18,21 +18,6 @@ from shoal.queue.limits import partition_key_of
 # newline, which would let "q\n" through.
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,127}")
 
-INTERNAL_PREFIX = "shoal."
-"""Queues and schedules whose names start with this are shoal's own machinery
-(the batch aggregator's ``shoal.batch.aggregate``): listings, charts and traces
-leave them out unless asked to show them. A user's queue should not use it."""
-
-
-def is_internal(name: str) -> bool:
-    """Whether the queue or schedule ``name`` is shoal's own (see :data:`INTERNAL_PREFIX`).
-
-    >>> is_internal("shoal.batch.aggregate"), is_internal("email")
-    (True, False)
-    """
-    return name.startswith(INTERNAL_PREFIX)
-
-
 DEFAULT_RETRY_LIMIT = 2
 DEFAULT_RETRY_DELAY = timedelta(0)
 # With backoff and no delay given, the ladder starts here (1s, 2s, 4s, ...).

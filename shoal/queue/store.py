@@ -28,9 +28,9 @@ from shoal.db.queries import (
     parse_queries,
 )
 from shoal.errors import InvalidInput
+from shoal.internal import INTERNAL_PREFIX
 from shoal.queue.cursor import Position
 from shoal.queue.limits import Limits, LimitState, Rate
-from shoal.queue.options import INTERNAL_PREFIX
 from shoal.queue.results import encode_result
 from shoal.queue.rows import (
     OPTION_COLUMNS,
