@@ -6,7 +6,9 @@
   writer, 500 in flight (D7);
 - shoal's runner adds the backlog monitor with its pause flag (D10), the
   start-up connection budget check (D12) and, on nats, the durability check;
-- the mode switch is ``polling.ingest.mode`` (D11).
+- the mode switch is ``polling.ingest.mode`` (D11);
+- the workflow ``polling.card_action``: an operator's action on a card, the
+  gateway's delayed confirmation awaited durably (``actions.py``).
 
 The transport is the environment's (``SHOAL_INGEST_TRANSPORT=postgres|nats``,
 ``SHOAL_NATS_URL``), the same one the poller publishes on. Settings for the
@@ -21,6 +23,7 @@ import os
 from datetime import timedelta
 
 from shoal import App, Message, Shoal, SystemClock
+from shoal_polling.actions import CARD_ACTION, card_action
 from shoal_polling.domain import COLLECTION, MODE_KEY, OBSERVATIONS, CollectionRecord, Observation
 from shoal_polling.ingest import (
     COLLECTION_WRITERS,
@@ -42,6 +45,7 @@ app.ingest_settings.mode_key = MODE_KEY
 app.ingest_settings.monitor_interval = timedelta(
     seconds=float(os.environ.get("SHOAL_POLLING_MONITOR_INTERVAL_S", "60"))
 )
+app.workflow(CARD_ACTION)(card_action)
 # Set by the start hook, before any consumer runs; read by the consumer and the sink.
 _ingest: list[PollingIngest] = []
 

@@ -113,6 +113,23 @@ async def apply_observation(
     return applied
 
 
+async def apply_confirmed_status(conn: AsyncConn, observation: Observation) -> Applied:
+    """A network status the gateway confirmed for an operator's action (``actions.py``).
+
+    The status apply of a poll's answer (the out-of-order guard, D6; the
+    outbox event and the audit row of a change; the cache notify), without
+    the applied-observation ledger: that ledger lists what the gateway
+    served to polls, which ``reconcile`` compares with its served log.
+    """
+    if observation.kind != "card_status" or observation.status is None:
+        raise InvalidInput(
+            "observation", f"a confirmed status is a card_status with a status, got {observation}"
+        )
+    applied = await _apply_status(conn, observation)
+    await conn.execute("SELECT pg_notify(%s, %s)", (CARD_CHANNEL, observation.card_id))
+    return applied
+
+
 async def _apply_traffic(
     conn: AsyncConn, observation: Observation, *, plan_interval: timedelta
 ) -> Applied:

@@ -6,6 +6,9 @@
     shoal-polling mode [sync|async]                     read or set polling.ingest.mode
     shoal-polling reconcile --gateway URL | --served-log FILE   served vs recorded vs applied
     shoal-polling experiment                            sync vs async under a slow gateway
+    shoal-polling action suspend|reactivate CARD --gateway URL [--callback URL]
+                                                        an action, its confirmation awaited
+    shoal-polling callbacks [--port 8950]               takes the gateway's confirmations
 
 The ingest side runs as ``shoal worker --app shoal_polling.app:app``. The
 database is ``--database-url``, else ``DATABASE_URL``, else shoal's embedded
@@ -22,6 +25,7 @@ import logging
 import os
 import signal
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -31,10 +35,18 @@ from typing import Any
 
 from shoal import Pipeline, Shoal, SystemClock
 from shoal.cli import database_url, ingest_transport
-from shoal_polling.domain import ACCOUNT_CONCURRENCY, MODE_KEY, AsyncConn
+from shoal_polling.actions import (
+    CARD_ACTION,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_POLLS,
+    DEFAULT_WAIT,
+    ActionRequest,
+)
+from shoal_polling.domain import ACCOUNT_CONCURRENCY, ACTIONS, MODE_KEY, AsyncConn
 from shoal_polling.experiment import ExperimentSettings, as_rows, run_experiment
 from shoal_polling.fleet import DEFAULT_QUOTA_KB, FleetSpec, create_fleet
 from shoal_polling.gateway import (
+    DEFAULT_CONFIRM_AFTER_S,
     DEFAULT_LATENCY_MS,
     DEFAULT_PORT,
     DEFAULT_RATE_LIMIT,
@@ -94,6 +106,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         risk_rate=args.risk_rate,
         id_prefix=args.id_prefix,
         served_log=args.served_log,
+        confirm_after_s=None if args.never_confirm else args.confirm_after_s,
     )
     print(f"simulated gateway on http://{args.host}:{args.port} (seed {args.seed})", flush=True)
     asyncio.run(serve_gateway(settings, host=args.host, port=args.port))
@@ -327,6 +340,86 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0 if all(r.reconciled for r in results) else 1
 
 
+DEFAULT_CALLBACK_PORT = 8950
+
+
+def cmd_action(args: argparse.Namespace) -> int:
+    async def run(url: str) -> int:
+        from shoal_polling.app import app
+
+        boss = await _open(url)
+        try:
+
+            async def account_of(conn: AsyncConn) -> str | None:
+                cur = await conn.execute(
+                    "SELECT account_id FROM shoal_polling.card WHERE id = %s", (args.card,)
+                )
+                row = await cur.fetchone()
+                return None if row is None else str(row[0])
+
+            account = await boss.db.run(account_of, transaction=False)
+            if account is None:
+                print(f"no card {args.card!r}", file=sys.stderr)
+                return 2
+            request = ActionRequest(
+                request=args.request or f"{args.action}-{args.card}-{uuid.uuid4().hex[:12]}",
+                account=account,
+                card=args.card,
+                action=args.action,
+                gateway=args.gateway,
+                callback=args.callback,
+                wait_s=args.wait_s,
+                poll_interval_s=args.poll_interval_s,
+                polls=args.polls,
+            )
+            workflows = app.workflows(boss)
+            started = await workflows.start(CARD_ACTION, request.to_json(), id=request.request)
+            print(
+                f"run {started.id} of {CARD_ACTION}"
+                f" ({'started' if started.created else 'started before'})",
+                flush=True,
+            )
+            if not args.follow_s:
+                return 0
+            view = await workflows.wait(started.id, timeout=timedelta(seconds=args.follow_s))
+            print(json.dumps({"status": view.status.value, "result": view.result}))
+            if view.error:
+                print(view.error.strip().splitlines()[-1], file=sys.stderr)
+            return 0 if view.status.value == "completed" else 1
+        finally:
+            await boss.close()
+
+    with _url(args) as url:
+        return asyncio.run(run(url))
+
+
+def cmd_callbacks(args: argparse.Namespace) -> int:
+    async def run(url: str) -> int:
+        import uvicorn
+
+        from shoal.api import api_config
+        from shoal_polling.app import app
+        from shoal_polling.callbacks import CONFIRMATIONS_PATH, build_callback_app
+
+        boss = await _open(url)
+        try:
+            api = build_callback_app(app.workflows(boss))
+            config = api_config(
+                api, host=args.host, port=args.port, log_level="warning", access_log=False
+            )
+            print(
+                f"confirmations taken at http://{args.host}:{args.port}{CONFIRMATIONS_PATH}",
+                flush=True,
+            )
+            await uvicorn.Server(config).serve()
+        finally:
+            await boss.close()
+        return 0
+
+    with _url(args) as url:
+        return asyncio.run(run(url))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shoal-polling", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -356,6 +449,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--served-log",
         type=Path,
         help="append every answer here (JSON lines); a gateway started on it resumes from it",
+    )
+    gateway.add_argument(
+        "--confirm-after-s",
+        type=float,
+        default=DEFAULT_CONFIRM_AFTER_S,
+        help="how long an operator action stays pending before it is confirmed",
+    )
+    gateway.add_argument(
+        "--never-confirm", action="store_true", help="leave every operator action pending"
     )
 
     seed = sub.add_parser("seed", help="create the fleet of accounts and cards to poll")
@@ -438,10 +540,47 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-chaos", action="store_true", help="skip the switch run (mode switch and kills)"
     )
     exp.add_argument("--json", action="store_true", help="print settings and results as JSON too")
+
+    action = sub.add_parser(
+        "action", help=f"an action on a card, its confirmation awaited ({CARD_ACTION})"
+    )
+    action.add_argument("action", choices=sorted(ACTIONS))
+    action.add_argument("card")
+    action.add_argument("--gateway", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+    action.add_argument(
+        "--callback",
+        help="where the gateway posts the confirmation (a `shoal-polling callbacks`, e.g. "
+        f"http://127.0.0.1:{DEFAULT_CALLBACK_PORT}/v1/confirmations); without it, polls only",
+    )
+    action.add_argument("--request", help="the request's id, also the run's (default: a new one)")
+    action.add_argument(
+        "--wait-s",
+        type=float,
+        default=DEFAULT_WAIT.total_seconds(),
+        help="how long to wait for the callback before polling the gateway",
+    )
+    action.add_argument(
+        "--poll-interval-s", type=float, default=DEFAULT_POLL_INTERVAL.total_seconds()
+    )
+    action.add_argument(
+        "--polls", type=int, default=DEFAULT_POLLS, help="status polls before the run fails"
+    )
+    action.add_argument(
+        "--follow-s",
+        type=float,
+        default=0.0,
+        help="wait up to this long for the run to end and print it (exit 1 unless completed)",
+    )
+
+    callbacks = sub.add_parser("callbacks", help="take the gateway's confirmations (callbacks)")
+    callbacks.add_argument("--host", default="127.0.0.1")
+    callbacks.add_argument("--port", type=int, default=DEFAULT_CALLBACK_PORT)
     return parser
 
 
 COMMANDS = {
+    "action": cmd_action,
+    "callbacks": cmd_callbacks,
     "experiment": cmd_experiment,
     "gateway": cmd_gateway,
     "seed": cmd_seed,

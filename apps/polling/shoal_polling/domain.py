@@ -34,6 +34,8 @@ RAW_LIMIT = 4096
 # which polling stops (decided from the gateway's answer alone, D8).
 NETWORK_STATUSES = ("active", "suspended", "deactivated", "risk_blocked")
 RISK_STATUSES = frozenset({"deactivated", "risk_blocked"})
+# An operator's action on a card, and the network status its confirmation sets.
+ACTIONS = {"suspend": "suspended", "reactivate": "active"}
 REAL_NAME_STATUSES = ("verified", "unverified")
 
 

@@ -11,6 +11,16 @@ the n-th answer about a card is the same in every run, however the polls
 interleave. The write endpoint (suspend) answers 403 while the read-only
 switch is on, as in the reference's test environment.
 
+An operator action on a card (suspend, reactivate: ``POST
+/v1/accounts/{account}/cards/{card}/actions``) is not final when answered: the
+gateway answers ``pending`` (202) and confirms it ``--confirm-after-s`` later
+(never with ``--never-confirm``). The app learns of the confirmation by a
+callback (a POST of the confirmation to the URL the request named, sent by
+the gateway's delivery loop once the time has come) or by polling ``GET
+/v1/actions/{request}``; once it has taken it, it acknowledges it (``POST
+/v1/actions/{request}/ack``). A confirmed action sets the card's network
+status, which later ``network-status`` answers carry.
+
 Every successful answer is kept in the served log (``GET /v1/served``), which
 ``shoal-polling reconcile`` compares with what was recorded and applied.
 With ``--served-log FILE`` the log is also appended to that file (JSON lines)
@@ -24,20 +34,25 @@ by the file) still covers what the earlier process served.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Query
+import httpx
+from fastapi import Body, FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse
 
 from shoal import Clock, InvalidInput, SystemClock
-from shoal_polling.domain import KINDS, NETWORK_STATUSES, Kind
+from shoal_polling.domain import ACTIONS, KINDS, NETWORK_STATUSES, RISK_STATUSES, Kind
 
 log = logging.getLogger("shoal_polling.gateway")
 
@@ -45,6 +60,9 @@ DEFAULT_PORT = 8900
 DEFAULT_RATE_LIMIT = 200.0  # queries per second per account
 DEFAULT_LATENCY_MS = 20.0
 SERVED_PAGE = 10_000
+DEFAULT_CONFIRM_AFTER_S = 30.0
+# How often the gateway process delivers the callbacks of confirmed actions.
+DELIVERY_INTERVAL_S = 0.2
 PATHS: dict[str, Kind] = {
     "traffic": "traffic",
     "network-status": "card_status",
@@ -66,6 +84,44 @@ class GatewaySettings:
     status_change_rate: float = 0.05
     id_prefix: str = ""
     served_log: Path | None = None
+    # How long an operator action stays pending; None: it is never confirmed.
+    confirm_after_s: float | None = DEFAULT_CONFIRM_AFTER_S
+
+
+@dataclass(slots=True)
+class _Action:
+    """An operator action the gateway took (pending until ``confirm_at``)."""
+
+    request: str
+    account: str
+    card: str
+    action: str
+    callback: str | None
+    submitted_at: datetime
+    confirmed_at: datetime | None = None
+    delivered: bool = False  # its callback was answered 2xx
+    acknowledged: bool = False
+
+    def view(self) -> dict[str, Any]:
+        confirmed = self.confirmed_at is not None
+        return {
+            "request": self.request,
+            "account_id": self.account,
+            "card_id": self.card,
+            "action": self.action,
+            "status": "confirmed" if confirmed else "pending",
+            "network_status": ACTIONS[self.action] if confirmed else None,
+            "confirmed_at": None if self.confirmed_at is None else self.confirmed_at.isoformat(),
+            "acknowledged": self.acknowledged,
+        }
+
+
+class ActionRefused(Exception):
+    """A request the gateway refuses: ``status`` is the HTTP status it answers."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 @dataclass(slots=True)
@@ -118,9 +174,18 @@ class GatewayStats:
 class Gateway:
     """The simulation, separate from HTTP so tests can drive it directly."""
 
-    def __init__(self, settings: GatewaySettings, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        *,
+        clock: Clock | None = None,
+        callback_transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
+        self.actions: dict[str, _Action] = {}
+        # Callbacks go out through this transport (tests: the app's, in process).
+        self.callback_transport = callback_transport
         self.prefix = settings.id_prefix or f"s{settings.seed}"
         self.cards: dict[tuple[str, Kind], _CardSim] = {}
         self.buckets: dict[str, _Bucket] = {}
@@ -254,6 +319,101 @@ class Gateway:
         if self.served or drawn:
             log.info("resumed from %s: %d answers served before", path, len(self.served))
 
+    # -- operator actions ----------------------------------------------------
+
+    def submit(
+        self, account: str, card: str, action: str, request: str, callback: str | None
+    ) -> dict[str, Any]:
+        """Take an action on ``card``: pending until confirmed. Idempotent by ``request``."""
+        if self.settings.read_only:
+            raise ActionRefused(403, "the gateway is read-only")
+        if action not in ACTIONS:
+            raise ActionRefused(422, f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+        if not request:
+            raise ActionRefused(422, "an action names its request id")
+        taken = self.actions.get(request)
+        if taken is None:
+            taken = _Action(request, account, card, action, callback, self.clock.now())
+            self.actions[request] = taken
+        elif (taken.account, taken.card, taken.action) != (account, card, action):
+            raise ActionRefused(
+                409, f"request {request!r} was taken for {taken.action} of card {taken.card}"
+            )
+        return self.action_status(request)
+
+    def action_status(self, request: str) -> dict[str, Any]:
+        """Where the action stands; confirmed once its time has come."""
+        taken = self.actions.get(request)
+        if taken is None:
+            raise ActionRefused(404, f"no action request {request!r}")
+        after = self.settings.confirm_after_s
+        if taken.confirmed_at is None and after is not None:
+            due = taken.submitted_at + timedelta(seconds=after)
+            if self.clock.now() >= due:
+                self._confirm(taken, due)
+        return taken.view()
+
+    def acknowledge(self, request: str) -> dict[str, Any]:
+        """The app took the confirmation: no callback for it is sent again."""
+        taken = self.actions.get(request)
+        if taken is None:
+            raise ActionRefused(404, f"no action request {request!r}")
+        if taken.confirmed_at is None:
+            raise ActionRefused(409, f"action request {request!r} is not confirmed yet")
+        taken.acknowledged = True
+        return taken.view()
+
+    def _confirm(self, taken: _Action, at: datetime) -> None:
+        taken.confirmed_at = at
+        sim = self._sim(taken.card, "card_status")
+        if sim.status not in RISK_STATUSES:
+            sim.status = ACTIONS[taken.action]
+
+    async def confirm(self, request: str) -> dict[str, Any]:
+        """The carrier confirms ``request`` now (whatever its delay) and calls back."""
+        taken = self.actions.get(request)
+        if taken is None:
+            raise ActionRefused(404, f"no action request {request!r}")
+        if taken.confirmed_at is None:
+            self._confirm(taken, self.clock.now())
+        await self._call_back(taken)
+        return taken.view()
+
+    async def deliver_due(self) -> int:
+        """Confirm the actions whose time has come and send their callbacks: how many went."""
+        sent = 0
+        for request, taken in list(self.actions.items()):
+            self.action_status(request)
+            if taken.confirmed_at is not None and not (taken.delivered or taken.acknowledged):
+                sent += await self._call_back(taken)
+        return sent
+
+    async def _call_back(self, taken: _Action) -> int:
+        if taken.callback is None or taken.acknowledged:
+            return 0
+        try:
+            async with httpx.AsyncClient(transport=self.callback_transport, timeout=10) as http:
+                response = await http.post(taken.callback, json=taken.view())
+        except httpx.HTTPError as exc:
+            log.warning("callback of %s to %s failed: %s", taken.request, taken.callback, exc)
+            return 0
+        if response.status_code >= 300:
+            log.warning(
+                "callback of %s to %s answered %d",
+                taken.request,
+                taken.callback,
+                response.status_code,
+            )
+            return 0
+        taken.delivered = True
+        return 1
+
+    async def deliver(self) -> None:
+        """Deliver callbacks until cancelled (the gateway process runs this)."""
+        while True:
+            await self.deliver_due()
+            await self.clock.sleep(DELIVERY_INTERVAL_S)
+
 
 def read_log(path: Path) -> Iterator[dict[str, Any]]:
     """The entries of a gateway's served-log file, failures included, in order.
@@ -283,7 +443,19 @@ def read_served_log(path: Path) -> list[dict[str, Any]]:
 
 
 def build_gateway_app(gateway: Gateway) -> FastAPI:
-    api = FastAPI(title="simulated carrier gateway", docs_url=None, redoc_url=None)
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        delivery = asyncio.create_task(gateway.deliver())
+        try:
+            yield
+        finally:
+            delivery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await delivery
+
+    api = FastAPI(
+        title="simulated carrier gateway", docs_url=None, redoc_url=None, lifespan=lifespan
+    )
 
     @api.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -311,6 +483,38 @@ def build_gateway_app(gateway: Gateway) -> FastAPI:
         if gateway.settings.read_only:
             return JSONResponse({"error": "the gateway is read-only"}, status_code=403)
         return {"card_id": card, "suspended": True}
+
+    @api.post("/v1/accounts/{account}/cards/{card}/actions")
+    async def take_action(
+        account: str,
+        card: str,
+        body: dict[str, Any] = Body(...),  # noqa: B008
+    ) -> Any:
+        try:
+            view = gateway.submit(
+                account,
+                card,
+                str(body.get("action", "")),
+                str(body.get("request", "")),
+                None if body.get("callback") is None else str(body["callback"]),
+            )
+        except ActionRefused as refused:
+            return JSONResponse({"error": str(refused)}, status_code=refused.status)
+        return JSONResponse(view, status_code=200 if view["status"] == "confirmed" else 202)
+
+    @api.get("/v1/actions/{request}")
+    async def action_status(request: str) -> Any:
+        try:
+            return gateway.action_status(request)
+        except ActionRefused as refused:
+            return JSONResponse({"error": str(refused)}, status_code=refused.status)
+
+    @api.post("/v1/actions/{request}/ack")
+    async def acknowledge(request: str) -> Any:
+        try:
+            return gateway.acknowledge(request)
+        except ActionRefused as refused:
+            return JSONResponse({"error": str(refused)}, status_code=refused.status)
 
     @api.get("/v1/served")
     async def served(

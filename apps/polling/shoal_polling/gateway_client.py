@@ -115,6 +115,38 @@ class GatewayClient:
             raw=response.text,
         )
 
+    async def submit_action(
+        self, account: str, card: str, action: str, request: str, *, callback: str | None
+    ) -> dict[str, Any]:
+        """Ask the gateway to ``action`` the card: the request's view (``pending`` at first)."""
+        return await self._action(
+            "POST",
+            f"/v1/accounts/{account}/cards/{card}/actions",
+            {"action": action, "request": request, "callback": callback},
+        )
+
+    async def action_status(self, request: str) -> dict[str, Any]:
+        """Where action ``request`` stands: ``status`` is ``pending`` or ``confirmed``."""
+        return await self._action("GET", f"/v1/actions/{request}", None)
+
+    async def acknowledge(self, request: str) -> dict[str, Any]:
+        """Tell the gateway the confirmation of ``request`` was taken."""
+        return await self._action("POST", f"/v1/actions/{request}/ack", None)
+
+    async def _action(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        try:
+            response = await self.http.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            raise GatewayError(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code not in (200, 202):
+            raise GatewayError(
+                f"gateway {response.status_code}: {response.text[:200]}",
+                status=response.status_code,
+                retry_after=retry_after_seconds(response.headers.get("retry-after")),
+            )
+        doc: dict[str, Any] = response.json()
+        return doc
+
     async def served(self) -> list[dict[str, Any]]:
         """Every answer the gateway served, in order."""
         out: list[dict[str, Any]] = []
