@@ -3,14 +3,23 @@ slow as its flags say, read-only by default; and its own process, ``shoal-pollin
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from fastapi import Body, FastAPI
+from fastapi.responses import JSONResponse
 
+from shoal import FakeClock
 from shoal_polling.domain import KINDS
-from shoal_polling.gateway import Gateway, GatewaySettings, build_gateway_app
+from shoal_polling.gateway import (
+    CALLBACK_RETRY_S,
+    Gateway,
+    GatewaySettings,
+    build_gateway_app,
+)
 from shoal_polling.gateway_client import GatewayClient, GatewayError
 from tests.conftest import wait_for
 from tests.polling.processes import GatewayProcess
@@ -115,3 +124,63 @@ async def wait_up(gw: GatewayClient) -> None:
             return False
 
     await wait_for(up, 15)
+
+
+async def test_an_action_is_pending_until_its_delay_passes_then_confirmed_and_called_back() -> None:
+    clock = FakeClock()
+    received: list[dict[str, Any]] = []
+    receiver = FastAPI()
+
+    @receiver.post("/confirm")
+    async def confirm(body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+        received.append(body)
+        return {}
+
+    settings = GatewaySettings(latency_ms=0.0, rate_limit=0.0, read_only=False, confirm_after_s=30)
+    gateway = Gateway(settings, clock=clock, callback_transport=httpx.ASGITransport(app=receiver))
+    gw = GatewayClient("http://gateway", transport=httpx.ASGITransport(build_gateway_app(gateway)))
+    try:
+        first = await gw.submit_action(
+            "acct000", "c", "suspend", "q1", callback="http://app/confirm"
+        )
+        again = await gw.submit_action(
+            "acct000", "c", "suspend", "q1", callback="http://app/confirm"
+        )
+        assert first == again and first["status"] == "pending"
+        with pytest.raises(GatewayError) as taken:
+            await gw.submit_action("acct000", "c", "reactivate", "q1", callback=None)
+        assert taken.value.status == 409
+        assert await gateway.deliver_due() == 0 and received == []
+        clock.advance(timedelta(seconds=30))
+        assert await gateway.deliver_due() == 1
+        assert [(r["request"], r["status"], r["network_status"]) for r in received] == [
+            ("q1", "confirmed", "suspended")
+        ]
+        # Later network-status answers carry the confirmed status.
+        assert (await gw.query("acct000", "c", "card_status")).status == "suspended"
+        assert (await gw.action_status("q1"))["status"] == "confirmed"
+        assert (await gw.acknowledge("q1"))["acknowledged"] is True
+        with pytest.raises(GatewayError) as unknown:
+            await gw.action_status("nope")
+        assert unknown.value.status == 404
+    finally:
+        await gw.close()
+
+
+async def test_a_failed_callback_is_sent_again_after_its_retry_delay() -> None:
+    clock = FakeClock()
+    answers = [503, 200]
+    receiver = FastAPI()
+
+    @receiver.post("/confirm")
+    async def confirm() -> Any:
+        return JSONResponse({}, status_code=answers.pop(0))
+
+    settings = GatewaySettings(latency_ms=0.0, rate_limit=0.0, read_only=False, confirm_after_s=0)
+    gateway = Gateway(settings, clock=clock, callback_transport=httpx.ASGITransport(app=receiver))
+    gateway.submit("acct000", "c", "reactivate", "q2", "http://app/confirm")
+    assert await gateway.deliver_due() == 0  # answered 503
+    assert await gateway.deliver_due() == 0 and answers == [200]  # not before the delay
+    clock.advance(timedelta(seconds=CALLBACK_RETRY_S))
+    assert await gateway.deliver_due() == 1 and answers == []
+    assert await gateway.deliver_due() == 0  # delivered: sent once

@@ -181,9 +181,18 @@ async def apply_confirmation(
     return detail
 
 
-async def acknowledge(data: dict[str, Any]) -> None:
+async def acknowledge(data: dict[str, Any]) -> bool:
+    """Tell the gateway the confirmation was taken; False if it no longer knows the request."""
     req = ActionRequest.from_json(data)
-    await _gateway(req.gateway).acknowledge(req.request)
+    try:
+        await _gateway(req.gateway).acknowledge(req.request)
+    except GatewayError as exc:
+        if exc.status == 404:  # a restarted gateway forgot it: it sends no callback either
+            return False
+        if _refused(exc):
+            raise PermanentError(f"the gateway refused the acknowledgement: {exc}") from exc
+        raise
+    return True
 
 
 async def card_action(wf: Workflow, data: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from shoal import Pipeline, Shoal, SystemClock
+from shoal import DeadlineExceeded, Pipeline, Shoal, SystemClock
 from shoal.cli import database_url, ingest_transport
 from shoal_polling.actions import (
     CARD_ACTION,
@@ -381,7 +381,11 @@ def cmd_action(args: argparse.Namespace) -> int:
             )
             if not args.follow_s:
                 return 0
-            view = await workflows.wait(started.id, timeout=timedelta(seconds=args.follow_s))
+            try:
+                view = await workflows.wait(started.id, timeout=timedelta(seconds=args.follow_s))
+            except DeadlineExceeded as exc:
+                print(exc, file=sys.stderr)
+                return 1
             print(json.dumps({"status": view.status.value, "result": view.result}))
             if view.error:
                 print(view.error.strip().splitlines()[-1], file=sys.stderr)

@@ -61,8 +61,10 @@ DEFAULT_RATE_LIMIT = 200.0  # queries per second per account
 DEFAULT_LATENCY_MS = 20.0
 SERVED_PAGE = 10_000
 DEFAULT_CONFIRM_AFTER_S = 30.0
-# How often the gateway process delivers the callbacks of confirmed actions.
+# How often the gateway process delivers the callbacks of confirmed actions,
+# and how long after a failed one it tries that callback again.
 DELIVERY_INTERVAL_S = 0.2
+CALLBACK_RETRY_S = 5.0
 PATHS: dict[str, Kind] = {
     "traffic": "traffic",
     "network-status": "card_status",
@@ -101,6 +103,7 @@ class _Action:
     confirmed_at: datetime | None = None
     delivered: bool = False  # its callback was answered 2xx
     acknowledged: bool = False
+    retry_at: float = 0.0  # a failed callback is sent again from then (monotonic)
 
     def view(self) -> dict[str, Any]:
         confirmed = self.confirmed_at is not None
@@ -384,7 +387,8 @@ class Gateway:
         sent = 0
         for request, taken in list(self.actions.items()):
             self.action_status(request)
-            if taken.confirmed_at is not None and not (taken.delivered or taken.acknowledged):
+            due = taken.confirmed_at is not None and self.clock.monotonic() >= taken.retry_at
+            if due and not (taken.delivered or taken.acknowledged):
                 sent += await self._call_back(taken)
         return sent
 
@@ -396,8 +400,10 @@ class Gateway:
                 response = await http.post(taken.callback, json=taken.view())
         except httpx.HTTPError as exc:
             log.warning("callback of %s to %s failed: %s", taken.request, taken.callback, exc)
+            taken.retry_at = self.clock.monotonic() + CALLBACK_RETRY_S
             return 0
         if response.status_code >= 300:
+            taken.retry_at = self.clock.monotonic() + CALLBACK_RETRY_S
             log.warning(
                 "callback of %s to %s answered %d",
                 taken.request,
@@ -411,7 +417,10 @@ class Gateway:
     async def deliver(self) -> None:
         """Deliver callbacks until cancelled (the gateway process runs this)."""
         while True:
-            await self.deliver_due()
+            try:
+                await self.deliver_due()
+            except Exception:
+                log.exception("callback delivery failed; trying again")
             await self.clock.sleep(DELIVERY_INTERVAL_S)
 
 
