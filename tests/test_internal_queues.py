@@ -14,9 +14,9 @@ from shoal import FakeClock, PermanentError, Shoal
 from shoal.api import create_api
 from shoal.batch.aggregator import AGGREGATOR_QUEUE, AGGREGATOR_SCHEDULE
 from shoal.batch.service import Batches
+from shoal.internal import is_internal
 from shoal.queue.history import FINE_S, HistorySampler
 from shoal.queue.job import Job
-from shoal.internal import is_internal
 from shoal.testing import drain
 from tests.cli_helpers import shoal, with_boss
 
