@@ -433,7 +433,7 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
 
     boss = await Shoal.connect(url, schema=SCHEMA, listen=False, max_size=2)
     sampler = HistorySampler(boss)
-    queries = boss.store.sql  # the sampler's statements (history.sql), run by the store
+    queries = sampler.store.sql  # the sampler's statements (history.sql), run by its store
     out = []
     try:
         async with boss.db.pool.connection() as conn:

@@ -506,7 +506,7 @@ class App:
             # Likewise: SyncBatches and create_task() in SQL create tasks from these.
             await self.batches(boss).store_kinds()
         if self.name is not None:
-            removed = await boss.store.adopt_schedules(self.name, list(self.schedules))
+            removed = await boss.schedule_store.adopt_schedules(self.name, list(self.schedules))
             for name in removed:
                 log.warning("schedule %s: removed, app %s no longer declares it", name, self.name)
         if served.consumers or served.sinks:

@@ -174,7 +174,7 @@ async def test_a_reaped_and_rescued_item_keeps_its_partition_key(
     )
     kind = batches.kind(KIND)
     # The limits its workers declare when they start (none runs yet).
-    await fake_boss.store.declare_limits(QUEUE, kind.limits, now=clock.sql_now())
+    await fake_boss.limit_store.declare_limits(QUEUE, kind.limits, now=clock.sql_now())
     items = [
         by_account(0, "a"),
         by_account(0, "b"),

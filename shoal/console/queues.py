@@ -391,7 +391,7 @@ class QueueInspector:
         """Every schedule but shoal's own (by its name or its queue's), unless ``internal``."""
         rows = [
             r
-            for r in await self.store.list_schedules(now=self.clock.sql_now())
+            for r in await self.boss.schedule_store.list_schedules(now=self.clock.sql_now())
             if internal or not (is_internal(r.name) or is_internal(r.queue))
         ]
         return [

@@ -25,8 +25,10 @@ from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.cursor import ClaimCursor
 from shoal.queue.enqueue import MAX_INSERT, JobBuilder
 from shoal.queue.job import Handler, Job, error_entry
+from shoal.queue.limit_store import LimitStore
 from shoal.queue.limits import Limits, LimitState, Partitioner, Rate, check_queue_limits
 from shoal.queue.maintenance import Maintenance, MaintenanceReport
+from shoal.queue.maintenance_store import MaintenanceStore
 from shoal.queue.notifier import Notifier
 from shoal.queue.options import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -43,6 +45,8 @@ from shoal.queue.registry import DEFAULT_RESCUE_AFTER, WorkerRegistry, check_res
 from shoal.queue.results import callable_name
 from shoal.queue.retry import SYSTEM_JITTER, Jitter, RetryPolicy, after_failure
 from shoal.queue.rows import Failure, JobRecord, NewJob, QueueStateCount, ScheduleRow
+from shoal.queue.schedule_store import ScheduleStore
+from shoal.queue.statements import queue_queries
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import DEFAULT_CANCELLED_BY, JobStore
 from shoal.queue.threaded import as_async
@@ -87,7 +91,11 @@ class Shoal:
         self.builder = JobBuilder(max_payload_bytes=max_payload_bytes, defaults=defaults)
         self.max_payload_bytes = max_payload_bytes
         self.defaults = self.builder.defaults
-        self.store = JobStore(db)
+        # The layer's stores, each for one concern, on one parse of queries.sql.
+        queries = queue_queries(db.schema)
+        self.store = JobStore(db, queries)
+        self.limit_store = LimitStore(db, queries)
+        self.schedule_store = ScheduleStore(db, queries)
         self.notifier: Notifier | None = (
             Notifier(db, self.store.channel, clock=clock, cancel_channel=self.store.cancel_channel)
             if listen
@@ -333,6 +341,7 @@ class Shoal:
             limits=limits or None,
             max_hold=max_hold,
             handler_name=name,
+            limit_store=self.limit_store,
         )
         worker.start()
         self._workers.append(worker)
@@ -537,7 +546,7 @@ class Shoal:
             )
         check_queue_limits(queue, limits)
         self._register_partitioner(queue, limits)
-        await self.store.declare_limits(queue, limits, now=self.clock.sql_now())
+        await self.limit_store.declare_limits(queue, limits, now=self.clock.sql_now())
 
     def _register_partitioner(self, queue: str, limits: Limits) -> None:
         by = limits.partition_by
@@ -550,7 +559,7 @@ class Shoal:
         """Remove ``queue``'s limits; False if it had none. Workers started with limits
         declare them again when they start."""
         self.builder.partitioners.pop(check_queue_name(queue), None)
-        return await self.store.clear_limits(queue)
+        return await self.limit_store.clear_limits(queue)
 
     async def limits(self, queue: str | None = None, *, limit: int = 1000) -> list[LimitState]:
         """Each limited queue's partitions now: running against the limit, tokens, pauses.
@@ -562,7 +571,7 @@ class Shoal:
             check_queue_name(queue)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidInput("limit", f"must be an integer >= 1, got {limit!r}")
-        return await self.store.limit_states(queue, limit=limit, now=self.clock.sql_now())
+        return await self.limit_store.limit_states(queue, limit=limit, now=self.clock.sql_now())
 
     # -- inspection --------------------------------------------------------
 
@@ -624,7 +633,7 @@ class Shoal:
         }
         if isinstance(parsed.get("start_after"), datetime):
             raise InvalidInput("start_after", "a schedule's jobs cannot start at a fixed time")
-        await self.store.upsert_schedule(
+        await self.schedule_store.upsert_schedule(
             name=name,
             queue=target,
             cron=cron,
@@ -637,15 +646,17 @@ class Shoal:
         log.info("schedule %s: %r (%s) sends to %s", name, cron, tz, target)
 
     async def unschedule(self, name: str) -> bool:
-        return await self.store.delete_schedule(name)
+        return await self.schedule_store.delete_schedule(name)
 
     async def schedules(self) -> list[ScheduleRow]:
         """The schedules that tick (a paused one is listed by the console only)."""
-        rows = await self.store.list_schedules(now=self.clock.sql_now())
+        rows = await self.schedule_store.list_schedules(now=self.clock.sql_now())
         return [row for row in rows if row.ticks]
 
     def scheduler(self) -> Scheduler:
-        return Scheduler(self.store, clock=self.clock, build_job=self._tick_job)
+        return Scheduler(
+            self.store, self.schedule_store, clock=self.clock, build_job=self._tick_job
+        )
 
     def _tick_job(self, row: ScheduleRow) -> NewJob:
         return self._new_job(row.queue, row.data, row.options, "")
@@ -659,7 +670,14 @@ class Shoal:
         return self._elector
 
     def maintenance(self, **kwargs: Any) -> Maintenance:
-        return Maintenance(self.store, clock=self.clock, jitter=self.jitter, **kwargs)
+        return Maintenance(
+            self.store,
+            MaintenanceStore(self.db, self.store.sql),
+            self.limit_store,
+            clock=self.clock,
+            jitter=self.jitter,
+            **kwargs,
+        )
 
     async def maintain(self) -> MaintenanceReport:
         """One maintenance pass: hand back the jobs of silent processes, expire dead

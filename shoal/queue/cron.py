@@ -26,6 +26,7 @@ from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
 from shoal.errors import InvalidInput, TransientError
 from shoal.queue.rows import NewJob, ScheduleRow
+from shoal.queue.schedule_store import ScheduleStore
 from shoal.queue.store import JobStore
 
 log = logging.getLogger("shoal.cron")
@@ -81,15 +82,21 @@ class Tick:
 
 class Scheduler:
     def __init__(
-        self, store: JobStore, *, clock: Clock, build_job: Callable[[ScheduleRow], NewJob]
+        self,
+        store: JobStore,
+        schedules: ScheduleStore,
+        *,
+        clock: Clock,
+        build_job: Callable[[ScheduleRow], NewJob],
     ) -> None:
         self.store = store
+        self.schedules = schedules
         self.clock = clock
         self._build_job = build_job
 
     async def run_once(self) -> tuple[list[Tick], float]:
         """Enqueue every due tick; return them and the seconds until the next one."""
-        schedules = await self.store.list_schedules(now=self.clock.sql_now())
+        schedules = await self.schedules.list_schedules(now=self.clock.sql_now())
         enqueued: list[Tick] = []
         sleep_s = MAX_SLEEP_S
         for row in schedules:
@@ -107,11 +114,11 @@ class Scheduler:
         job = self._build_job(row)
 
         async def claim_tick(conn: AsyncConn) -> bool:
-            if not await self.store.advance_schedule(conn, row.name, tick):
+            if not await self.schedules.advance_schedule(conn, row.name, tick):
                 return False
             ids = await self.store.insert([job], now=self.clock.sql_now(), conn=conn)
             # The console shows each schedule's latest job: the tick records it.
-            await self.store.record_tick_job(conn, row.name, ids[0])
+            await self.schedules.record_tick_job(conn, row.name, ids[0])
             return True
 
         won = await self.store.db.run(claim_tick)

@@ -35,6 +35,7 @@ import logging
 
 from shoal.errors import TransientError
 from shoal.queue.client import Shoal
+from shoal.queue.history_store import HistoryStore
 from shoal.queue.registry import GONE_S
 
 log = logging.getLogger("shoal.history")
@@ -62,13 +63,14 @@ class HistorySampler:
     def __init__(self, boss: Shoal) -> None:
         self.boss = boss
         self.clock = boss.clock
+        self.store = HistoryStore(boss.db)
         self.finished_cap = FINISHED_CAP
         self.depth_cap = DEPTH_CAP
 
     async def sample_once(self) -> dict[int, int]:
         """Take the due samples (10 s and 5 min) and prune old ones; rows written
         per resolution (0 when the slot's sample exists, or another sampler wrote it)."""
-        return await self.boss.store.sample_history(
+        return await self.store.sample_history(
             retention_s=RETENTION_S,
             finished_cap=self.finished_cap,
             depth_cap=self.depth_cap,

@@ -35,6 +35,8 @@ from shoal.clock import Clock
 from shoal.db.pool import AsyncConn
 from shoal.errors import TransientError
 from shoal.queue.job import event_entry
+from shoal.queue.limit_store import LimitStore
+from shoal.queue.maintenance_store import MaintenanceStore
 from shoal.queue.retry import Jitter, after_failure
 from shoal.queue.rows import ExpiredLease, Failure, OrphanedJob
 from shoal.queue.states import JobId, JobState
@@ -89,6 +91,8 @@ class Maintenance:
     def __init__(
         self,
         store: JobStore,
+        upkeep: MaintenanceStore,
+        limits: LimitStore,
         *,
         clock: Clock,
         jitter: Jitter,
@@ -97,6 +101,8 @@ class Maintenance:
         delete_after: timedelta = DEFAULT_DELETE_AFTER,
     ) -> None:
         self.store = store
+        self.upkeep = upkeep
+        self.limits = limits
         self.clock = clock
         self.jitter = jitter
         self.interval = interval
@@ -144,7 +150,7 @@ class Maintenance:
         now_sql = self.clock.sql_now()
 
         async def rescue(conn: AsyncConn) -> tuple[int, int]:
-            expired = await self.store.lock_expired_leases(conn, limit=BATCH_LIMIT, now=now_sql)
+            expired = await self.upkeep.lock_expired_leases(conn, limit=BATCH_LIMIT, now=now_sql)
             if not expired:
                 return 0, 0
             failures = [
@@ -176,7 +182,7 @@ class Maintenance:
         """
         now_sql = self.clock.sql_now()
         heard_since = self._reachable_since
-        at, silent = await self.store.silent_workers(heard_since=heard_since, now=now_sql)
+        at, silent = await self.upkeep.silent_workers(heard_since=heard_since, now=now_sql)
         if heard_since is None:
             # This pass is the first to reach the database: silence is
             # counted from now on.
@@ -187,7 +193,7 @@ class Maintenance:
         since = heard_since
 
         async def rescue(conn: AsyncConn) -> int:
-            orphans = await self.store.lock_jobs_of_silent_workers(
+            orphans = await self.upkeep.lock_jobs_of_silent_workers(
                 conn, silent, heard_since=since, limit=BATCH_LIMIT, now=now_sql
             )
             if not orphans:
@@ -199,7 +205,7 @@ class Maintenance:
                 if job.id in states:
                     counts[job.holder] = counts.get(job.holder, 0) + 1
             if counts:
-                await self.store.count_rescued(conn, counts, now=now_sql)
+                await self.upkeep.count_rescued(conn, counts, now=now_sql)
             return len(states)
 
         rescued = await self.store.db.run(rescue)
@@ -225,16 +231,16 @@ class Maintenance:
         rescued = await self.rescue_silent_workers()
         retried, failed = await self.expire_leases()
         now_sql = self.clock.sql_now()
-        archived = await self.store.archive_finished(
+        archived = await self.upkeep.archive_finished(
             retention=self.archive_after, limit=BATCH_LIMIT, now=now_sql
         )
-        pruned = await self.store.prune_archive(
+        pruned = await self.upkeep.prune_archive(
             retention=self.delete_after, limit=BATCH_LIMIT, now=now_sql
         )
-        buckets = await self.store.prune_buckets(limit=BATCH_LIMIT, now=now_sql)
+        buckets = await self.limits.prune_buckets(limit=BATCH_LIMIT, now=now_sql)
         stamped = 0
         if self._passes % STAMP_EVERY_PASSES == 0:
-            stamped = await self.store.stamp_unkeyed()
+            stamped = await self.limits.stamp_unkeyed()
         self._passes += 1
         if retried or failed:
             log.warning("expired leases: %d jobs back to retry, %d failed", retried, failed)

@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from shoal.errors import InvalidInput, TransientError
+from shoal.queue.registry_store import RegistryStore
 from shoal.queue.rows import WorkerInfo
 
 if TYPE_CHECKING:  # the client owns its process's registry (Shoal.work)
@@ -82,7 +83,7 @@ class WorkerRegistry:
     ) -> None:
         self.boss = boss
         self.clock = boss.clock
-        self.store = boss.store
+        self.store = RegistryStore(boss.db, boss.store.sql)
         self.id = uuid.uuid4().hex
         # The row's number (worker.no), known once it is written (register).
         self.no: int | None = None

@@ -1,6 +1,13 @@
-"""The only code that runs the queue layer's SQL: one typed function per query.
+"""The job statements of the queue layer: enqueue, claim, outcomes, leases, control, inspection.
 
-Each function takes ``now`` (``None`` = the database clock) and, where a caller
+The layer's other statements have stores of their own, on the same parsed
+``queries.sql`` (:mod:`shoal.queue.statements`): limits
+(:mod:`~shoal.queue.limit_store`), schedules (:mod:`~shoal.queue.schedule_store`),
+the worker registry (:mod:`~shoal.queue.registry_store`), maintenance
+(:mod:`~shoal.queue.maintenance_store`) and the history sampler
+(:mod:`~shoal.queue.history_store`).
+
+Each method takes ``now`` (``None`` = the database clock) and, where a caller
 may want its own transaction, ``conn``: given a connection, the statement runs
 on it as part of the caller's transaction (transactional enqueue); otherwise it
 runs on the pool under the database deadline.
@@ -10,58 +17,31 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from importlib import resources
-from typing import Any, TypeVar
-
-from psycopg import sql
+from typing import Any
 
 from shoal.db.pool import AsyncConn, Database, Pending
-from shoal.db.queries import (
-    fetch_named,
-    fetch_named_timed,
-    int_array,
-    load_queries,
-    parse_queries,
-)
+from shoal.db.queries import fetch_named, fetch_named_timed, int_array
 from shoal.errors import InvalidInput
-from shoal.internal import INTERNAL_PREFIX
 from shoal.queue.cursor import Position
-from shoal.queue.limits import Limits, LimitState, Rate
 from shoal.queue.results import encode_result
 from shoal.queue.rows import (
-    OPTION_COLUMNS,
     ClaimedJob,
     ClaimedJobs,
-    ExpiredLease,
     Failure,
     JobRecord,
-    JobSettings,
     NewJob,
-    OrphanedJob,
     QueueDefaultRow,
     QueueStateCount,
-    ScheduleRow,
-    WorkerInfo,
     claim_reader,
     job_records,
     queue_default_params,
     queue_default_row,
-    retry_policy,
 )
+from shoal.queue.statements import InsertPlan, Queries, Statements
 from shoal.queue.states import JobId, JobState
 
-T = TypeVar("T")
-
-# How long declaring limits waits for the transactions that were running when
-# it committed (an insert among them may have missed the declaration), and
-# how often it looks. Past the wait, the next declaration (a worker's start)
-# stamps what is left.
-STAMP_WAIT = timedelta(seconds=5)
-STAMP_POLL_S = 0.05
 # The longest label a cancel accepts for who cancelled a job, and the label a
 # cancel from Python code notes when it names no one.
 MAX_CANCELLED_BY = 200
@@ -86,119 +66,11 @@ def cancel_note(by: str) -> dict[str, Any]:
     return {"type": "Cancelled", "message": f"cancelled by {by}", "traceback": None, "by": by}
 
 
-# What insert_jobs does on a conflict, and what it returns to tell which job
-# was skipped; only a singleton key can cause one.
-ON_CONFLICT = "ON CONFLICT DO NOTHING RETURNING id, queue, singleton_key"
+class JobStore(Statements):
+    """Typed access to the jobs of one schema."""
 
-
-def queue_queries(schema: str) -> dict[str, sql.Composed]:
-    """queries.sql bound to ``schema``, and insert_jobs without its conflict check.
-
-    ``insert_jobs_unkeyed`` is for a batch in which no job has a singleton
-    key: ids come from the sequence, so no row can conflict, and a plain
-    insert skips ON CONFLICT's speculative insertion (a pre-check of each
-    unique index and a confirmation record per row): about a third of the
-    statement's server time for 10,000 jobs. It returns the ids alone. One
-    text, so the two never drift.
-    """
-    text = resources.files("shoal.queue").joinpath("queries.sql").read_text(encoding="utf-8")
-    queries = parse_queries(text, schema, regclasses=["job_id_seq"], where="shoal.queue")
-    block = text[text.index("-- name: insert_jobs\n") :]
-    block = block[: block.index("\n-- name: ", 1)]
-    if block.count(ON_CONFLICT) != 1:
-        raise RuntimeError(f"insert_jobs in queries.sql must say {ON_CONFLICT!r} once")
-    unkeyed = block.replace("-- name: insert_jobs\n", "-- name: insert_jobs_unkeyed\n")
-    unkeyed = unkeyed.replace(ON_CONFLICT, "RETURNING id")
-    queries.update(parse_queries(unkeyed, schema, regclasses=["job_id_seq"], where="shoal.queue"))
-    return queries
-
-
-@dataclass(frozen=True, slots=True)
-class InsertPlan:
-    """The parameters of one ``insert_jobs`` statement, whichever client runs it."""
-
-    params: dict[str, Any]
-    # Queues whose new jobs may run at once: their idle workers are woken.
-    wake: list[str]
-    # insert_jobs when a job has a singleton key, else insert_jobs_unkeyed.
-    query: str
-    # How many jobs were asked for; with singleton keys, each one's (queue,
-    # key), to tell which the statement skipped.
-    count: int
-    keys: list[tuple[str, str | None]] | None
-
-    @classmethod
-    def of(cls, jobs: Sequence[NewJob], now: datetime | None) -> InsertPlan:
-        keys: list[tuple[str, str | None]] | None = None
-        count = len(jobs)
-        if any(j.singleton_key is not None for j in jobs):
-            # A job whose queue and key an earlier job of the same call holds
-            # is skipped here, as the statement would skip it: every key the
-            # statement sees is then its batch's only one, which is how a
-            # returned row names the job it came from.
-            keys = [(j.settings.queue, j.singleton_key) for j in jobs]
-            seen: set[tuple[str, str | None]] = set()
-            unique = []
-            for job, key in zip(jobs, keys, strict=True):
-                if key[1] is not None:
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                unique.append(job)
-            jobs = unique
-        # Jobs sent alike share one JobSettings object (JobBuilder), so the
-        # option sets are found by identity first: hashing the settings'
-        # eleven fields for each of 10,000 jobs cost more than the lookup.
-        sets: dict[JobSettings, int] = {}
-        by_identity: dict[int, int] = {}
-        option_set = []
-        for job in jobs:
-            settings = job.settings
-            number = by_identity.get(id(settings))
-            if number is None:
-                number = by_identity[id(settings)] = sets.setdefault(settings, len(sets) + 1)
-            option_set.append(number)
-        columns = list(zip(*(settings.row() for settings in sets), strict=True))
-        params: dict[str, Any] = dict(zip(OPTION_COLUMNS, map(list, columns), strict=True))
-        params["option_set"] = option_set
-        params["data"] = [j.data for j in jobs]
-        # unnest pads a shorter array with NULLs: no keys at all costs nothing.
-        params["singleton_key"] = [j.singleton_key for j in jobs] if keys is not None else []
-        # Likewise for partition keys and costs, which most jobs never have.
-        keyed = any(j.partition_key is not None for j in jobs)
-        params["partition_key"] = [j.partition_key for j in jobs] if keyed else []
-        params["cost"] = [j.cost for j in jobs] if any(j.cost is not None for j in jobs) else []
-        params["now"] = now
-        query = "insert_jobs" if keys is not None else "insert_jobs_unkeyed"
-        return cls(params, sorted({s.queue for s in sets if s.runs_now}), query, count, keys)
-
-    def ids(self, rows: Sequence[Sequence[Any]]) -> list[JobId | None]:
-        """The statement's rows as ids in input order (None: a singleton key was taken).
-
-        The statement draws ids in input order (queries.sql), so the rows
-        sorted by id are the inserted jobs in order. With singleton keys, a
-        row's (queue, key) names its job, and a keyless row is the next
-        keyless job's.
-        """
-        if self.keys is None:
-            ids = sorted(JobId(r[0]) for r in rows)
-            if len(ids) != self.count:
-                raise RuntimeError(f"inserted {len(ids)} jobs of {self.count} without keys")
-            return list(ids)
-        by_key = {(r[1], r[2]): JobId(r[0]) for r in rows if r[2] is not None}
-        keyless = iter(sorted(JobId(r[0]) for r in rows if r[2] is None))
-        return [next(keyless) if key[1] is None else by_key.pop(key, None) for key in self.keys]
-
-
-class JobStore:
-    """Typed access to the queue tables of one schema."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-        self.sql = queue_queries(db.schema)
-        # The history sampler's statements (shoal.queue.history): one big
-        # statement and its companions, kept in a file of their own.
-        self.sql.update(load_queries("shoal.queue", db.schema, file="history.sql"))
+    def __init__(self, db: Database, sql: Queries | None = None) -> None:
+        super().__init__(db, sql)
         # One notification channel per schema, so two shoal installs in one
         # database do not wake each other's workers.
         self.channel = f"{db.schema}_jobs"
@@ -212,11 +84,6 @@ class JobStore:
         # written (None: no row is being written); awaited before a worker's
         # first claim, so no job a registered process claims goes unnamed.
         self.holder_known: asyncio.Event | None = None
-
-    async def _rows(
-        self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
-    ) -> list[tuple[Any, ...]]:
-        return await self.db.fetch(self.sql[name], params, conn)
 
     async def _jobs(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
@@ -495,76 +362,6 @@ class JobStore:
         )
         return {JobId(r[0]): r[1] for r in rows}
 
-    # -- maintenance -----------------------------------------------------
-
-    async def lock_expired_leases(
-        self, conn: AsyncConn, *, limit: int, now: datetime | None
-    ) -> list[ExpiredLease]:
-        rows = await self._rows("lock_expired_leases", {"limit": limit, "now": now}, conn)
-        return [
-            ExpiredLease(JobId(r[0]), r[1], retry_policy(r[2], r[3], r[4], r[5]), r[6], r[7])
-            for r in rows
-        ]
-
-    async def silent_workers(
-        self, *, heard_since: datetime | None, now: datetime | None
-    ) -> tuple[datetime, list[str]]:
-        """The database's time, and the registry ids of the processes silent for longer
-        than their rescue_after since ``heard_since`` (None: none is, yet)."""
-        ((at, ids),) = await self._rows("silent_workers", {"heard_since": heard_since, "now": now})
-        return at, list(ids)
-
-    async def lock_jobs_of_silent_workers(
-        self,
-        conn: AsyncConn,
-        holders: Sequence[str],
-        *,
-        heard_since: datetime,
-        limit: int,
-        now: datetime | None,
-    ) -> list[OrphanedJob]:
-        """Lock (SKIP LOCKED) the active jobs ``holders`` claimed before they went silent."""
-        rows = await self._rows(
-            "lock_jobs_of_silent_workers",
-            {"holders": list(holders), "heard_since": heard_since, "limit": limit, "now": now},
-            conn,
-        )
-        return [
-            OrphanedJob(JobId(r[0]), r[1], retry_policy(r[2], r[3], r[4], r[5]), r[6], *r[7:13])
-            for r in rows
-        ]
-
-    async def count_rescued(
-        self, conn: AsyncConn, counts: Mapping[str, int], *, now: datetime | None
-    ) -> None:
-        """Add the jobs just handed back to each silent process's registry row."""
-        await conn.execute(
-            self.sql["count_rescued"],
-            {"ids": list(counts), "counts": list(counts.values()), "now": now},
-        )
-
-    async def archive_finished(
-        self, *, retention: timedelta, limit: int, now: datetime | None
-    ) -> int:
-        query = self.sql["archive_finished"]
-        params = {"retention_s": retention.total_seconds(), "limit": limit, "now": now}
-
-        async def run(c: AsyncConn) -> int:
-            cur = await c.execute(query, params)
-            return cur.rowcount
-
-        return await self.db.run(run)
-
-    async def prune_archive(self, *, retention: timedelta, limit: int, now: datetime | None) -> int:
-        query = self.sql["prune_archive"]
-        params = {"retention_s": retention.total_seconds(), "limit": limit, "now": now}
-
-        async def run(c: AsyncConn) -> int:
-            cur = await c.execute(query, params)
-            return cur.rowcount
-
-        return await self.db.run(run)
-
     # -- control ---------------------------------------------------------
 
     async def cancel(self, ids: Sequence[JobId], *, by: str, now: datetime | None) -> set[JobId]:
@@ -666,263 +463,3 @@ class JobStore:
     async def queue_stats(self, *, now: datetime | None) -> list[QueueStateCount]:
         rows = await self._rows("queue_stats", {"now": now})
         return [QueueStateCount(r[0], JobState(r[1]), r[2], r[3]) for r in rows]
-
-    # -- limits ------------------------------------------------------------
-
-    async def declare_limits(self, queue: str, limits: Limits, *, now: datetime | None) -> None:
-        """Create or replace ``queue``'s limits, and give its unfinished jobs their partition keys.
-
-        An insert that read ``queue_limit`` before this commit writes its jobs
-        without a key, which the limited claim never sees: so after the
-        commit this waits (at most ``STAMP_WAIT``) for the transactions
-        running then to end, and stamps again.
-        """
-        rate = limits.rate
-        params = {
-            "queue": queue,
-            "concurrency": limits.global_concurrency,
-            "rate_count": None if rate is None else rate.count,
-            "rate_period_s": None if rate is None else rate.per.total_seconds(),
-            "rate_burst": None if rate is None else rate.bucket,
-            "partition_field": limits.partition_field,
-            "partition_by": limits.partition_description,
-            "now": now,
-        }
-        declare, stamp = self.sql["declare_limits"], self.sql["stamp_partitions"]
-
-        async def run(c: AsyncConn) -> list[str]:
-            await c.execute(declare, params)
-            await c.execute(stamp, {"queue": queue})
-            cur = await c.execute(self.sql["other_transactions"])
-            row = await cur.fetchone()
-            return list(row[0] or []) if row else []
-
-        running = await self.db.run(run)
-        # Real time, not the injectable clock: this waits for other sessions'
-        # transactions to end, which no test clock moves.
-        deadline = time.monotonic() + STAMP_WAIT.total_seconds()
-        while running and time.monotonic() < deadline:
-            (count,) = (await self._rows("transactions_running", {"vxids": running}))[0]
-            if not count:
-                break
-            await asyncio.sleep(STAMP_POLL_S)
-        await self._rows("stamp_partitions", {"queue": queue})
-
-    async def prune_buckets(self, *, limit: int, now: datetime | None) -> int:
-        """Delete partition state a missing row would say as well (full, unpaused buckets)."""
-        query = self.sql["prune_buckets"]
-
-        async def run(c: AsyncConn) -> int:
-            cur = await c.execute(query, {"limit": limit, "now": now})
-            return cur.rowcount
-
-        return await self.db.run(run)
-
-    async def stamp_unkeyed(self) -> int:
-        """Give unfinished jobs of limited queues that have no partition key theirs."""
-        query = self.sql["stamp_unkeyed"]
-
-        async def run(c: AsyncConn) -> int:
-            cur = await c.execute(query)
-            return cur.rowcount
-
-        return await self.db.run(run)
-
-    async def clear_limits(self, queue: str) -> bool:
-        return bool(await self._rows("clear_limits", {"queue": queue}))
-
-    async def is_limited(self, queue: str) -> bool:
-        return bool((await self._rows("is_limited", {"queue": queue}))[0][0])
-
-    async def limit_states(
-        self, queue: str | None, *, limit: int, now: datetime | None
-    ) -> list[LimitState]:
-        rows = await self._rows("limit_states", {"queue": queue, "limit": limit, "now": now})
-        return [
-            LimitState(
-                queue=r[0],
-                partition_key=r[1],
-                global_concurrency=r[2],
-                rate=None if r[3] is None else Rate(r[3], timedelta(seconds=r[4]), r[5]),
-                partition_by=r[6],
-                running=r[7],
-                waiting=r[8],
-                tokens=r[9],
-                paused_until=r[10],
-            )
-            for r in rows
-        ]
-
-    # -- schedules -------------------------------------------------------
-
-    async def upsert_schedule(
-        self,
-        *,
-        name: str,
-        queue: str,
-        cron: str,
-        timezone: str,
-        data: str,
-        options: Mapping[str, Any],
-        now: datetime | None,
-    ) -> None:
-        await self._rows(
-            "upsert_schedule",
-            {
-                "name": name,
-                "queue": queue,
-                "cron": cron,
-                "timezone": timezone,
-                "data": data,
-                "options": json.dumps(dict(options)),
-                "now": now,
-            },
-        )
-
-    async def delete_schedule(self, name: str) -> bool:
-        return bool(await self._rows("delete_schedule", {"name": name}))
-
-    async def list_schedules(self, *, now: datetime | None) -> list[ScheduleRow]:
-        """Every schedule, paused or not (``ScheduleRow.ticks``), by name."""
-        rows = await self._rows("list_schedules", {"now": now})
-        return [
-            ScheduleRow(
-                name=r[0],
-                queue=r[1],
-                cron=r[2],
-                timezone=r[3],
-                data=r[4],
-                options=r[5],
-                last_tick=r[6],
-                db_now=r[7],
-                created_at=r[8],
-                updated_at=r[9],
-                paused_at=r[10],
-                owner=r[11],
-                last_job_id=None if r[12] is None else JobId(r[12]),
-                last_job_state=None if r[13] is None else JobState(r[13]),
-            )
-            for r in rows
-        ]
-
-    async def advance_schedule(self, conn: AsyncConn, name: str, tick: datetime) -> bool:
-        """Claim ``tick`` of schedule ``name`` inside ``conn``'s transaction."""
-        return bool(await self._rows("advance_schedule", {"name": name, "tick": tick}, conn))
-
-    async def record_tick_job(self, conn: AsyncConn, name: str, job_id: JobId | None) -> None:
-        """The job ``name``'s latest tick sent (None: a singleton key skipped
-        it), in the tick's own transaction."""
-        await self._rows("record_tick_job", {"name": name, "job_id": job_id}, conn)
-
-    async def adopt_schedules(self, owner: str, names: Sequence[str]) -> list[str]:
-        """Mark ``names`` as declared by ``owner`` and delete the schedules ``owner``
-        declared before and no longer does, in one transaction; the names deleted."""
-        params = {"owner": owner, "names": list(names)}
-
-        async def run(conn: AsyncConn) -> list[str]:
-            await self._rows("own_schedules", params, conn)
-            return [r[0] for r in await self._rows("drop_disowned_schedules", params, conn)]
-
-        return await self.db.run(run)
-
-    # -- history (shoal.queue.history) -------------------------------------------
-
-    async def sample_history(
-        self,
-        *,
-        retention_s: Mapping[int, int],
-        finished_cap: int,
-        depth_cap: int,
-        gone_s: float,
-        now: datetime | None,
-    ) -> dict[int, int]:
-        """One sample at each resolution of ``retention_s`` (seconds -> seconds
-        kept) unless its slot has one, and the samples past retention pruned, in
-        one transaction; rows written per resolution (history.sql, sample)."""
-
-        async def run(conn: AsyncConn) -> dict[int, int]:
-            await conn.execute(self.sql["plan_switches"])
-            written = {}
-            for resolution, keep_s in retention_s.items():
-                cur = await conn.execute(
-                    self.sql["sample"],
-                    {
-                        "now": now,
-                        "resolution": resolution,
-                        "finished_cap": finished_cap,
-                        "depth_cap": depth_cap,
-                        "gone_s": gone_s,
-                        "internal_prefix": INTERNAL_PREFIX,
-                    },
-                )
-                written[resolution] = cur.rowcount
-                await conn.execute(
-                    self.sql["prune_history"],
-                    {"now": now, "resolution": resolution, "keep_s": keep_s},
-                )
-            return written
-
-        return await self.db.run(run)
-
-    # -- worker registry (shoal.queue.registry) ----------------------------------
-
-    async def register_worker(
-        self,
-        worker_id: str,
-        *,
-        host: str,
-        pid: int,
-        app: str,
-        queues: Mapping[str, int],
-        rescue_after: timedelta,
-        now: datetime | None,
-    ) -> int:
-        """Write (or refresh) this process's row; its number (worker.no)."""
-        rows = await self._rows(
-            "register_worker",
-            {
-                "id": worker_id,
-                "host": host,
-                "pid": pid,
-                "app": app,
-                "queues": json.dumps(dict(queues)),
-                "rescue_after_s": rescue_after.total_seconds(),
-                "now": now,
-            },
-        )
-        return int(rows[0][0])
-
-    async def heartbeat_worker(
-        self,
-        worker_id: str,
-        *,
-        running: Mapping[str, int],
-        done: int,
-        queues: Mapping[str, int],
-        now: datetime | None,
-    ) -> bool:
-        """Report the process alive with its counters; False when its row is gone."""
-        rows = await self._rows(
-            "heartbeat_worker",
-            {
-                "id": worker_id,
-                "running": sum(running.values()),
-                "running_by_queue": json.dumps({q: n for q, n in running.items() if n}),
-                "done": done,
-                "queues": json.dumps(dict(queues)),
-                "now": now,
-            },
-        )
-        return bool(rows)
-
-    async def drop_gone_workers(self, *, drop_s: float, now: datetime | None) -> None:
-        """Delete the rows whose heartbeat is older than ``drop_s`` seconds."""
-        await self._rows("drop_gone_workers", {"drop_s": drop_s, "now": now})
-
-    async def deregister_worker(self, worker_id: str) -> None:
-        await self._rows("deregister_worker", {"id": worker_id})
-
-    async def list_workers(self, *, gone_s: float, now: datetime | None) -> list[WorkerInfo]:
-        """Every registered process; ``gone`` past ``gone_s`` seconds (or its rescue_after)."""
-        rows = await self._rows("list_workers", {"gone_s": gone_s, "now": now})
-        return [WorkerInfo(*r) for r in rows]

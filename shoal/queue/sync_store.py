@@ -13,8 +13,9 @@ from typing import Any
 
 from shoal.db.sync import SyncConn, SyncCursor, SyncDatabase
 from shoal.queue.rows import JobRecord, NewJob, job_records, queue_default_params
+from shoal.queue.statements import InsertPlan, queue_queries
 from shoal.queue.states import JobId
-from shoal.queue.store import InsertPlan, cancel_channel, cancel_note, queue_queries
+from shoal.queue.store import cancel_channel, cancel_note
 
 
 class SyncJobStore:

@@ -65,6 +65,7 @@ from shoal.queue.job import (
     Stopped,
     outcome_of,
 )
+from shoal.queue.limit_store import LimitStore
 from shoal.queue.limits import Limits
 from shoal.queue.notifier import CancelNote, Notifier
 from shoal.queue.results import callable_name, encode_result, returned_by
@@ -178,10 +179,13 @@ class Worker:
         limits: Limits | None = None,
         max_hold: timedelta | None = None,
         handler_name: str | None = None,
+        limit_store: LimitStore | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be an integer >= 1, got {concurrency!r}")
         self.store = store
+        # Declares this worker's limits, or learns whether its queue has some.
+        self.limit_store = limit_store or LimitStore(store.db, store.sql)
         self.queue = queue
         self.handler = handler
         self.concurrency = concurrency
@@ -461,14 +465,14 @@ class Worker:
                     extra={"queue": self.queue},
                 )
         if self.limits is not None:
-            await self.store.declare_limits(self.queue, self.limits, now=self.clock.sql_now())
+            await self.limit_store.declare_limits(self.queue, self.limits, now=self.clock.sql_now())
         else:
             await self._learn_limits()
         self._prepared = True
 
     async def _learn_limits(self) -> None:
         """Claim through the limited claim while the queue has limits another process declared."""
-        limited = await self.store.is_limited(self.queue)
+        limited = await self.limit_store.is_limited(self.queue)
         self.claim = self.store.claim_limited if limited else (self._own_claim or self.store.claim)
         self._limited = limited
         self._custom_claim = self._own_claim is not None and not limited
