@@ -43,9 +43,10 @@ from typing import Any
 
 from shoal.clock import SystemClock
 from shoal.db.pool import Pending
+from shoal.queue.fetcher import DEFAULT_MAX_BATCH
 from shoal.queue.job import Job
 from shoal.queue.rows import CLAIM_COLUMNS, ClaimedJob, ClaimedJobs, claim_reader
-from shoal.queue.worker import DEFAULT_MAX_BATCH, Worker
+from shoal.queue.worker import Worker
 
 CONCURRENCY = 10
 AT = datetime(2026, 12, 5, tzinfo=UTC)
@@ -157,6 +158,7 @@ async def run_worker(n: int) -> float:
         clock=SystemClock(),
         jitter=random.Random(),
         notifier=None,
+        limit_store=store,  # type: ignore[arg-type]  # is_limited, answered from memory
     )
     began = time.process_time()
     worker.start()

@@ -24,6 +24,7 @@ from shoal.queue.completer import Finalize
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.cursor import ClaimCursor
 from shoal.queue.enqueue import MAX_INSERT, JobBuilder
+from shoal.queue.fetcher import Claim
 from shoal.queue.job import Handler, Job, error_entry
 from shoal.queue.limit_store import LimitStore
 from shoal.queue.limits import Limits, LimitState, Partitioner, Rate, check_queue_limits
@@ -50,12 +51,7 @@ from shoal.queue.statements import queue_queries
 from shoal.queue.states import JobId, JobState
 from shoal.queue.store import DEFAULT_CANCELLED_BY, JobStore
 from shoal.queue.threaded import as_async
-from shoal.queue.worker import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_POLL_INTERVAL,
-    Claim,
-    Worker,
-)
+from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, Worker
 from shoal.tracing import carrier, traced_handler
 
 log = logging.getLogger("shoal.cron")
