@@ -25,6 +25,8 @@ What it does while on:
   Jobs of shoal's own queues (names starting ``shoal.``,
   :func:`~shoal.internal.is_internal`) run without a span unless
   ``instrument(internal_queues=True)`` asked for them.
+  The worker opens it where it calls the handler (``Worker._call``), so
+  ``shoal.testing.drain``'s runs are spans too.
 - Each ``apply`` of an ingest consumer of an :class:`~shoal.app.App` run by
   ``shoal worker`` is an ``apply <topic>`` span with ``shoal.topic``,
   ``shoal.message.id`` and ``shoal.message.attempt``.

@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from shoal import Job, Shoal, tracing
 from shoal.ingest.message import Message
-from shoal.testing import Probe
+from shoal.testing import Probe, drain
 
 from .test_processes import REPO, rows
 
@@ -84,6 +84,27 @@ async def test_run_span_is_a_child_of_the_sending_span_with_job_attributes(
     (stored,) = (await rows(boss, "SELECT data FROM shoal.job WHERE id = %s", (job_id,)))[0]
     assert stored["order"] == 7
     assert stored[tracing.TRACE_KEY]["traceparent"].split("-")[1] == f"{context.trace_id:032x}"
+
+
+async def test_a_drained_run_is_a_span_as_a_workers_is(
+    boss: Shoal, spans: InMemorySpanExporter
+) -> None:
+    # The worker wraps its handler call in the span, so every path that runs
+    # a job through it (here shoal.testing.drain, a worker never started) is
+    # traced alike.
+    async def handler(job: Job) -> None:
+        return None
+
+    sender = tracing.tracer()
+    assert sender is not None
+    with sender.start_as_current_span("checkout") as parent:
+        await boss.send("drained", {"order": 8})
+    assert (await drain(boss, "drained", handler)).completed == 1
+
+    (run,) = runs(spans, "drained")
+    assert run.parent is not None
+    assert run.parent.span_id == parent.get_span_context().span_id
+    assert (run.attributes or {})["shoal.job.outcome"] == "completed"
 
 
 async def test_each_attempt_is_a_span_under_the_sender_and_failures_are_errors(
@@ -178,7 +199,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from shoal import Shoal
 from shoal.db import Database
 from shoal.ingest.message import Message
-from shoal.testing import Probe
+from shoal.testing import Probe, drain
 
 exporter = InMemorySpanExporter()
 provider = TracerProvider()

@@ -52,7 +52,7 @@ from shoal.queue.states import JobId, JobState
 from shoal.queue.store import DEFAULT_CANCELLED_BY, JobStore
 from shoal.queue.threaded import as_async
 from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_POLL_INTERVAL, Worker
-from shoal.tracing import carrier, traced_handler
+from shoal.tracing import carrier
 
 log = logging.getLogger("shoal.cron")
 
@@ -322,7 +322,7 @@ class Shoal:
         worker = Worker(
             self.store,
             queue,
-            traced_handler(queue, handler),
+            handler,
             concurrency=concurrency,
             batch_size=batch_size,
             poll_interval=poll_interval,

@@ -31,8 +31,9 @@ execution deadline counts from the lease the fetcher confirmed
 
 What is observed is observed at the seams, never inside the loops: the
 fetcher reports each claim as it buffers it (``fetched``), the runner calls the
-handler in one place (:meth:`Worker._call`: ``job_ran``), and the completer
-reports each outcome it writes (``job_finished``).
+handler in one place (:meth:`Worker._call`: the span of :mod:`shoal.tracing`,
+``job_ran``), and the completer reports each outcome it writes
+(``job_finished``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from shoal.queue.retry import Jitter
 from shoal.queue.rows import ClaimedJob
 from shoal.queue.states import JobId
 from shoal.queue.store import JobStore
+from shoal.tracing import traced_handler
 
 log = logging.getLogger("shoal.worker")
 
@@ -150,6 +152,9 @@ class Worker:
         self.store = store
         self.queue = queue
         self.handler = handler
+        # The one place a handler is called from: in a span per run while
+        # tracing is on (shoal.tracing), the handler itself while it is off.
+        self._traced = traced_handler(queue, handler)
         self.concurrency = concurrency
         self.batch_size = batch_size or DEFAULT_MAX_BATCH
         self.clock = clock
@@ -393,14 +398,14 @@ class Worker:
     async def _call(self, job: Job, task: asyncio.Task[Any]) -> Outcome:
         """Call the handler on ``job`` and name its outcome: the one place a handler runs.
 
-        The run is timed for the fetcher's rate, and reported as ``job_ran``
-        when it ends, whatever it raised.
+        The run is traced here (shoal.tracing), timed for the fetcher's rate,
+        and reported as ``job_ran`` when it ends, whatever it raised.
         """
         claim = job.claim
         started = self.clock.monotonic()
         outcome: Outcome
         try:
-            output = await self.handler(job)
+            output = await self._traced(job)
             # Here, not in the completer: a value that cannot be stored fails
             # this run alone, at once, instead of the statement recording a
             # whole batch of outcomes.
