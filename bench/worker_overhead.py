@@ -77,6 +77,8 @@ class MemoryStore:
         self.next_id = 1
         self.completed = 0
         self.all_completed = asyncio.Event()
+        # No registry row to wait for before the first claim.
+        self.holder_known: asyncio.Event | None = None
 
     async def is_limited(self, queue: str) -> bool:
         return False

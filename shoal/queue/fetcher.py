@@ -8,12 +8,12 @@ and never more than the runners can start within a quarter of the shortest
 lease claimed lately: a job's lease runs from its claim, not from the start of
 its handler.
 
-So a runner never starts a handler on trust: :meth:`Fetcher.lease_start`
+So a runner never starts a handler on trust: :meth:`Fetcher.confirm_lease`
 first extends, by one fenced statement, the lease of a job that waited half
-of it in the buffer, and a job that is no longer this worker's (the lease ran
-out, maintenance gave it to another worker) is dropped unrun
-(:meth:`Fetcher.lost`). A buffered job someone cancelled is taken out the same
-way, without running.
+of it in the buffer (:meth:`Fetcher.lease_start` tells which), and a job
+that is no longer this worker's (the lease ran out, maintenance gave it to
+another worker) is dropped unrun (:meth:`Fetcher.lost`). A buffered job
+someone cancelled is taken out the same way, without running.
 
 The fetcher owns the buffer, the two events that pace it (``has_jobs`` for the
 runners, ``room`` for itself) and the counts the rate is measured from; the
@@ -183,15 +183,21 @@ class Fetcher:
         """Nothing buffered and nothing running."""
         return not self._buffer and not self.active
 
-    async def take(self) -> tuple[ClaimedJob, float] | None:
-        """The next buffered job and when its claim was sent; None once stopping with none left."""
-        while not self._buffer:
-            if self._stopping:
-                return None
-            self.has_jobs.clear()
-            await self.has_jobs.wait()
+    def take(self) -> tuple[ClaimedJob, float] | None:
+        """The next buffered job and when its claim was sent; None when the buffer is empty."""
+        if not self._buffer:
+            return None
         self.active += 1
         return self._buffer.popleft()
+
+    async def wait_for_jobs(self) -> bool:
+        """Wait until a job is buffered; False once stopping with none left."""
+        while not self._buffer:
+            if self._stopping:
+                return False
+            self.has_jobs.clear()
+            await self.has_jobs.wait()
+        return True
 
     def take_cancelled(self, claim: ClaimedJob) -> bool:
         """Whether ``claim`` was cancelled while it waited in the buffer (asked once)."""
@@ -205,18 +211,23 @@ class Fetcher:
         if any(c.id == note.id and c.attempt == note.attempt for c, _ in self._buffer):
             self._cancelled_in_buffer.add(JobId(note.id))
 
-    async def lease_start(self, claim: ClaimedJob, leased_at: float) -> float | None:
-        """When the lease a run of ``claim`` counts from began; None when it is no longer ours.
+    def lease_start(self, claim: ClaimedJob, leased_at: float) -> float | None:
+        """When the lease a run of ``claim`` counts from began; None: half spent, confirm it.
 
         A job taken without a lease counts from now. One whose lease is half
-        spent (by the clock, from when its claim was sent) is extended first,
-        and counts from the extension.
+        spent (by the clock, from when its claim was sent) must be extended
+        by :meth:`confirm_lease` before it runs, and counts from the extension.
+        (Two calls, so that the common case costs no await.)
         """
         now = self.clock.monotonic()
         if claim.lease_expires_at is None:
             return now
         if now - leased_at < claim.expire_in_s / 2:
             return leased_at
+        return None
+
+    async def confirm_lease(self, claim: ClaimedJob) -> float | None:
+        """Extend a lease half spent in the buffer; when the new lease began, None if lost."""
         extended = await self._extend_before_start(claim)
         return None if extended < 0 else extended
 

@@ -322,7 +322,7 @@ class Worker:
         claimed = await self.fetcher.claim_once(self.batch_size)
         batch = []
         for _ in claimed:
-            taken = await self.fetcher.take()
+            taken = self.fetcher.take()
             assert taken is not None  # claimed just now, so buffered
             claim, leased_at = taken
             outcome = await self._run_one(claim, task, leased_at)
@@ -351,7 +351,12 @@ class Worker:
     async def _run_loop(self) -> None:
         task = asyncio.current_task()
         assert task is not None
-        while (taken := await self.fetcher.take()) is not None:
+        while True:
+            taken = self.fetcher.take()
+            if taken is None:
+                if not await self.fetcher.wait_for_jobs():
+                    return
+                continue
             claim, leased_at = taken
             self._running[claim.id] = task
             try:
@@ -374,9 +379,11 @@ class Worker:
             return Stopped(started=False)
         # The lease, and so the execution deadline, runs from the claim (or
         # the extension the fetcher makes of a lease half spent in the buffer).
-        lease_start = await self.fetcher.lease_start(claim, leased_at)
+        lease_start = self.fetcher.lease_start(claim, leased_at)
         if lease_start is None:
-            return None
+            lease_start = await self.fetcher.confirm_lease(claim)
+            if lease_start is None:
+                return None
         job = Job(claim, self._heartbeat)
         self._deadline_at[claim.id] = lease_start + claim.expire_in_s
         self._handling[claim.id] = job
