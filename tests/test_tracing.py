@@ -175,19 +175,27 @@ async def test_shoals_own_queues_run_without_spans_unless_asked(
     async def handler(job: Job) -> None:
         return None
 
-    internal = "shoal.batch.aggregate"
+    internal, other = "shoal.batch.aggregate", "shoal.other"
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     tracing.instrument(provider, internal_queues=True)
     probe = Probe(boss)
+    boss.work(internal, handler, poll_interval=timedelta(seconds=1))
     await boss.send(internal, {})
-    assert boss.work(internal, handler, poll_interval=timedelta(seconds=1)).handler is not handler
     await probe.job_finished(internal, outcome="completed")
     assert len(runs(spans, internal)) == 1
 
-    tracing.instrument(provider)  # the default: no span for them, a user's queue traced
-    assert boss.work(internal, handler, poll_interval=timedelta(seconds=1)).handler is handler
-    assert boss.work("plain", handler, poll_interval=timedelta(seconds=1)).handler is not handler
+    # The default, for workers started after it: no span for shoal's own
+    # queues, a user's queue traced.
+    tracing.instrument(provider)
+    boss.work(other, handler, poll_interval=timedelta(seconds=1))
+    boss.work("plain", handler, poll_interval=timedelta(seconds=1))
+    await boss.send(other, {})
+    await probe.job_finished(other, outcome="completed")
+    await boss.send("plain", {})
+    await probe.job_finished("plain", outcome="completed")
+    assert runs(spans, other) == []
+    assert len(runs(spans, "plain")) == 1
 
 
 GLOBAL_PROVIDER_SCRIPT = """
