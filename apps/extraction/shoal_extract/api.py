@@ -23,6 +23,12 @@ route                                        answers
 ``GET  /v1/extraction/tasks/{id}/export``    ``?format=csv|jsonl``, streamed
 ``POST /v1/extraction/tasks/{id}/reviews``   ``{item_id, field, action, value?}``: 201
 ``POST /v1/extraction/tasks/{id}/rerun``     ``{documents, template?, ...}``: 202, a new task
+``POST /v1/extraction/runs``                 ``{document_ids, template, extractor,``
+                                             ``review_timeout_s?, run_id?}``: 202, the whole
+                                             flow as one workflow run (import to export)
+``GET  /v1/extraction/runs/{run_id}``        the run, its steps, its task and its result
+``POST /v1/extraction/tasks/{id}/review-done``  the reviewer is done: 202, the run waiting
+                                             for it exports; 409 when none waits
 ``GET  /v1/extraction/budget``               the model budgets: pauses, buckets
 ==========================================  ===========================================
 
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from functools import cache
 from importlib import resources
 from typing import Annotated, Any, Literal
@@ -48,8 +55,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from shoal import InvalidInput
+from shoal.workflow import RunView, StepKind
 from shoal_extract.evidence import MAX_QUOTE_CHARS
 from shoal_extract.export import MEDIA_TYPES, export_lines
+from shoal_extract.kinds import DEFAULT_REVIEW_TIMEOUT, MAX_REVIEW_TIMEOUT
 from shoal_extract.page_view import DEFAULT_SCALE, MAX_SCALE, MIN_SCALE
 from shoal_extract.templates import parse_template
 from shoal_extract.workbench import MAX_TASK_DOCUMENTS, Upload, Workbench
@@ -80,6 +89,23 @@ class StartTask(BaseModel):
     template: str = Field(min_length=1, max_length=63)
     extractor: Literal["rules", "llm", "rules+llm"] = "rules"
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+
+
+class StartRun(BaseModel):
+    """``POST /v1/extraction/runs``: the whole flow over ``document_ids``, as one workflow run."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    document_ids: list[int] = Field(min_length=1, max_length=MAX_TASK_DOCUMENTS)
+    template: str = Field(min_length=1, max_length=63)
+    extractor: Literal["rules", "llm", "rules+llm"] = "rules"
+    # How long the run waits for the reviewer's "done" before it exports without it.
+    review_timeout_s: float = Field(
+        default=DEFAULT_REVIEW_TIMEOUT.total_seconds(),
+        gt=0,
+        le=MAX_REVIEW_TIMEOUT.total_seconds(),
+    )
+    run_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class ReviewValue(BaseModel):
@@ -163,6 +189,34 @@ def require_bearer(token: str | None) -> Callable[..., Awaitable[None]]:
 @cache
 def page() -> str:
     return resources.files("shoal_extract").joinpath("static", PAGE).read_text("utf-8")
+
+
+def run_as_dict(view: RunView) -> dict[str, Any]:
+    """A run of the flow as the API answers it."""
+    run = view.run
+    task = next((s.result for s in view.steps if s.kind is StepKind.BATCH), None)
+    return {
+        "run_id": run.id,
+        "status": run.status.value,
+        "task_id": task.get("task_id") if isinstance(task, dict) else None,
+        "waiting_for": run.wait_key,
+        "input": run.input,
+        "result": run.result,
+        "error": run.error,
+        "created_at": run.created_at.isoformat(),
+        "finished_at": None if run.finished_at is None else run.finished_at.isoformat(),
+        "steps": [
+            {
+                "seq": s.seq,
+                "name": s.name,
+                "kind": s.kind.value,
+                "status": s.status.value,
+                "attempts": s.attempts,
+                "finished_at": None if s.finished_at is None else s.finished_at.isoformat(),
+            }
+            for s in view.steps
+        ],
+    }
 
 
 def mount_workbench(
@@ -342,6 +396,31 @@ def mount_workbench(
             "document_ids": ids,
         }
 
+    @router.post("/runs", status_code=202)
+    async def start_run(body: StartRun, response: Response) -> dict[str, Any]:
+        """Start the flow (import, extract, wait for the review, export) as one run."""
+        started = await workbench.start_run(
+            body.document_ids,
+            body.template,
+            extractor=body.extractor,
+            review_timeout=timedelta(seconds=body.review_timeout_s),
+            run_id=body.run_id,
+        )
+        if not started.created:
+            response.status_code = 200
+        return {"run_id": started.id, "created": started.created}
+
+    @router.get("/runs/{run_id}")
+    async def get_run(run_id: Annotated[str, Path(min_length=1, max_length=200)]) -> dict[str, Any]:
+        """A run of the flow: its status, steps, task (once created) and result."""
+        return run_as_dict(await workbench.run(run_id))
+
+    @router.post("/tasks/{task_id}/review-done", status_code=202)
+    async def review_done(task_id: str) -> dict[str, Any]:
+        """The reviewer is done with the task: the run waiting for it goes on to export."""
+        run_id = await workbench.finish_review(task_id, reviewer=reviewer)
+        return {"task_id": task_id, "run_id": run_id, "reviewer": reviewer}
+
     @router.get("/budget")
     async def budget() -> dict[str, Any]:
         """The model budgets shared by every worker: pauses in force, rate buckets."""
@@ -360,8 +439,10 @@ __all__ = [
     "PAGE_PATH",
     "Rerun",
     "ReviewValue",
+    "StartRun",
     "StartTask",
     "mount_workbench",
     "refuse_writes",
     "require_bearer",
+    "run_as_dict",
 ]

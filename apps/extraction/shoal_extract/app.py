@@ -1,12 +1,14 @@
 """The workbench as an app for shoal's own commands, configured from the environment.
 
-    shoal worker --app shoal_extract.app:app   # runs extraction items
+    shoal worker --app shoal_extract.app:app   # runs extraction items and the flow's runs
     shoal api --app shoal_extract.app:app      # /v1, dashboard, workbench at /extraction
 
 The llm extractor is configured by ``SHOAL_LLM_BASE_URL``, ``SHOAL_LLM_MODEL``
 and ``SHOAL_LLM_API_KEY`` (apps/extraction/README.md); without them only ``rules``
 runs. ``SHOAL_EXTRACT_MAX_PAGES`` and ``SHOAL_EXTRACT_MAX_OCR_PAGES`` bound one document.
 ``SHOAL_API_TOKEN_NAME`` names the token's holder in the reviews they store.
+A run of the flow (workflow ``extraction``) writes its export to
+``$SHOAL_EXTRACT_DIR/exports``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ from typing import Any
 
 from shoal import Shoal
 from shoal_extract.api import mount_workbench
-from shoal_extract.cli import TOKEN_NAME_ENV, llm_settings, parse_limits
-from shoal_extract.workbench import Workbench
+from shoal_extract.cli import TOKEN_NAME_ENV, data_dir, llm_settings, parse_limits
 from shoal_extract.worker import ExtractionApp, WorkerSettings
 
 _NO_FLAGS = argparse.Namespace(
@@ -27,7 +28,9 @@ _NO_FLAGS = argparse.Namespace(
 
 extraction = ExtractionApp(
     WorkerSettings(
-        llm=llm_settings(_NO_FLAGS, os.environ), limits=parse_limits(_NO_FLAGS, os.environ)
+        llm=llm_settings(_NO_FLAGS, os.environ),
+        limits=parse_limits(_NO_FLAGS, os.environ),
+        export_dir=data_dir(os.environ) / "exports",
     )
 )
 app = extraction.app
@@ -35,10 +38,11 @@ app = extraction.app
 
 @app.on_api
 async def mount(api: Any, boss: Shoal, token: str | None) -> None:
-    store = await extraction.attach(boss)
+    await extraction.attach(boss)
+    assert extraction.workbench is not None  # attach() opens it, with the flow's runs
     mount_workbench(
         api,
-        Workbench(app.batches(boss), store),
+        extraction.workbench,
         token=token,
         token_name=os.environ.get(TOKEN_NAME_ENV) or None,
     )

@@ -158,6 +158,7 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         zombie_timeout=timedelta(seconds=args.zombie_timeout),
         llm=llm_settings(args, os.environ),
         schema=args.extract_schema,
+        export_dir=data_dir(os.environ) / "exports",
     )
 
 
@@ -174,11 +175,12 @@ class Session:
         boss = await Shoal.connect(url, schema=args.schema, max_size=max_size)
         extraction = ExtractionApp(worker_settings(args))
         try:
-            store = await extraction.attach(boss)
+            await extraction.attach(boss)
         except BaseException:
             await boss.close()
             raise
-        return cls(boss, extraction, Workbench(extraction.app.batches(boss), store))
+        assert extraction.workbench is not None  # attach() opens it, with the flow's runs
+        return cls(boss, extraction, extraction.workbench)
 
     async def close(self) -> None:
         await self.extraction.close()

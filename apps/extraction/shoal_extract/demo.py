@@ -3,35 +3,41 @@
 In one process, on the embedded PostgreSQL unless ``DATABASE_URL`` is set:
 
 1. write the sample corpus (seeded: the same files on every machine) and its key;
-2. import it (content-hashed: a second run stores nothing new);
-3. run shoal's workers and aggregator, and serve the API with the dashboard
+2. run shoal's workers and aggregator, and serve the API with the dashboard
    and the workbench;
-4. start one extraction task over every document (``rules`` by default) and
-   show live progress bars;
-5. print the summary: items completed and in error (with the parser's
-   messages), per-field accuracy against the key, the time taken, the
-   exported CSV and JSON Lines files, and the dashboard and workbench URLs.
+3. start one run of the workflow ``extraction`` over the corpus folder
+   (:mod:`shoal_extract.flow`): it imports the files (content-hashed: a second
+   run stores nothing new) and extracts every document as one task (``rules``
+   by default), shown with live progress bars;
+4. print the summary: items completed and in error (with the parser's
+   messages), per-field accuracy against the key, the time taken;
+5. say the review is done (the demo is its own reviewer; with ``--stay`` a
+   person reviews in the workbench and clicks "Done reviewing"), so the run
+   writes the CSV and JSON Lines exports, and print where, with the
+   dashboard and workbench URLs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
-from shoal import Shoal, SystemClock, watch_task
+from shoal import RunStatus, Shoal, SystemClock, watch_task
+from shoal.workflow import RunView, StepKind
 from shoal_extract.console import accuracy_table, errors_table, task_table
 from shoal_extract.corpus import KEY_FILE, write_corpus
 from shoal_extract.evaluate import ResultRow as ScoredRow
 from shoal_extract.evaluate import load_key, score, split_key
-from shoal_extract.export import write_export
 from shoal_extract.extractors.fill import NAME as RULES_LLM
 from shoal_extract.extractors.fill import NOT_CONFIGURED
 from shoal_extract.hard_corpus import write_hard_corpus
+from shoal_extract.kinds import FLOW, review_key
 from shoal_extract.serve import build_api, serving
 from shoal_extract.templates import DEFAULT_TEMPLATE
 from shoal_extract.workbench import Workbench
@@ -39,6 +45,9 @@ from shoal_extract.worker import ExtractionApp, WorkerSettings
 
 DEMO_PORT = 8000
 SHUTDOWN_GRACE = timedelta(seconds=10)
+RUN_POLL_S = 0.1
+EXPORT_TIMEOUT = timedelta(minutes=5)
+REVIEW_WAIT = timedelta(days=365)  # until the reviewer is done or Ctrl-C
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,49 @@ async def _until_interrupted() -> None:
             loop.remove_signal_handler(sig)
 
 
+async def _extracting(bench: Workbench, run_id: str) -> tuple[dict[str, Any], str]:
+    """What the run imported and its task's id, once its documents are being extracted."""
+    while True:
+        view = await bench.run(run_id)
+        if view.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            raise RuntimeError(f"run {run_id} {view.status.value}: {view.error}")
+        task = next((s.result for s in view.steps if s.kind is StepKind.BATCH), None)
+        if task is not None:
+            return view.steps[0].result, str(task["task_id"])
+        await asyncio.sleep(RUN_POLL_S)
+
+
+async def _reviewed(
+    bench: Workbench, run_id: str, task_id: str, base: str, *, stay: bool, console: Console
+) -> RunView | None:
+    """The run once its review is done and its export written; None if interrupted first.
+
+    The demo is its own reviewer; with ``stay`` a person reviews in the workbench.
+    """
+    workflows = bench.workflows
+    assert workflows is not None
+    while True:
+        view = await bench.run(run_id)
+        if view.run.finished_at is not None:
+            return view  # its task was cancelled: nothing to review
+        if view.run.wait_key == review_key(task_id):
+            break
+        await asyncio.sleep(RUN_POLL_S)
+    if not stay:
+        await bench.finish_review(task_id, reviewer="demo")
+        return await workflows.wait(run_id, timeout=EXPORT_TIMEOUT)
+    console.print(
+        f'review the values at {base}/extraction, then click "Done reviewing": the run '
+        "writes the exports then (Ctrl-C to stop)"
+    )
+    done = asyncio.create_task(workflows.wait(run_id, timeout=REVIEW_WAIT))
+    interrupted = asyncio.create_task(_until_interrupted())
+    await asyncio.wait((done, interrupted), return_when=asyncio.FIRST_COMPLETED)
+    for pending in (done, interrupted):
+        pending.cancel()
+    return done.result() if done.done() and not done.cancelled() else None
+
+
 async def run_demo(
     url: str,
     *,
@@ -72,7 +124,7 @@ async def run_demo(
     console: Console,
 ) -> int:
     clock = SystemClock()
-    started = clock.monotonic()
+    started_at = clock.monotonic()
     if options.hard:
         corpus = options.data_dir / "corpus-hard"
         files = await asyncio.to_thread(write_hard_corpus, corpus)
@@ -82,28 +134,30 @@ async def run_demo(
         files = await asyncio.to_thread(write_corpus, corpus)
         console.print(f"sample corpus: {len(files)} files and their key in {corpus}")
     boss = await Shoal.connect(url, schema=schema, max_size=20)
-    extraction = ExtractionApp(settings)
+    extraction = ExtractionApp(replace(settings, export_dir=options.data_dir / "exports"))
     stop = asyncio.Event()
     runner: asyncio.Task[object] | None = None
     try:
-        store = await extraction.attach(boss)
-        batches = extraction.app.batches(boss)
-        bench = Workbench(batches, store)
-        imported = await bench.import_folder(corpus)
-        console.print(
-            f"imported {len(imported.documents)} documents "
-            f"({imported.new} new, {len(imported.documents) - imported.new} already stored)"
-        )
+        await extraction.attach(boss)
+        bench = extraction.workbench
+        assert bench is not None  # attach() opens it
+        batches = bench.batches
         runner = asyncio.create_task(
             extraction.app.run(boss, stop=stop, grace=SHUTDOWN_GRACE), name="shoal-extract-run"
         )
         api = build_api(boss, batches, bench, token=None)
         async with serving(api, port=options.port) as base:
-            created = await bench.start(
-                [d.id for d in imported.documents], options.template, extractor=options.extractor
+            started = await bench.start_folder_run(
+                corpus, options.template, extractor=options.extractor
+            )
+            imported, task_id = await _extracting(bench, started.id)
+            console.print(
+                f"run [bold]{started.id}[/bold] (workflow {FLOW}) imported "
+                f"{len(imported['documents'])} documents ({imported['new']} new, "
+                f"{len(imported['documents']) - imported['new']} already stored)"
             )
             console.print(
-                f"task [bold]{created.task_id}[/bold]: {len(imported.documents)} documents, "
+                f"task [bold]{task_id}[/bold]: {len(imported['documents'])} documents, "
                 f"template {options.template}, extractor {options.extractor}"
             )
             if options.extractor == RULES_LLM and settings.llm is None:
@@ -112,10 +166,10 @@ async def run_demo(
                 f"workbench: {base}/extraction   tasks: {base}/tasks   console: {base}/ "
                 "(live while this runs)"
             )
-            view = await watch_task(batches, created.task_id, console)
-            page = await bench.all_results(created.task_id)
-            usage = await bench.usage(created.task_id)
-            elapsed = clock.monotonic() - started
+            view = await watch_task(batches, task_id, console)
+            page = await bench.all_results(task_id)
+            usage = await bench.usage(task_id)
+            elapsed = clock.monotonic() - started_at
             console.print(task_table(view, usage, await batches.phantom_skips(), elapsed))
             failed = errors_table(page)
             if failed is not None:
@@ -131,16 +185,22 @@ async def run_demo(
                 f"documents ending as the key expects (completed, or error for a broken file): "
                 f"{report.status_right}/{report.documents}"
             )
-            exports = options.data_dir / "exports"
-            csv_path = write_export(page, "csv", exports / f"extraction-{created.task_id}.csv")
-            jsonl_path = write_export(
-                page, "jsonl", exports / f"extraction-{created.task_id}.jsonl"
+            run = await _reviewed(
+                bench, started.id, task_id, base, stay=options.stay, console=console
             )
-            console.print(f"exported CSV:        {csv_path}")
-            console.print(f"exported JSON Lines: {jsonl_path}")
+            exports = None if run is None else run.result.get("exports")
+            if run is not None:
+                review = run.result.get("review") or {}
+                console.print(
+                    f"run {run.id}: {run.status.value}, review {review.get('status')}"
+                    + (f" by {review['reviewer']}" if review.get("reviewer") else "")
+                )
+            if exports is not None:
+                console.print(f"exported CSV:        {exports['csv']}")
+                console.print(f"exported JSON Lines: {exports['jsonl']}")
             console.print(f"workbench: {base}/extraction")
             console.print(f"tasks: {base}/tasks   console: {base}/")
-            console.print(f"done in {clock.monotonic() - started:.1f} s")
+            console.print(f"done in {clock.monotonic() - started_at:.1f} s")
             if options.stay:
                 console.print("serving the workbench and dashboard until Ctrl-C")
                 await _until_interrupted()

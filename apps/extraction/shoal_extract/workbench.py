@@ -16,13 +16,25 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from shoal import Batches, Created, InvalidInput, NotFound, TaskView
+from shoal import Batches, Conflict, Created, InvalidInput, NotFound, RunStatus, TaskView, Workflows
+from shoal.workflow import RunView, Started
 from shoal_extract.budget import BudgetState, ModelGate
 from shoal_extract.evaluate import KeyEntry, Report, ResultRow, score
 from shoal_extract.extractors.base import Usage
+from shoal_extract.kinds import (
+    DEFAULT_EXTRACTOR,
+    DEFAULT_REVIEW_TIMEOUT,
+    EXTRACTORS,
+    FLOW,
+    KIND,
+    RUN_PARAM,
+    FlowInput,
+    review_key,
+)
 from shoal_extract.page_view import DEFAULT_SCALE, Highlight, quote_boxes, render_page
 from shoal_extract.parsing import EXTENSIONS, DocumentFormat
 from shoal_extract.store import (
@@ -34,7 +46,6 @@ from shoal_extract.store import (
     template_payload,
 )
 from shoal_extract.templates import StoredTemplate
-from shoal_extract.worker import DEFAULT_EXTRACTOR, EXTRACTORS, KIND
 
 # A paper is rarely over a few MB; a 50 MB "paper" is a scanned book or a mistake.
 MAX_DOCUMENT_BYTES = 50 * 1024 * 1024
@@ -156,9 +167,13 @@ def check_upload(upload: Upload, *, where: str = "filename") -> NewDocument:
 class Workbench:
     """Documents, templates and extraction tasks over one shoal :class:`Batches`."""
 
-    def __init__(self, batches: Batches, store: ExtractStore) -> None:
+    def __init__(
+        self, batches: Batches, store: ExtractStore, *, workflows: Workflows | None = None
+    ) -> None:
         self.batches = batches
         self.store = store
+        # The flow's runs (start_run, finish_review); None: tasks only.
+        self.workflows = workflows
         self.gate = ModelGate(store, store.clock)  # to show the model budgets
 
     # -- documents ---------------------------------------------------------------------
@@ -224,17 +239,16 @@ class Workbench:
             raise InvalidInput("template", f"unknown template {name!r:.80}; known: {known}")
         return stored
 
-    async def start(
+    async def plan(
         self,
         document_ids: Sequence[int],
         template: str,
         *,
         extractor: str = DEFAULT_EXTRACTOR,
-        idempotency_key: str | None = None,
         template_version: int | None = None,
         rerun_of: str | None = None,
-    ) -> Created:
-        """One extraction task over ``document_ids``: task, items and jobs in one transaction.
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The items and params of a task over ``document_ids``; checked, nothing written.
 
         The newest version of ``template`` unless ``template_version`` names one.
         """
@@ -257,7 +271,7 @@ class Workbench:
         for i, doc_id in enumerate(ids):
             if doc_id not in found:
                 raise InvalidInput(f"document_ids[{i}]", f"no document {doc_id}")
-        items = [
+        items: list[dict[str, Any]] = [
             {
                 "ref": f"{doc_id}:{found[doc_id].filename}"[:MAX_REF],
                 "data": {"document_id": doc_id},
@@ -267,9 +281,123 @@ class Workbench:
         params: dict[str, Any] = {**template_payload(stored), "extractor": extractor}
         if rerun_of is not None:
             params["rerun_of"] = rerun_of
+        return items, params
+
+    async def start(
+        self,
+        document_ids: Sequence[int],
+        template: str,
+        *,
+        extractor: str = DEFAULT_EXTRACTOR,
+        idempotency_key: str | None = None,
+        template_version: int | None = None,
+        rerun_of: str | None = None,
+    ) -> Created:
+        """One extraction task over ``document_ids``: task, items and jobs in one transaction.
+
+        The newest version of ``template`` unless ``template_version`` names one.
+        Nothing waits for its review: :meth:`start_run` runs the whole flow.
+        """
+        items, params = await self.plan(
+            document_ids,
+            template,
+            extractor=extractor,
+            template_version=template_version,
+            rerun_of=rerun_of,
+        )
         return await self.batches.create(
             KIND, items, params=params, idempotency_key=idempotency_key
         )
+
+    # -- the flow as one workflow ------------------------------------------------------
+
+    def _workflows(self) -> Workflows:
+        if self.workflows is None:
+            raise InvalidInput(
+                "workflow",
+                "this workbench was opened without the workflow API "
+                "(Workbench(batches, store, workflows=app.workflows(boss)))",
+            )
+        return self.workflows
+
+    async def start_run(
+        self,
+        document_ids: Sequence[int],
+        template: str,
+        *,
+        extractor: str = DEFAULT_EXTRACTOR,
+        review_timeout: timedelta = DEFAULT_REVIEW_TIMEOUT,
+        run_id: str | None = None,
+    ) -> Started:
+        """Start the whole flow over stored documents as one run of workflow ``extraction``.
+
+        The run extracts them (one task, as :meth:`start`), waits for
+        :meth:`finish_review` (or ``review_timeout``), then writes the export.
+        Checked before anything is written; idempotent by ``run_id``.
+        """
+        workflows = self._workflows()
+        request = FlowInput(
+            template,
+            extractor,
+            review_timeout,
+            document_ids=tuple(_document_ids(document_ids)),
+        )
+        await self.plan(document_ids, template, extractor=extractor)  # refuse bad input now
+        return await workflows.start(FLOW, request.as_data(), id=run_id)
+
+    async def start_folder_run(
+        self,
+        folder: Path,
+        template: str,
+        *,
+        extractor: str = DEFAULT_EXTRACTOR,
+        review_timeout: timedelta = DEFAULT_REVIEW_TIMEOUT,
+        run_id: str | None = None,
+    ) -> Started:
+        """:meth:`start_run` over the files of ``folder``, imported by the run's first step."""
+        workflows = self._workflows()
+        if not await asyncio.to_thread(folder.is_dir):
+            raise InvalidInput("folder", f"{str(folder)!r} is not a folder")
+        where = await asyncio.to_thread(folder.resolve)
+        request = FlowInput(template, extractor, review_timeout, folder=str(where))
+        await self.template(template)
+        return await workflows.start(FLOW, request.as_data(), id=run_id)
+
+    async def run(self, run_id: str) -> RunView:
+        """A run of the flow and its steps; NotFound for another workflow's run."""
+        view = await self._workflows().get(run_id)
+        if view.run.name != FLOW:
+            raise NotFound(f"no extraction run {run_id!r}", field="run_id")
+        return view
+
+    async def finish_review(self, task_id: str, *, reviewer: str) -> str:
+        """Say a task's review is done: the run waiting for it exports; the run's id.
+
+        Only a task started by :meth:`start_run`, whose run waits for its
+        review now, can be finished (else :class:`~shoal.Conflict`): an
+        event sent to nobody would be kept for a wait that never comes.
+        """
+        view = await self.task(task_id)
+        params = view.params if isinstance(view.params, dict) else {}
+        run_id = params.get(RUN_PARAM)
+        if not isinstance(run_id, str):
+            raise InvalidInput(
+                "task_id",
+                f"task {view.task_id} was started on its own, not as a run of the flow "
+                "(POST /v1/extraction/runs): nothing waits for its review",
+            )
+        run = (await self._workflows().get(run_id)).run
+        key = review_key(view.task_id)
+        if run.status is not RunStatus.WAITING or run.wait_key != key:
+            still = run.finished_at is None and run.wait_key != key
+            raise Conflict(
+                f"run {run_id} of task {view.task_id} is {run.status.value} and does not wait "
+                "for its review"
+                + (" yet: its documents are still being extracted" if still else ""),
+                field="task_id",
+            )
+        await self._workflows().signal(key, {"reviewer": reviewer})
+        return run_id
 
     async def rerun(
         self,

@@ -30,24 +30,24 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from shoal import App, Clock, Item, PermanentError, Shoal, SystemClock
 from shoal_extract.budget import ModelGate, Rates
 from shoal_extract.evidence import FLAG, Evidence, check_evidence
 from shoal_extract.extractors.base import CallContext, CallRecord, Extraction, Extractor, Usage
-from shoal_extract.extractors.fill import NAME as RULES_LLM
 from shoal_extract.extractors.fill import RulesThenLlm
 from shoal_extract.extractors.llm import LlmExtractor, LlmSettings
 from shoal_extract.extractors.rules import RulesExtractor
+from shoal_extract.flow import declare_flow
+from shoal_extract.kinds import DEFAULT_EXTRACTOR, EXTRACTORS, KIND
 from shoal_extract.parsing import ParsedText, ParseError, ParseLimits, parse_document
 from shoal_extract.schema import DEFAULT_SCHEMA, ensure_schema
 from shoal_extract.store import CallFor, ExtractStore
 from shoal_extract.templates import SHIPPED_TEMPLATES, StoredTemplate, Template
+from shoal_extract.workbench import Workbench
 
-KIND = "extraction.document"
-EXTRACTORS = ("rules", "llm", RULES_LLM)
-DEFAULT_EXTRACTOR = "rules"
 DEFAULT_CONCURRENCY = 8
 # Enough retries to ride out a rate-limit burst: with backoff from 2 s the
 # last retry comes about a minute after the first failure.
@@ -57,6 +57,7 @@ DEFAULT_ZOMBIE_TIMEOUT = timedelta(minutes=2)
 # Documents parsed at once in one worker process (OCR runs in Tesseract's own
 # processes, so a second thread keeps a core busy while the other waits on it).
 PARSE_THREADS = 2
+DEFAULT_EXPORT_DIR = Path("exports")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +69,13 @@ class WorkerSettings:
     llm: LlmSettings | None = None
     schema: str = DEFAULT_SCHEMA
     limits: ParseLimits = field(default_factory=ParseLimits)
+    # Where a run of the flow writes its export (shoal-extract: $SHOAL_EXTRACT_DIR/exports).
+    export_dir: Path = DEFAULT_EXPORT_DIR
 
 
 class ExtractionApp:
-    """The workbench's :class:`~shoal.App`: one batch kind, ``extraction.document``.
+    """The workbench's :class:`~shoal.App`: batch kind ``extraction.document`` and workflow
+    ``extraction``, the whole flow from import to export (:mod:`shoal_extract.flow`).
 
     ``app.run(boss, ...)`` (or ``shoal-extract worker``) runs it; the start
     hook creates the workbench's tables and the shipped templates first.
@@ -83,6 +87,7 @@ class ExtractionApp:
         self.app = App()
         # Set by attach() (the worker's start hook, or the caller); read by the handler.
         self.store: ExtractStore | None = None
+        self.workbench: Workbench | None = None  # read by the flow's steps
         self.gate: ModelGate | None = None
         self._templates: dict[int, StoredTemplate] = {}
         self._parsing = asyncio.Semaphore(PARSE_THREADS)
@@ -97,6 +102,7 @@ class ExtractionApp:
             zombie_timeout=settings.zombie_timeout,
             permanent=(ParseError,),
         )(self.extract_item)
+        declare_flow(self.app, self._workbench, export_dir=settings.export_dir)
 
     async def attach(self, boss: Shoal) -> ExtractStore:
         """Create (or upgrade) the workbench's tables, store the shipped templates; the store."""
@@ -109,7 +115,14 @@ class ExtractionApp:
             rates = Rates(llm.requests_per_minute, llm.tokens_per_minute) if llm else Rates()
             self.gate = ModelGate(store, self.clock, rates)
             self.store = store
+            self.workbench = Workbench(
+                self.app.batches(boss), store, workflows=self.app.workflows(boss)
+            )
         return self.store
+
+    def _workbench(self) -> Workbench:
+        assert self.workbench is not None, "attach() runs before any run (the start hook)"
+        return self.workbench
 
     async def close(self) -> None:
         if self._llm is not None:
