@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shoal import Conflict, FakeClock, InvalidInput, Item, RunStatus, Shoal
+from shoal import Conflict, FakeClock, Item, RunStatus, Shoal
 from shoal.workflow import RunView, StepKind, StepStatus
 from shoal_extract.kinds import FLOW, KIND, RUN_PARAM, review_key
 from shoal_extract.serve import build_api, serving
@@ -189,19 +189,43 @@ async def test_a_run_imports_extracts_waits_for_the_reviewer_and_exports(
     await extraction.close()
 
 
-async def test_review_done_is_refused_for_a_task_no_run_waits_for(
+async def test_runs_over_http_start_once_and_refuse_bad_input_naming_the_field(
     boss: Shoal, folder: Path, settings: WorkerSettings
 ) -> None:
     extraction = await opened(boss, settings)
     bench = bench_of(extraction)
     docs = await bench.import_folder(folder)
-    plain = await bench.start([d.id for d in docs.documents], "clinical_trial")
-    with pytest.raises(InvalidInput, match=r"task_id: .*started on its own"):
-        await bench.finish_review(plain.task_id, reviewer="alice")
-    with pytest.raises(InvalidInput, match="template"):
-        await bench.start_run([docs.documents[0].id], "no-such-template")
-    with pytest.raises(InvalidInput, match="review_timeout"):
-        await bench.start_run([docs.documents[0].id], "clinical_trial", review_timeout=timedelta(0))
+    ids = [d.id for d in docs.documents]
+    api = build_api(boss, bench.batches, bench, token=None)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=api), base_url="http://127.0.0.1"
+    ) as client:
+        body = {"document_ids": ids, "template": "clinical_trial", "review_timeout_s": 86400}
+        started = await client.post("/v1/extraction/runs", json=body | {"run_id": "r-1"})
+        assert started.status_code == 202, started.text
+        assert started.json() == {"run_id": "r-1", "created": True}
+        again = await client.post("/v1/extraction/runs", json=body | {"run_id": "r-1"})
+        assert again.status_code == 200 and again.json()["created"] is False
+        shown = (await client.get("/v1/extraction/runs/r-1")).json()
+        assert shown["status"] == "pending" and shown["task_id"] is None  # no worker here
+        assert shown["input"]["review_timeout_s"] == 86400
+        for bad, field in [
+            ({"template": "nope"}, "template"),
+            ({"document_ids": [*ids, 999999]}, f"document_ids[{len(ids)}]"),
+            ({"review_timeout_s": 0}, "review_timeout_s"),
+        ]:
+            refused = await client.post("/v1/extraction/runs", json=body | bad)
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["field"] == field
+        assert (await client.get("/v1/extraction/runs/nope")).status_code == 404
+        # A task started on its own has no run to tell.
+        plain = await bench.start(ids, "clinical_trial")
+        done = await client.post(
+            f"/v1/extraction/tasks/{plain.task_id}/review-done", headers={"X-Shoal-Request": "1"}
+        )
+        assert done.status_code == 422 and done.json()["field"] == "task_id"
+        assert "started on its own" in done.json()["message"]
+    assert [r.id for r in await bench.workflows.list(name=FLOW)] == ["r-1"]  # type: ignore[union-attr]
     await extraction.close()
 
 

@@ -8,6 +8,13 @@ Everything here goes through shoal's public batch API (``Batches``): a task
 is one shoal task of kind ``extraction.document`` with one item per document,
 created in one transaction. Bad input raises :class:`~shoal.InvalidInput`
 naming the field, before anything is written.
+
+The whole flow, import to export with the review between, is one run of
+workflow ``extraction`` (:mod:`shoal_extract.flow`), through shoal's
+``Workflows``:
+
+>>> run = await bench.start_run(ids, "clinical_trial")                     # doctest: +SKIP
+>>> await bench.finish_review(task_id, reviewer="alice")  # the run exports  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -165,7 +172,8 @@ def check_upload(upload: Upload, *, where: str = "filename") -> NewDocument:
 
 
 class Workbench:
-    """Documents, templates and extraction tasks over one shoal :class:`Batches`."""
+    """Documents, templates and extraction tasks over one shoal :class:`Batches`;
+    runs of the flow over its :class:`Workflows`, when given one."""
 
     def __init__(
         self, batches: Batches, store: ExtractStore, *, workflows: Workflows | None = None
