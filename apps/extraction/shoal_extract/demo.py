@@ -189,6 +189,11 @@ async def run_demo(
                 bench, started.id, task_id, base, stay=options.stay, console=console
             )
             exports = None if run is None else run.result.get("exports")
+            if run is None:
+                console.print(
+                    f"run {started.id} still waits for the review of task {task_id}: "
+                    "with a worker up (shoal-extract worker), Done reviewing lets it export"
+                )
             if run is not None:
                 review = run.result.get("review") or {}
                 console.print(
@@ -201,7 +206,7 @@ async def run_demo(
             console.print(f"workbench: {base}/extraction")
             console.print(f"tasks: {base}/tasks   console: {base}/")
             console.print(f"done in {clock.monotonic() - started_at:.1f} s")
-            if options.stay:
+            if options.stay and run is not None:  # None: Ctrl-C came during the review
                 console.print("serving the workbench and dashboard until Ctrl-C")
                 await _until_interrupted()
         return 0 if view.status == "completed" else 1
