@@ -144,8 +144,14 @@ async def test_a_run_imports_extracts_waits_for_the_reviewer_and_exports(
         assert task.kind == KIND and task.params[RUN_PARAM] == "flow-1"
         assert task.progress.completed == 2 and task.progress.error == 1
         assert CountingApp.extracted >= 3
-        # The run holds no job while the reviewer works.
-        assert await boss.jobs(f"workflow.{FLOW}", state="active") == []
+
+        # The run holds no job while the reviewer works (once the job that set the
+        # wait has recorded its own end).
+        async def no_job_held() -> bool:
+            return await boss.jobs(f"workflow.{FLOW}", state="active") == []
+
+        await wait_for(no_job_held)
+        assert (await bench.run(started.id)).status is RunStatus.WAITING
 
         results = (await client.get(f"/v1/extraction/tasks/{task_id}/results")).json()
         paper = next(r for r in results["results"] if r["file"] == "paper-01.pdf")
