@@ -206,7 +206,11 @@ async def test_runs_over_http_start_once_and_refuse_bad_input_naming_the_field(
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=api), base_url="http://127.0.0.1"
     ) as client:
-        body = {"document_ids": ids, "template": "clinical_trial", "review_timeout_s": 86400}
+        body: dict[str, Any] = {
+            "document_ids": ids,
+            "template": "clinical_trial",
+            "review_timeout_s": 86400,
+        }
         started = await client.post("/v1/extraction/runs", json=body | {"run_id": "r-1"})
         assert started.status_code == 202, started.text
         assert started.json() == {"run_id": "r-1", "created": True}
@@ -215,11 +219,12 @@ async def test_runs_over_http_start_once_and_refuse_bad_input_naming_the_field(
         shown = (await client.get("/v1/extraction/runs/r-1")).json()
         assert shown["status"] == "pending" and shown["task_id"] is None  # no worker here
         assert shown["input"]["review_timeout_s"] == 86400
-        for bad, field in [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"template": "nope"}, "template"),
             ({"document_ids": [*ids, 999999]}, f"document_ids[{len(ids)}]"),
             ({"review_timeout_s": 0}, "review_timeout_s"),
-        ]:
+        ]
+        for bad, field in cases:
             refused = await client.post("/v1/extraction/runs", json=body | bad)
             assert refused.status_code == 422, refused.text
             assert refused.json()["field"] == field
