@@ -42,6 +42,7 @@ from shoal.errors import InvalidInput
 from shoal.ingest.store import IngestStore
 from shoal.queue.states import JobId
 
+from . import wfopsapp
 from .conftest import wait_for
 from .test_api import KIND, TEST_APP
 from .test_console_api import dead_letters, failed_jobs
@@ -77,10 +78,16 @@ class Targets:
     """Real rows for each write to act on: each write would change one of them."""
 
     def __init__(
-        self, task_id: str, failed_job: JobId, waiting_job: JobId, dead_letter: int
+        self,
+        task_id: str,
+        failed_job: JobId,
+        waiting_job: JobId,
+        dead_letter: int,
+        run_id: str,
     ) -> None:
         self.values = {
             "task_id": task_id,
+            "run_id": run_id,  # a pending workflow run: a cancel would end it
             "job_id": str(failed_job),
             "dead_id": str(dead_letter),
             "worker_id": "any-worker",  # read only: refused before it is looked up
@@ -116,7 +123,8 @@ async def targets(boss: Shoal, batches: Batches) -> Targets:
     await dead_letters(boss, "cards", 2)
     letter = (await IngestStore(boss.db).dead_letters("cards"))[0]
     created = await batches.create(KIND, ["a", "b"])
-    return Targets(created.task_id, failed[0], waiting, letter.id)
+    run = await wfopsapp.app.workflows(boss).start("ops.nap")
+    return Targets(created.task_id, failed[0], waiting, letter.id, run.id)
 
 
 @pytest.fixture
@@ -126,7 +134,7 @@ def batches(boss: Shoal) -> Batches:
 
 @pytest.fixture
 def api(boss: Shoal, batches: Batches) -> FastAPI:
-    return create_api(boss, batches, token=None)
+    return create_api(boss, batches, token=None, workflows=wfopsapp.app.workflows(boss))
 
 
 def client_for(api: FastAPI) -> httpx.AsyncClient:
@@ -174,6 +182,8 @@ def test_the_app_has_the_write_routes_the_issue_names(api: FastAPI) -> None:
         ("POST", "/v1/queues/{name}/delete-failed"),
         ("POST", "/v1/schedules/{name}/pause"),
         ("POST", "/v1/tasks"),
+        ("POST", "/v1/workflows/runs/{run_id}/cancel"),
+        ("POST", "/v1/workflows/events"),
     ]:
         assert route in writes
     assert len(writes) >= 14

@@ -35,6 +35,7 @@ from shoal.api.queue_limits import limits_router
 from shoal.api.status import health_router, ready_router
 from shoal.api.storable import refuse_unstorable_params
 from shoal.api.tasks import tasks_router
+from shoal.api.workflows import workflows_router
 from shoal.batch.service import Batches
 from shoal.batch.states import TaskStatus
 from shoal.console.history import History
@@ -45,6 +46,7 @@ from shoal.errors import InvalidInput
 from shoal.ingest.postgres import PostgresTransport
 from shoal.queue.client import Shoal
 from shoal.queue.registry import WorkerRegistry
+from shoal.workflow.service import Workflows
 
 API_VERSION = "1"
 # The overview counts open tasks up to this many (it says "500" for more).
@@ -61,6 +63,7 @@ def create_api(
     read_only: bool = False,
     transport: TransportSource | None = None,
     allowed_hosts: Sequence[str] = (),
+    workflows: Workflows | None = None,
 ) -> FastAPI:
     """The HTTP API: ``/v1`` routes, ``/metrics``, health, and the dashboard at ``/``.
 
@@ -77,6 +80,10 @@ def create_api(
     request whose ``Host`` is not a loopback name, the address it arrived on,
     or one of ``allowed_hosts`` (421), and a write from another origin or one
     a form could send (403).
+
+    ``workflows`` (``app.workflows(boss)``) serves ``/v1/workflows``: without
+    it the routes still list, show, cancel and retry runs and send events, but
+    start none (no workflow is declared).
     """
     if token is not None and not token.strip():
         raise InvalidInput("token", "must be None or a non-empty string")
@@ -101,6 +108,7 @@ def create_api(
         dependencies=[*auth, Depends(refuse_writes(read_only)), Depends(refuse_unstorable_params)],
     )
     v1.include_router(tasks_router(batches))
+    v1.include_router(workflows_router(workflows or Workflows(boss, {})))
     v1.include_router(queues_router(queues))
     v1.include_router(jobs_router(queues))
     v1.include_router(schedules_router(queues))

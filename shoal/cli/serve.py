@@ -199,6 +199,7 @@ async def _serve_api(
         read_only=args.read_only,
         transport=transport,
         allowed_hosts=args.allowed_hosts,
+        workflows=app.workflows(boss),
         **{name: value for name, value in limits.items() if value is not None},
     )
     for hook in app.api_hooks:

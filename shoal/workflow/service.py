@@ -151,7 +151,7 @@ class Workflows:
         """A run and its steps; :class:`NotFound` when no run has that id."""
         run = await self.store.get_run(_run_id(run_id))
         if run is None:
-            raise NotFound(f"no workflow run {run_id!r}")
+            raise NotFound(f"no workflow run {run_id!r}", field="run_id")
         return RunView(run, await self.store.run_steps(run.id))
 
     async def list(

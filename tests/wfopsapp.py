@@ -1,0 +1,44 @@
+"""An App with workflows to operate: one that fails at its second step until told
+otherwise, one that sleeps, one that waits for an event (``--app tests.wfopsapp:app``)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from shoal import App
+from shoal.workflow import Workflow
+
+app = App(name="tests.wfopsapp:app")
+
+# Set by a test, read by the step: while True, the "reserve" step fails.
+broken = {"reserve": True}
+
+
+async def check_stock(sku: str) -> int:
+    return 3
+
+
+async def reserve(sku: str) -> str:
+    if broken["reserve"]:
+        raise RuntimeError(f"inventory service refused {sku}")
+    return f"reserved {sku}"
+
+
+@app.workflow("ops.order")
+async def order(wf: Workflow, data: dict[str, Any]) -> dict[str, Any]:
+    stock = await wf.step(check_stock, data["sku"], name="check stock")
+    reservation = await wf.step(reserve, data["sku"], name="reserve")
+    return {"stock": stock, "reservation": reservation}
+
+
+@app.workflow("ops.nap")
+async def nap(wf: Workflow, data: Any) -> str:
+    await wf.step(check_stock, "nap", name="before")
+    await wf.sleep(timedelta(hours=1))
+    return "rested"
+
+
+@app.workflow("ops.approval")
+async def approval(wf: Workflow, data: dict[str, Any]) -> Any:
+    return await wf.wait_for(f"approve:{data['doc']}", timeout=timedelta(days=2))
