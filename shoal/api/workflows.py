@@ -8,10 +8,6 @@ routes take it as the rest of the path, encoded (``%2F``) or not.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -28,10 +24,14 @@ from shoal.api.workflow_contract import (
     StartRun,
     WorkflowList,
 )
-from shoal.errors import Conflict, InvalidInput
-from shoal.workflow.service import MAX_PAGE, MAX_RUN_ID_LENGTH, Workflows
-from shoal.workflow.states import StepKind
-from shoal.workflow.store import RunRow, StepRow
+from shoal.errors import Conflict
+from shoal.workflow.service import (
+    MAX_PAGE,
+    MAX_RUN_ID_LENGTH,
+    Workflows,
+    decode_cursor,
+    encode_cursor,
+)
 
 DEFAULT_LIST_LIMIT = 50
 # A cursor carries a run's created_at and id (at most MAX_RUN_ID_LENGTH characters).
@@ -43,76 +43,9 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody} for status in statuses}
 
 
-def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.isoformat()
-
-
-def run_dict(run: RunRow) -> dict[str, Any]:
-    return {
-        "id": run.id,
-        "name": run.name,
-        "status": run.status.value,
-        "input": run.input,
-        "result": run.result,
-        "error": run.error,
-        "created_at": run.created_at.isoformat(),
-        "updated_at": run.updated_at.isoformat(),
-        "finished_at": _iso(run.finished_at),
-        "wait_key": run.wait_key,
-    }
-
-
-def _until(step: StepRow) -> str | None:
-    """When a sleep ends, or a wait not over yet gives up."""
-    if not isinstance(step.result, dict):
-        return None
-    if step.kind is StepKind.SLEEP:
-        until = step.result.get("until")
-    elif step.kind is StepKind.WAIT:
-        until = step.result.get("deadline")
-    else:
-        return None
-    return until if isinstance(until, str) else None
-
-
-def step_dict(step: StepRow) -> dict[str, Any]:
-    return {
-        "seq": step.seq,
-        "name": step.name,
-        "kind": step.kind.value,
-        "status": step.status.value,
-        "attempts": step.attempts,
-        "result": step.result,
-        "error": step.error,
-        "started_at": step.started_at.isoformat(),
-        "finished_at": _iso(step.finished_at),
-        "until": _until(step),
-    }
-
-
-def encode_cursor(run: RunRow) -> str:
-    text = json.dumps([run.created_at.isoformat(), run.id], separators=(",", ":"))
-    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The (created_at, id) a cursor carries; InvalidInput naming ``cursor`` otherwise."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, run_id = json.loads(raw)
-        when = datetime.fromisoformat(at)
-        if not isinstance(run_id, str) or when.tzinfo is None:
-            raise ValueError(cursor)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise InvalidInput(
-            "cursor", "is not a cursor this API gave (pass next_cursor back as it came)"
-        ) from None
-    return when, run_id
-
-
 async def _detail(workflows: Workflows, run_id: str) -> dict[str, Any]:
     view = await workflows.get(run_id)
-    return {**run_dict(view.run), "steps": [step_dict(s) for s in view.steps]}
+    return {**view.run.as_dict(), "steps": [s.as_dict() for s in view.steps]}
 
 
 def workflows_router(workflows: Workflows) -> APIRouter:
@@ -139,7 +72,7 @@ def workflows_router(workflows: Workflows) -> APIRouter:
         shown = runs[:limit]
         more = len(runs) > limit
         return {
-            "runs": [run_dict(r) for r in shown],
+            "runs": [r.as_dict() for r in shown],
             "next_cursor": encode_cursor(shown[-1]) if more else None,
         }
 
@@ -224,4 +157,4 @@ def workflows_router(workflows: Workflows) -> APIRouter:
     return router
 
 
-__all__ = ["decode_cursor", "encode_cursor", "run_dict", "step_dict", "workflows_router"]
+__all__ = ["workflows_router"]

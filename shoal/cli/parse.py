@@ -429,9 +429,12 @@ def parser() -> argparse.ArgumentParser:
     )
     from shoal.cli.console import add_commands as add_console_commands
     from shoal.cli.tasks import add_commands as add_task_commands
+    from shoal.cli.tasks import up_to
+    from shoal.cli.workflows import add_commands as add_workflow_commands
 
     add_console_commands(command, positive_int)
     add_task_commands(command)
+    add_workflow_commands(command, up_to)
     demo = command("demo", "run the end-to-end demo")
     demo.add_argument("--items", type=positive_int, default=300, help="items in the demo task")
     demo.add_argument(

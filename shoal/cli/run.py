@@ -14,6 +14,8 @@
     shoal config get|set|list [KEY]   run-time switches, with their defaults
     shoal tasks [--kind K] [--status S] list batch tasks; shoal task ID shows one
     shoal task cancel|retry-failed ID act on one batch task
+    shoal workflows list|show|start|cancel|retry  workflow runs; shoal workflows show ID
+    shoal signal KEY [PAYLOAD_JSON]   send an event to the workflow run waiting for KEY
     shoal demo                        the end-to-end demo
 
 Every command but ``migrate``, ``worker``, ``api`` and ``demo`` creates
@@ -82,8 +84,9 @@ def _client_command(
 def add_client_commands() -> None:
     from shoal.cli.console import COMMANDS as CONSOLE_COMMANDS
     from shoal.cli.tasks import COMMANDS as TASK_COMMANDS
+    from shoal.cli.workflows import COMMANDS as WORKFLOW_COMMANDS
 
-    for name, run_with in {**CONSOLE_COMMANDS, **TASK_COMMANDS}.items():
+    for name, run_with in {**CONSOLE_COMMANDS, **TASK_COMMANDS, **WORKFLOW_COMMANDS}.items():
         COMMANDS[name] = _client_command(run_with)
 
 

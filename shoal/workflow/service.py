@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -244,6 +247,28 @@ class Workflows:
         return self.boss.work(
             spec.queue, WorkflowRunner(self.runtime(spec), spec), concurrency=spec.concurrency
         )
+
+
+def encode_cursor(run: RunRow) -> str:
+    """An opaque cursor for the page after ``run``: its (created_at, id), as :meth:`Workflows.list`
+    takes them in ``before``."""
+    text = json.dumps([run.created_at.isoformat(), run.id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, *, field: str = "cursor") -> tuple[datetime, str]:
+    """The (created_at, id) a cursor of :func:`encode_cursor` carries; InvalidInput otherwise."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, run_id = json.loads(raw)
+        when = datetime.fromisoformat(at)
+        if not isinstance(run_id, str) or when.tzinfo is None:
+            raise ValueError(cursor)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidInput(
+            field, "is not a cursor shoal gave (pass next_cursor back as it came)"
+        ) from None
+    return when, run_id
 
 
 def _storable(field: str, value: object) -> str | None:

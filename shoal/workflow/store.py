@@ -51,6 +51,21 @@ class RunRow:
     wait_key: str | None
     epoch: int
 
+    def as_dict(self) -> dict[str, Any]:
+        """The run as JSON shows it (the API's, and ``shoal workflows show --json``)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "status": self.status.value,
+            "input": self.input,
+            "result": self.result,
+            "error": self.error,
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "finished_at": _iso(self.finished_at),
+            "wait_key": self.wait_key,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class StepRow:
@@ -63,6 +78,34 @@ class StepRow:
     error: str | None
     started_at: datetime
     finished_at: datetime | None
+
+    @property
+    def until(self) -> str | None:
+        """When a sleep ends, or a wait not over yet gives up (None: no such time)."""
+        if not isinstance(self.result, dict):
+            return None
+        if self.kind is StepKind.SLEEP:
+            until = self.result.get("until")
+        elif self.kind is StepKind.WAIT:
+            until = self.result.get("deadline")
+        else:
+            return None
+        return until if isinstance(until, str) else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The step as JSON shows it."""
+        return {
+            "seq": self.seq,
+            "name": self.name,
+            "kind": self.kind.value,
+            "status": self.status.value,
+            "attempts": self.attempts,
+            "result": self.result,
+            "error": self.error,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": _iso(self.finished_at),
+            "until": self.until,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +121,10 @@ class StepRecord:
     error: str | None = None
     started: datetime | None = None
     finished: datetime | None = None
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
 
 
 def _run_row(row: tuple[Any, ...]) -> RunRow:
