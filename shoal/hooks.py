@@ -39,6 +39,7 @@ EventName = Literal[
     "message_duplicate",
     "message_failed",
     "monitor_sampled",
+    "step_finished",
 ]
 """What can be reported, and by whom:
 
@@ -66,7 +67,12 @@ EventName = Literal[
 - ``message_failed``: an ingest consumer settled a failed message (``topic``,
   ``message_id``, ``settled``: retry, business or dead);
 - ``monitor_sampled``: the backlog monitor recorded one topic's depth
-  (``topic``, ``reading``).
+  (``topic``, ``reading``);
+- ``step_finished``: an attempt of a workflow's step ended (``queue``: the
+  workflow's queue, ``workflow``, ``run_id``, ``seq``, ``step``: its name,
+  ``attempt``, ``outcome``: completed, retried (another attempt follows,
+  now or after its delay) or failed (its attempts spent, or a
+  ``PermanentError``)). A replay that returns a checkpoint reports nothing.
 """
 
 EVENT_NAMES: tuple[EventName, ...] = (
@@ -79,6 +85,7 @@ EVENT_NAMES: tuple[EventName, ...] = (
     "message_duplicate",
     "message_failed",
     "monitor_sampled",
+    "step_finished",
     "worker_idle",
 )
 

@@ -28,6 +28,7 @@ name                                                      type       labels
 ``shoal_job_wait_seconds``                                histogram  ``queue``
 ``shoal_batch_item_runs_total``                           counter    ``kind``, ``outcome``
 ``shoal_ingest_messages_total``                           counter    ``topic``, ``outcome``
+``shoal_workflow_steps_total``                            counter    ``workflow``, ``outcome``
 ``shoal_pool_connection_requests_total``                  counter
 ``shoal_pool_connection_requests_queued_total``           counter
 ``shoal_pool_connection_wait_seconds_total``              counter
@@ -102,6 +103,8 @@ ITEM_OUTCOMES = (
 # message_failed's ``settled`` and what it counts as.
 _SETTLED = {"retry": "redelivered", "business": "business_error", "dead": "dead_lettered"}
 MESSAGE_OUTCOMES = ("applied", "duplicate", "redelivered", "business_error", "dead_lettered")
+# An attempt of a workflow's step: done, to be tried again, or failed for good.
+STEP_OUTCOMES = ("completed", "retried", "failed")
 
 
 class _Pool(Protocol):
@@ -144,6 +147,13 @@ class WorkerMetrics:
             "shoal_ingest_messages",
             "Ingest deliveries settled by this process's consumers, by topic and outcome.",
             ["topic", "outcome"],
+            registry=r,
+        )
+        self.steps = Counter(
+            "shoal_workflow_steps",
+            "Attempts of workflow steps run by this process, by workflow and outcome "
+            "(completed, retried, failed).",
+            ["workflow", "outcome"],
             registry=r,
         )
         self._pools: list[_Pool] = []
@@ -191,6 +201,8 @@ class WorkerMetrics:
         elif name == "message_failed":
             settled = event["settled"]
             self.messages.labels(event.queue or "", _SETTLED.get(settled, settled)).inc()
+        elif name == "step_finished":
+            self.steps.labels(event["workflow"], event["outcome"]).inc()
 
     # -- serving ---------------------------------------------------------------
 
@@ -285,5 +297,6 @@ __all__ = [
     "ITEM_OUTCOMES",
     "JOB_OUTCOMES",
     "MESSAGE_OUTCOMES",
+    "STEP_OUTCOMES",
     "WorkerMetrics",
 ]

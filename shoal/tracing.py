@@ -27,6 +27,15 @@ What it does while on:
   ``instrument(internal_queues=True)`` asked for them.
   The worker opens it where it calls the handler (``Worker._call``), so
   ``shoal.testing.drain``'s runs are spans too.
+- Each attempt of a workflow's step (``wf.step``, an ``@app.step`` call) is
+  a ``step <workflow> <step>`` span (kind INTERNAL), child of the span of
+  the job that replays the run, with ``shoal.workflow``,
+  ``shoal.workflow.run_id``, ``shoal.workflow.step.seq``,
+  ``shoal.workflow.step.name``, ``shoal.workflow.step.attempt`` and
+  ``shoal.workflow.step.outcome`` (completed, retried, failed, or
+  interrupted when the job was cut off). A failed or retried attempt records
+  the exception and an error status. A step a replay returns from its
+  checkpoint runs nothing and has no span.
 - Each ``apply`` of an ingest consumer of an :class:`~shoal.app.App` run by
   ``shoal worker`` is an ``apply <topic>`` span with ``shoal.topic``,
   ``shoal.message.id`` and ``shoal.message.attempt``.
@@ -38,8 +47,9 @@ A worker decides when it starts: turn tracing on before starting workers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shoal.errors import Cancel, MissingExtra, PermanentError, Snooze
@@ -182,6 +192,62 @@ def _outcome(job: Job, error: Exception) -> str:
     return "retried"
 
 
+class StepSpan:
+    """The span of one attempt of a workflow's step; a no-op while tracing is off."""
+
+    __slots__ = ("_span", "ended")
+
+    def __init__(self, span: Any = None) -> None:
+        self._span = span
+        # Set by end(): the context manager marks an attempt that never said how it ended.
+        self.ended = False
+
+    def end(self, outcome: str, error: BaseException | None = None) -> None:
+        """Say how the attempt ended (and with which exception, when it raised)."""
+        self.ended = True
+        span = self._span
+        if span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("shoal.workflow.step.outcome", outcome)
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+@contextlib.contextmanager
+def step_span(workflow: str, run_id: str, seq: int, name: str, attempt: int) -> Iterator[StepSpan]:
+    """A ``step <workflow> <name>`` span around one attempt of a step while tracing is on."""
+    active = tracer()
+    if active is None:
+        yield StepSpan()
+        return
+    from opentelemetry.trace import SpanKind
+
+    attributes: dict[str, str | int] = {
+        "shoal.workflow": workflow,
+        "shoal.workflow.run_id": run_id,
+        "shoal.workflow.step.seq": seq,
+        "shoal.workflow.step.name": name,
+        "shoal.workflow.step.attempt": attempt,
+    }
+    with active.start_as_current_span(
+        f"step {workflow} {name}",
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        traced = StepSpan(span)
+        try:
+            yield traced
+        except BaseException:
+            if not traced.ended:  # cancelled, or the run was taken over, mid-attempt
+                span.set_attribute("shoal.workflow.step.outcome", "interrupted")
+            raise
+
+
 def traced_apply(topic: str, apply: Apply[Any]) -> Apply[Any]:
     """An ingest ``apply`` inside a span per message while tracing is on; itself while off."""
     active = tracer()
@@ -207,8 +273,10 @@ def traced_apply(topic: str, apply: Apply[Any]) -> Apply[Any]:
 
 __all__ = [
     "TRACE_KEY",
+    "StepSpan",
     "carrier",
     "instrument",
+    "step_span",
     "traced_apply",
     "traced_handler",
     "tracer",

@@ -42,3 +42,19 @@ async def nap(wf: Workflow, data: Any) -> str:
 @app.workflow("ops.approval")
 async def approval(wf: Workflow, data: dict[str, Any]) -> Any:
     return await wf.wait_for(f"approve:{data['doc']}", timeout=timedelta(days=2))
+
+
+# Set by a test, read by the step: how many more calls of the gateway fail.
+gateway_failures = {"left": 0}
+
+
+async def call_gateway(n: int) -> int:
+    if gateway_failures["left"] > 0:
+        gateway_failures["left"] -= 1
+        raise ConnectionError("gateway reset the connection")
+    return 2 * n
+
+
+@app.workflow("ops.flaky")
+async def flaky(wf: Workflow, data: int) -> int:
+    return int(await wf.step(call_gateway, data, name="gateway", retry_limit=2))

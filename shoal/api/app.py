@@ -108,7 +108,8 @@ def create_api(
         dependencies=[*auth, Depends(refuse_writes(read_only)), Depends(refuse_unstorable_params)],
     )
     v1.include_router(tasks_router(batches))
-    v1.include_router(workflows_router(workflows or Workflows(boss, {})))
+    runs = workflows or Workflows(boss, {})
+    v1.include_router(workflows_router(runs))
     v1.include_router(queues_router(queues))
     v1.include_router(jobs_router(queues))
     v1.include_router(schedules_router(queues))
@@ -127,7 +128,7 @@ def create_api(
     writes = CachedWriteCheck(boss.db, clock=boss.clock)
     v1.include_router(history_router(queues, topics, registry, History(boss), open_tasks, writes))
     api.include_router(v1)
-    api.include_router(metrics_router(boss, batches), dependencies=auth)
+    api.include_router(metrics_router(boss, batches, runs), dependencies=auth)
     api.include_router(health_router())
     api.include_router(ready_router(writes))
     api.include_router(dashboard_router())

@@ -25,7 +25,14 @@ name                                           type     labels
                                                         paused: waiting jobs of partitions held
                                                         back, and why)
 ``shoal_queue_limit_held_partitions``          gauge    ``queue``, ``reason``
+``shoal_workflow_runs``                        gauge    ``workflow``, ``status`` (pending,
+                                                        running, sleeping, waiting, failed)
 =============================================  =======  ===================================
+
+Workflow runs are counted while unfinished, and while failed (until retried):
+completed and cancelled runs only grow, so a scrape leaves them out (the
+worker's ``shoal_workflow_steps_total`` counts steps as they end). At most
+:data:`WORKFLOW_RUNS_COUNTED` runs are read per scrape.
 
 The ingest series are the backlog monitor's last reading of each topic.
 
@@ -52,6 +59,8 @@ from shoal.ingest.store import IngestStore
 from shoal.queue.client import Shoal
 from shoal.queue.limits import LimitState
 from shoal.queue.states import JobState
+from shoal.workflow.service import Workflows
+from shoal.workflow.states import RunStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Enough closed tasks for a stable p99, few enough that a scrape stays one cheap query.
@@ -60,6 +69,15 @@ QUANTILES = (0.5, 0.9, 0.99, 1.0)
 # Partitions of limited queues read per scrape (busiest first); the limit
 # series sum over them.
 LIMIT_PARTITIONS = 10_000
+# Open and failed workflow runs read per scrape: past it the gauge stops growing.
+WORKFLOW_RUNS_COUNTED = 100_000
+COUNTED_RUN_STATUSES = (
+    RunStatus.PENDING,
+    RunStatus.RUNNING,
+    RunStatus.SLEEPING,
+    RunStatus.WAITING,
+    RunStatus.FAILED,
+)
 
 
 def _escape(value: str) -> str:
@@ -102,8 +120,8 @@ class Exposition:
         return "\n".join(self.lines) + "\n"
 
 
-async def render(boss: Shoal, batches: Batches) -> str:
-    """One scrape: four queries, no state kept between scrapes."""
+async def render(boss: Shoal, batches: Batches, workflows: Workflows | None = None) -> str:
+    """One scrape: a few queries, no state kept between scrapes."""
     store = batches.store
     items = await store.items_by_status()
     counters = await store.counters()
@@ -223,7 +241,25 @@ async def render(boss: Shoal, batches: Batches) -> str:
         (("", {"topic": t.topic}, 1.0 if t.paused else 0.0) for t in topics),
     )
     limit_families(out, limits)
+    if workflows is not None:
+        await workflow_families(out, workflows)
     return out.text()
+
+
+async def workflow_families(out: Exposition, workflows: Workflows) -> None:
+    runs: dict[tuple[str, str], int] = {}
+    for name in workflows.specs:
+        for status in COUNTED_RUN_STATUSES:
+            runs[(name, status.value)] = 0
+    for name, status, n in await workflows.store.count_open_runs(cap=WORKFLOW_RUNS_COUNTED):
+        runs[(name, status.value)] = runs.get((name, status.value), 0) + n
+    out.family(
+        "shoal_workflow_runs",
+        "gauge",
+        "Workflow runs not finished (pending, running, sleeping, waiting) and failed ones, "
+        "by workflow and status.",
+        (("", {"workflow": w, "status": s}, n) for (w, s), n in sorted(runs.items())),
+    )
 
 
 HELD_REASONS = ("concurrency", "rate", "paused")
@@ -274,7 +310,7 @@ def limit_families(out: Exposition, limits: Sequence[LimitState]) -> None:
     )
 
 
-def metrics_router(boss: Shoal, batches: Batches) -> APIRouter:
+def metrics_router(boss: Shoal, batches: Batches, workflows: Workflows | None = None) -> APIRouter:
     router = APIRouter(tags=["metrics"])
 
     @router.get(
@@ -283,8 +319,9 @@ def metrics_router(boss: Shoal, batches: Batches) -> APIRouter:
         responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}},
     )
     async def metrics() -> PlainTextResponse:
-        """Prometheus metrics for this shoal schema (items, guards, latency, queues)."""
-        return PlainTextResponse(await render(boss, batches), media_type=CONTENT_TYPE)
+        """Prometheus metrics for this shoal schema (items, guards, latency, queues,
+        workflow runs)."""
+        return PlainTextResponse(await render(boss, batches, workflows), media_type=CONTENT_TYPE)
 
     return router
 

@@ -37,6 +37,7 @@ from shoal.queue.results import callable_name, encode_result
 from shoal.queue.retry import SYSTEM_JITTER, RetryPolicy
 from shoal.queue.retry import retry_delay as delay_after
 from shoal.queue.threaded import is_async_callable
+from shoal.tracing import StepSpan, step_span
 from shoal.workflow.states import RunStatus, StepFailed, StepKind, StepStatus, WorkflowChanged
 from shoal.workflow.store import Checkpoint, StepRecord, WorkflowStore
 
@@ -219,51 +220,81 @@ class Workflow:
         while True:
             attempts += 1
             started = self._rt.clock.now()
-            try:
-                if options.transaction:
-                    return await self._run_in_transaction(
-                        call, args, kwargs, seq, label, attempts, started
+            with step_span(self.name, self.id, seq, label, attempts) as span:
+                try:
+                    if options.transaction:
+                        value = await self._run_in_transaction(
+                            call, args, kwargs, seq, label, attempts, started
+                        )
+                        self._ended(span, seq, label, attempts, "completed")
+                        return value
+                    value = await call(*args, **kwargs)
+                    text = encode_result(value, returned_by=_returned_by(label, seq))
+                except (asyncio.CancelledError, Suspended, Superseded, MachineryFailed):
+                    raise
+                except Exception as exc:
+                    error = "".join(traceback.format_exception(exc))
+                    permanent = isinstance(exc, PermanentError | UnstorableResult)
+                    if not permanent and attempts <= options.policy.retry_limit:
+                        self._ended(span, seq, label, attempts, "retried", exc)
+                        delay = delay_after(attempts, options.policy, SYSTEM_JITTER)
+                        if delay <= timedelta(0):
+                            continue
+                        await self._retry_later(seq, label, attempts, error, started, delay)
+                    self._ended(span, seq, label, attempts, "failed", exc)
+                    await self._record(
+                        StepRecord(
+                            seq,
+                            label,
+                            StepKind.STEP,
+                            StepStatus.FAILED,
+                            attempts,
+                            None,
+                            error,
+                            started,
+                            self._rt.clock.now(),
+                        )
                     )
-                value = await call(*args, **kwargs)
-                text = encode_result(value, returned_by=_returned_by(label, seq))
-            except (asyncio.CancelledError, Suspended, Superseded, MachineryFailed):
-                raise
-            except Exception as exc:
-                error = "".join(traceback.format_exception(exc))
-                permanent = isinstance(exc, PermanentError | UnstorableResult)
-                if not permanent and attempts <= options.policy.retry_limit:
-                    delay = delay_after(attempts, options.policy, SYSTEM_JITTER)
-                    if delay <= timedelta(0):
-                        continue
-                    await self._retry_later(seq, label, attempts, error, started, delay)
+                    raise StepFailed(self.id, label, seq, attempts, error) from exc
                 await self._record(
                     StepRecord(
                         seq,
                         label,
                         StepKind.STEP,
-                        StepStatus.FAILED,
+                        StepStatus.COMPLETED,
                         attempts,
+                        text,
                         None,
-                        error,
                         started,
                         self._rt.clock.now(),
                     )
                 )
-                raise StepFailed(self.id, label, seq, attempts, error) from exc
-            await self._record(
-                StepRecord(
-                    seq,
-                    label,
-                    StepKind.STEP,
-                    StepStatus.COMPLETED,
-                    attempts,
-                    text,
-                    None,
-                    started,
-                    self._rt.clock.now(),
-                )
+                self._ended(span, seq, label, attempts, "completed")
+                return None if text is None else json.loads(text)
+
+    def _ended(
+        self,
+        span: StepSpan,
+        seq: int,
+        label: str,
+        attempt: int,
+        outcome: str,
+        error: BaseException | None = None,
+    ) -> None:
+        """An attempt of a step ended: its span says how, and so does a ``step_finished`` event."""
+        span.end(outcome, error)
+        hooks = self._rt.boss.hooks
+        if hooks:
+            hooks.emit(
+                "step_finished",
+                self._rt.queue,
+                workflow=self.name,
+                run_id=self.id,
+                seq=seq,
+                step=label,
+                attempt=attempt,
+                outcome=outcome,
             )
-            return None if text is None else json.loads(text)
 
     async def _run_in_transaction(
         self,

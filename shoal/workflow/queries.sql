@@ -158,3 +158,12 @@ WHERE (%(name)s::text IS NULL OR name = %(name)s)
        OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::text))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s
+
+-- name: count_open_runs
+-- Runs per workflow and status, of the statuses the workflow_run_open index
+-- covers (unfinished, and failed), reading at most `cap` of them.
+SELECT name, status, count(*)
+FROM (SELECT name, status FROM {schema}.workflow_run
+      WHERE status IN ('pending', 'running', 'sleeping', 'waiting', 'failed')
+      LIMIT %(cap)s) open
+GROUP BY name, status

@@ -314,6 +314,11 @@ class WorkflowStore:
         }
         return [_run_row(r) for r in await self._rows("list_runs", params)]
 
+    async def count_open_runs(self, *, cap: int) -> list[tuple[str, RunStatus, int]]:
+        """(workflow, status, runs) of unfinished and failed runs, counting at most ``cap``."""
+        rows = await self._rows("count_open_runs", {"cap": cap})
+        return [(str(name), RunStatus(status), int(n)) for name, status, n in rows]
+
 
 def dumps(value: Any) -> str:
     """JSON text of a value already checked storable (inputs, payloads)."""

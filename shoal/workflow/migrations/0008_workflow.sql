@@ -33,6 +33,11 @@ CREATE TABLE {schema}.workflow_run (
 CREATE INDEX workflow_run_waiting ON {schema}.workflow_run (wait_key) WHERE wait_key IS NOT NULL;
 -- Listing, newest first (list_runs).
 CREATE INDEX workflow_run_created ON {schema}.workflow_run (created_at DESC, id DESC);
+-- The runs /metrics counts (count_open_runs): those not finished, and the
+-- failed ones an operator has to act on. Completed and cancelled runs, which
+-- only grow, are left out, so a scrape reads no more than the open runs.
+CREATE INDEX workflow_run_open ON {schema}.workflow_run (name, status)
+    WHERE status IN ('pending', 'running', 'sleeping', 'waiting', 'failed');
 
 -- One row per step a run reached, by its place in the run (seq, from 1).
 -- `kind`: a step the code ran, a sleep, a wait for an event, a batch task it
