@@ -6,11 +6,15 @@ The commands call the same ``Workflows`` methods as ``/v1/workflows``; only
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+import httpx
 import pytest
 
 from shoal import Shoal
@@ -20,6 +24,9 @@ from tests.cli_helpers import with_boss as run_with_boss
 
 from . import wfopsapp
 from .conftest import wait_for
+from .test_api_logs import environment
+from .test_observe_processes import free_port
+from .test_processes import REPO
 
 APP = "tests.wfopsapp:app"
 
@@ -140,3 +147,35 @@ def test_bad_input_exits_2_naming_what_was_wrong(
 ) -> None:
     assert shoal(db_url, *argv) == 2
     assert named in capsys.readouterr().err
+
+
+async def test_shoal_api_with_an_app_starts_that_apps_workflows(db_url: str) -> None:
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "shoal.cli", "--database-url", db_url],
+        *["api", "--app", APP, "--port", str(port)],
+        env=environment(),
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+
+            async def up() -> bool:
+                assert proc.returncode is None, "shoal api exited early"
+                try:
+                    return (await c.get("/healthz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await wait_for(up, timeout_s=30, interval_s=0.1)
+            declared = (await c.get("/v1/workflows")).json()["workflows"]
+            started = await c.post("/v1/workflows/runs", json={"name": "ops.nap", "id": "via-api"})
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=20)
+    assert proc.returncode == 0, output.decode(errors="replace")
+    assert declared == ["ops.approval", "ops.flaky", "ops.nap", "ops.order"]
+    assert started.status_code == 201, started.text
