@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shoal import Shoal, tracing
 from shoal.api import create_api
 from shoal.metrics import WorkerMetrics
+from shoal.testing import Probe
 from shoal.workflow import RunStatus, Workflows
 
 from . import wfopsapp
@@ -165,3 +166,17 @@ async def test_a_failed_step_span_says_failed_and_without_tracing_there_is_none(
     finally:
         await boss.stop_workers(timedelta(seconds=5))
     assert spans.get_finished_spans() == ()
+
+
+async def test_a_probe_awaits_the_end_of_a_steps_attempt(boss: Shoal, workflows: Workflows) -> None:
+    probe = Probe(boss)
+    await workflows.start("ops.flaky", 3, id="probed")
+    (event,) = await probe.wait_for("step_finished", queue="workflow.ops.flaky", run_id="probed")
+    fields = {k: event[k] for k in ("workflow", "seq", "step", "attempt", "outcome")}
+    assert fields == {
+        "workflow": "ops.flaky",
+        "seq": 1,
+        "step": "gateway",
+        "attempt": 1,
+        "outcome": "completed",
+    }
