@@ -154,6 +154,11 @@ async def test_a_run_id_with_a_slash_is_reached_encoded_or_not(client: httpx.Asy
     assert encoded.status_code == 200 and encoded.json()["id"] == "orders/7"
     cancelled = await client.post("/v1/workflows/runs/orders/7/cancel")
     assert cancelled.json()["status"] == "cancelled"
+    odd = await client.post("/v1/workflows/runs", json={"name": "ops.nap", "id": "café 7?#"})
+    assert odd.status_code == 201, odd.text
+    location = odd.headers["location"]
+    assert location == "/v1/workflows/runs/caf%C3%A9%207%3F%23"
+    assert (await client.get(location)).json()["id"] == "café 7?#"
 
 
 async def test_runs_are_listed_newest_first_by_name_and_status_a_page_at_a_time(

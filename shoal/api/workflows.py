@@ -9,6 +9,7 @@ routes take it as the rest of the path, encoded (``%2F``) or not.
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
@@ -94,7 +95,8 @@ def workflows_router(workflows: Workflows) -> APIRouter:
         started = await workflows.start(body.name, body.input, id=body.id)
         response.status_code = 201 if started.created else 200
         root = request.scope.get("root_path", "")
-        response.headers["Location"] = f"{root}/v1/workflows/runs/{started.id}"
+        # Quoted: an id may hold any character, a header only ASCII.
+        response.headers["Location"] = f"{root}/v1/workflows/runs/{quote(started.id, safe='/')}"
         return {"id": started.id, "created": started.created}
 
     @router.get(
