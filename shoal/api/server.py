@@ -259,7 +259,7 @@ def listen_socket(host: str, port: int) -> socket.socket:
 # an open console does not fill the log. Anything else (a write, an error, a
 # health probe) keeps uvicorn's INFO line.
 CONSOLE_READ_ROUTES = re.compile(
-    r"(/|/tasks|/v1/(overview|queues|jobs|schedules|topics|workers|history|tasks|limits)"
+    r"(/|/tasks|/v1/(overview|queues|jobs|schedules|topics|workers|history|tasks|limits|workflows)"
     r"(/[^?]*)?)(\?.*)?"
 )
 
@@ -268,6 +268,8 @@ def is_console_read(method: str, path: str, status: int) -> bool:
     """Whether a request is one of the console's polls (see CONSOLE_READ_ROUTES).
 
     >>> is_console_read("GET", "/v1/queues?internal=true", 200)
+    True
+    >>> is_console_read("GET", "/v1/workflows/runs/onboard-7", 200)
     True
     >>> is_console_read("POST", "/v1/queues/email/pause", 200)
     False
