@@ -187,7 +187,9 @@ async def test_runs_are_listed_newest_first_by_name_and_status_a_page_at_a_time(
     assert_error(await client.get("/v1/workflows/runs", params={"limit": 501}), 422, "limit")
     assert_error(await client.get("/v1/workflows/runs", params={"cursor": "zzz"}), 422, "cursor")
     names = (await client.get("/v1/workflows")).json()
-    assert names == {"workflows": ["ops.approval", "ops.flaky", "ops.nap", "ops.order"]}
+    assert names == {
+        "workflows": ["ops.approval", "ops.flaky", "ops.nap", "ops.order", "ops.parent"]
+    }
 
 
 async def test_an_event_resumes_the_run_waiting_for_its_key(client: httpx.AsyncClient) -> None:

@@ -177,5 +177,5 @@ async def test_shoal_api_with_an_app_starts_that_apps_workflows(db_url: str) -> 
             proc.send_signal(signal.SIGTERM)
         output, _ = await asyncio.wait_for(proc.communicate(), timeout=20)
     assert proc.returncode == 0, output.decode(errors="replace")
-    assert declared == ["ops.approval", "ops.flaky", "ops.nap", "ops.order"]
+    assert declared == ["ops.approval", "ops.flaky", "ops.nap", "ops.order", "ops.parent"]
     assert started.status_code == 201, started.text

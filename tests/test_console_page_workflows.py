@@ -104,22 +104,27 @@ async def test_a_failed_runs_timeline_shows_the_error_and_retry_completes_it(
         await context.close()
 
 
-async def test_a_sleeping_run_shows_its_sleep_and_cancel_asks_first(
+async def test_a_parent_links_to_its_sleeping_child_and_cancel_asks_first(
     browser: Any, console: str, workflows: Workflows
 ) -> None:
     from playwright.async_api import expect
 
-    await workflows.start("ops.nap", id="nap-2")
+    await workflows.start("ops.parent", id="parent-1")  # its child, "parent-1/1", naps
 
     async def sleeping() -> bool:
-        return (await workflows.get("nap-2")).status is RunStatus.SLEEPING
+        naps = await workflows.list(name="ops.nap", status=RunStatus.SLEEPING)
+        return [run.id for run in naps] == ["parent-1/1"]
 
     await wait_for(sleeping)
     context, page = await signed_in(browser, console)  # accepts every confirm()
     questions: list[str] = []
     page.on("dialog", lambda dialog: questions.append(dialog.message))
     try:
-        await page.goto(console + "/#/run/nap-2")
+        # The parent waits for its child, and its page links to the child's.
+        await page.goto(console + "/#/run/parent-1")
+        await expect(page.locator("#run-status")).to_contain_text("waiting", timeout=UI_TIMEOUT_MS)
+        await page.click("#timeline a.child-run")
+        await expect(page.locator("h2")).to_contain_text("run parent-1/1", timeout=UI_TIMEOUT_MS)
         sleep = page.locator('#timeline [data-step="2"]')
         await expect(sleep).to_contain_text("sleep until", timeout=UI_TIMEOUT_MS)
         await expect(page.locator('#timeline [data-step-bar="2"] .bar.waiting')).to_be_visible()
@@ -127,6 +132,9 @@ async def test_a_sleeping_run_shows_its_sleep_and_cancel_asks_first(
         await expect(page.locator("#run-status")).to_contain_text(
             "cancelled", timeout=UI_TIMEOUT_MS
         )
-        assert questions and "Cancel run nap-2?" in questions[0]
+        assert questions and "Cancel run parent-1/1?" in questions[0]
+        # The parent hears of it: its wait for the child ends, and it fails.
+        await page.goto(console + "/#/run/parent-1")
+        await expect(page.locator("#run-status")).to_contain_text("failed", timeout=UI_TIMEOUT_MS)
     finally:
         await context.close()

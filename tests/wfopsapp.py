@@ -58,3 +58,8 @@ async def call_gateway(n: int) -> int:
 @app.workflow("ops.flaky")
 async def flaky(wf: Workflow, data: int) -> int:
     return int(await wf.step(call_gateway, data, name="gateway", retry_limit=2))
+
+
+@app.workflow("ops.parent")
+async def parent(wf: Workflow, data: Any) -> Any:
+    return await wf.child("ops.nap")
