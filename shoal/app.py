@@ -69,7 +69,6 @@ from shoal.queue.options import (
 from shoal.queue.threaded import is_async_callable
 from shoal.queue.worker import DEFAULT_CONCURRENCY, DEFAULT_SHUTDOWN_GRACE, Worker
 from shoal.worker_process import run_process
-from shoal.workflow.context import StepOptions, current_workflow
 from shoal.workflow.runner import (
     DEFAULT_CONCURRENCY as DEFAULT_WORKFLOW_CONCURRENCY,
 )
@@ -77,6 +76,7 @@ from shoal.workflow.runner import (
     DEFAULT_JOB_OPTIONS as DEFAULT_WORKFLOW_JOB_OPTIONS,
 )
 from shoal.workflow.runner import WorkflowFunction, WorkflowSpec, queue_of
+from shoal.workflow.runtime import StepOptions, current_workflow
 from shoal.workflow.service import Workflows
 
 log = logging.getLogger("shoal.app")

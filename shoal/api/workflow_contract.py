@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shoal.workflow.context import MAX_KEY_LENGTH
+from shoal.workflow.runtime import MAX_KEY_LENGTH
 from shoal.workflow.service import MAX_RUN_ID_LENGTH
 
 RunStatusName = Literal[

@@ -6,8 +6,9 @@ waits for events (``wf.wait_for``) are checkpointed, so a run resumes after a
 crash or a deploy where it stopped (docs/workflows.md).
 """
 
-from shoal.workflow.context import Workflow, current_workflow
+from shoal.workflow.context import Workflow
 from shoal.workflow.runner import WorkflowSpec
+from shoal.workflow.runtime import current_workflow
 from shoal.workflow.service import RunView, Started, Workflows
 from shoal.workflow.states import RunStatus, StepFailed, StepKind, StepStatus, WorkflowChanged
 from shoal.workflow.store import RunRow, StepRow

@@ -17,128 +17,39 @@ the workflow function with :class:`Suspended`, which the runner catches.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import hashlib
 import json
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from shoal.batch.service import Batches
 from shoal.batch.states import TaskStatus
-from shoal.clock import Clock
-from shoal.db.pool import AsyncConn, Database
+from shoal.db.pool import AsyncConn
 from shoal.errors import InvalidInput, PermanentError, UnstorableResult
-from shoal.queue.client import Shoal
-from shoal.queue.options import DEFAULT_RETRY_DELAY_MAX, MAX_DURATION
 from shoal.queue.results import callable_name, encode_result
-from shoal.queue.retry import SYSTEM_JITTER, RetryPolicy
+from shoal.queue.retry import SYSTEM_JITTER
 from shoal.queue.retry import retry_delay as delay_after
-from shoal.queue.threaded import is_async_callable
 from shoal.tracing import StepSpan, step_span
+from shoal.workflow.runtime import (
+    MAX_KEY_LENGTH,
+    NO_TIMEOUT,
+    MachineryFailed,
+    Runtime,
+    StepOptions,
+    Superseded,
+    Suspended,
+    caller_of,
+    child_key,
+    digest,
+    parse_time,
+    returned_by,
+    task_key,
+    to_json,
+)
 from shoal.workflow.states import RunStatus, StepFailed, StepKind, StepStatus, WorkflowChanged
-from shoal.workflow.store import Checkpoint, StepRecord, WorkflowStore
+from shoal.workflow.store import Checkpoint, StepRecord
 
 T = TypeVar("T")
-
-# A wait for an event with no timeout: its resume job is due this far ahead
-# (the longest duration a job takes), and an event makes it due at once.
-NO_TIMEOUT = MAX_DURATION - timedelta(days=1)
-MAX_KEY_LENGTH = 512
-
-_current: contextvars.ContextVar[Workflow | None] = contextvars.ContextVar(
-    "shoal_workflow", default=None
-)
-
-
-def current_workflow() -> Workflow | None:
-    """The run whose code is running in this task, if any (what ``@app.step`` functions use).
-
-    None inside a step: a step called from a step is a plain call, checkpointed
-    as part of the outer one.
-    """
-    return _current.get()
-
-
-class Suspended(BaseException):
-    """The run waits (a sleep, an event, a retry delay): its resume job is sent.
-
-    A ``BaseException``, so a workflow's ``except Exception`` does not stop it.
-    """
-
-
-class Superseded(BaseException):
-    """Another job holds the run now (this one's lease ran out, or the run was cancelled)."""
-
-
-class MachineryFailed(BaseException):
-    """The database failed under a step's bookkeeping: the job fails and is retried.
-
-    Carried as a ``BaseException`` through the workflow's code, so that its
-    ``except Exception`` cannot take a lost connection for a failed step.
-    """
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-@dataclass(frozen=True, slots=True)
-class StepOptions:
-    """How a step is named, retried and committed (see :meth:`Workflow.step`)."""
-
-    name: str | None
-    policy: RetryPolicy
-    transaction: bool
-
-    @classmethod
-    def of(
-        cls,
-        name: str | None,
-        retry_limit: int,
-        retry_delay: timedelta,
-        retry_backoff: bool,
-        transaction: bool,
-    ) -> StepOptions:
-        """Checked options: a bad one raises :class:`InvalidInput` naming it."""
-        if name is not None and (not isinstance(name, str) or not name):
-            raise InvalidInput("name", f"a step's name is a non-empty string, got {name!r}")
-        if isinstance(retry_limit, bool) or not isinstance(retry_limit, int) or retry_limit < 0:
-            raise InvalidInput(
-                "retry_limit", f"must be an integer of 0 or more, got {retry_limit!r}"
-            )
-        if not isinstance(retry_delay, timedelta) or retry_delay < timedelta(0):
-            raise InvalidInput(
-                "retry_delay", f"must be a timedelta of 0 or more, got {retry_delay!r}"
-            )
-        policy = RetryPolicy(retry_limit, retry_delay, bool(retry_backoff), DEFAULT_RETRY_DELAY_MAX)
-        return cls(name, policy, bool(transaction))
-
-
-# Starts a child run: (workflow name, input, run id, done key) -> created.
-StartChild = Callable[[str, Any, str, str, AsyncConn], Awaitable[bool]]
-
-
-@dataclass(frozen=True, slots=True)
-class Runtime:
-    """What every run of one workflow needs: the database, the queue, the workflow's job options."""
-
-    store: WorkflowStore
-    boss: Shoal
-    queue: str
-    job_options: dict[str, Any] = field(default_factory=dict)
-    batches: Batches | None = None
-    start_child: StartChild | None = None
-
-    @property
-    def db(self) -> Database:
-        return self.store.db
-
-    @property
-    def clock(self) -> Clock:
-        return self.boss.clock
 
 
 class Workflow:
@@ -216,7 +127,7 @@ class Workflow:
             if done.status is StepStatus.FAILED:
                 raise StepFailed(self.id, label, seq, done.attempts, done.error or "")
             attempts = done.attempts
-        call = _caller(fn, options.transaction)
+        call = caller_of(fn, options.transaction)
         while True:
             attempts += 1
             started = self._rt.clock.now()
@@ -229,7 +140,7 @@ class Workflow:
                         self._ended(span, seq, label, attempts, "completed")
                         return value
                     value = await call(*args, **kwargs)
-                    text = encode_result(value, returned_by=_returned_by(label, seq))
+                    text = encode_result(value, returned_by=returned_by(label, seq))
                 except (asyncio.CancelledError, Suspended, Superseded, MachineryFailed):
                     raise
                 except Exception as exc:
@@ -308,7 +219,7 @@ class Workflow:
     ) -> Any:
         async def work(conn: AsyncConn) -> Any:
             value = await call(conn, *args, **kwargs)
-            text = encode_result(value, returned_by=_returned_by(label, seq))
+            text = encode_result(value, returned_by=returned_by(label, seq))
             record = StepRecord(
                 seq,
                 label,
@@ -348,7 +259,7 @@ class Workflow:
         now = self._rt.clock.now()
         if done is not None and done.status is StepStatus.COMPLETED:
             return
-        until = until_of(now) if done is None else _time(done.result["until"])
+        until = until_of(now) if done is None else parse_time(done.result["until"])
         started = now if done is None else None
         if now >= until:
             await self._record(
@@ -358,7 +269,7 @@ class Workflow:
                     StepKind.SLEEP,
                     StepStatus.COMPLETED,
                     0,
-                    _json({"until": until.isoformat()}),
+                    to_json({"until": until.isoformat()}),
                     None,
                     started,
                     now,
@@ -371,7 +282,7 @@ class Workflow:
             StepKind.SLEEP,
             StepStatus.WAITING,
             0,
-            _json({"until": until.isoformat()}),
+            to_json({"until": until.isoformat()}),
             None,
             started,
             None,
@@ -405,7 +316,7 @@ class Workflow:
             deadline = None if timeout is None else now + max(timeout, timedelta(0))
             started: datetime | None = now
         else:
-            deadline = _time(done.result["deadline"]) if done.result.get("deadline") else None
+            deadline = parse_time(done.result["deadline"]) if done.result.get("deadline") else None
             started = None
         store = self._rt.store
 
@@ -421,7 +332,7 @@ class Workflow:
                     StepKind.WAIT,
                     StepStatus.COMPLETED,
                     0,
-                    _json(result),
+                    to_json(result),
                     None,
                     started,
                     now,
@@ -435,7 +346,7 @@ class Workflow:
                 StepKind.WAIT,
                 StepStatus.WAITING,
                 0,
-                _json({"deadline": None if deadline is None else deadline.isoformat()}),
+                to_json({"deadline": None if deadline is None else deadline.isoformat()}),
                 None,
                 started,
                 None,
@@ -475,7 +386,7 @@ class Workflow:
             return dict(done.result)
         now = self._rt.clock.now()
         if done is None:
-            key = f"shoal.workflow:{_digest(self.id)}:{seq}"
+            key = f"shoal.workflow:{digest(self.id)}:{seq}"
 
             async def create(conn: AsyncConn) -> None:
                 created = await batches.create(
@@ -493,7 +404,7 @@ class Workflow:
                     StepKind.BATCH,
                     StepStatus.WAITING,
                     0,
-                    _json({"task_id": created.task_id}),
+                    to_json({"task_id": created.task_id}),
                     None,
                     now,
                     None,
@@ -513,7 +424,7 @@ class Workflow:
                     StepKind.BATCH,
                     StepStatus.WAITING,
                     0,
-                    _json({"task_id": task_id}),
+                    to_json({"task_id": task_id}),
                     None,
                     None,
                     None,
@@ -529,10 +440,10 @@ class Workflow:
         }
         await self._record(
             StepRecord(
-                seq, kind, StepKind.BATCH, StepStatus.COMPLETED, 0, _json(result), None, None, now
+                seq, kind, StepKind.BATCH, StepStatus.COMPLETED, 0, to_json(result), None, None, now
             )
         )
-        return json.loads(_json(result))  # type: ignore[no-any-return]
+        return json.loads(to_json(result))  # type: ignore[no-any-return]
 
     async def child(self, name: str, input: Any = None) -> Any:
         """Start a run of workflow ``name`` and wait for it, holding no process: its result.
@@ -546,7 +457,7 @@ class Workflow:
         start_child = self._rt.start_child
         child_id = f"{self.id}/{self._seq + 1}"
         if len(child_id) > MAX_KEY_LENGTH // 2:
-            child_id = f"child-{_digest(self.id)}-{self._seq + 1}"
+            child_id = f"child-{digest(self.id)}-{self._seq + 1}"
         key = child_key(child_id)
 
         async def start(conn: AsyncConn) -> str:
@@ -670,68 +581,3 @@ class Workflow:
             raise
         except Exception as exc:
             raise MachineryFailed(exc) from exc
-
-
-def _caller(fn: Callable[..., Any], transaction: bool) -> Callable[..., Awaitable[Any]]:
-    """``fn`` as a coroutine function that runs outside any workflow (steps do not nest)."""
-    if not callable(fn):
-        raise InvalidInput("fn", f"a step must be a function, got {fn!r}")
-    if is_async_callable(fn):
-
-        async def outside(*args: Any, **kwargs: Any) -> Any:
-            token = _current.set(None)
-            try:
-                return await fn(*args, **kwargs)
-            finally:
-                _current.reset(token)
-
-        return outside
-    if transaction:
-        raise InvalidInput(
-            "fn", f"a step with transaction=True must be an async def function, got {fn!r}"
-        )
-
-    def plain(*args: Any, **kwargs: Any) -> Any:
-        _current.set(None)  # in the thread's own copy of the context
-        return fn(*args, **kwargs)
-
-    async def in_thread(*args: Any, **kwargs: Any) -> Any:
-        context = contextvars.copy_context()
-        return await asyncio.to_thread(context.run, plain, *args, **kwargs)
-
-    return in_thread
-
-
-def task_key(task_id: str) -> str:
-    """The wait key of a run waiting for a batch task to close."""
-    return f"shoal.batch:{task_id}"
-
-
-def child_key(child_id: str) -> str:
-    """The event a child run's end sends to its parent."""
-    return f"shoal.workflow.done:{child_id}"
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _returned_by(label: str, seq: int) -> str:
-    return f"step {seq} ({label!r}) returned a result that cannot be stored: "
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-def _time(text: str) -> datetime:
-    at = datetime.fromisoformat(text)
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
-
-
-def enter(wf: Workflow) -> contextvars.Token[Workflow | None]:
-    return _current.set(wf)
-
-
-def leave(token: contextvars.Token[Workflow | None]) -> None:
-    _current.reset(token)

@@ -13,12 +13,12 @@ from typing import Any
 from shoal.errors import InvalidInput, UnstorableResult
 from shoal.queue.job import Job
 from shoal.queue.results import encode_result
-from shoal.workflow.context import (
+from shoal.workflow.context import Workflow
+from shoal.workflow.runtime import (
     MachineryFailed,
     Runtime,
     Superseded,
     Suspended,
-    Workflow,
     enter,
     leave,
     task_key,

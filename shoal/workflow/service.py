@@ -26,8 +26,8 @@ from shoal.queue.client import Shoal
 from shoal.queue.results import encode_result
 from shoal.queue.states import JobId
 from shoal.queue.worker import Worker
-from shoal.workflow.context import MAX_KEY_LENGTH, Runtime, child_key, task_key
 from shoal.workflow.runner import WorkflowRunner, WorkflowSpec, queue_of
+from shoal.workflow.runtime import MAX_KEY_LENGTH, Runtime, child_key, task_key
 from shoal.workflow.states import FINAL, RunStatus
 from shoal.workflow.store import RunRow, StepRow, WorkflowStore
 
