@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import logging
 import os
@@ -167,9 +168,10 @@ class Meter:
             "commits": await self.commits() - commits - (watch.polls - polls),
             "wal_bytes": usage.wal_bytes,
             "server_cpu_s": usage.cpu_s,
+            "exec_ms": usage.exec_ms,
             "by_kind": [
-                (q[:160], calls)
-                for q, calls, _ms, _wal in sorted(usage.top, key=lambda t: -t[1])[:12]
+                (q[:140], calls, ms)
+                for q, calls, ms, _wal in sorted(usage.top, key=lambda t: -t[1])[:12]
             ],
         }
         return value, spent
@@ -300,7 +302,13 @@ async def shoal_side(url: str, admin_url: str, args: argparse.Namespace) -> dict
             reached = await runs.until(n, started, SHOAL_TIMEOUT_S, SHOAL_THREE)
             return {**reached.as_dict(), "starts_s": starts_s}
 
+        profiler = cProfile.Profile() if args.profile else None
+        if profiler is not None:
+            profiler.enable()
         result, spent = await meter.measure(three, runs)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
         out["three"] = {**result, **spent, "db_s": await db_span(SHOAL_THREE), "n": n}
         print(f"shoal three steps: {out['three']['s']:.2f} s", file=sys.stderr, flush=True)
 
@@ -474,6 +482,7 @@ def run_side(side: str, admin_url: str, args: argparse.Namespace) -> dict[str, A
         str(args.dbos_poll),
         "--dbos-timeout",
         str(args.dbos_timeout),
+        *(["--profile", args.profile] if args.profile else []),
     ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run(command, env=env, cwd=root, stdout=subprocess.PIPE, text=True)
@@ -529,8 +538,12 @@ def report(results: dict[str, dict[str, Any]]) -> str:
             f"{c['statements'] / steps:.2f}, WAL bytes/step {c['wal_bytes'] / steps:,.0f}, "
             f"server CPU µs/step {1e6 * (c['server_cpu_s'] or 0) / steps:,.0f}"
         )
-        for query, calls in c["by_kind"]:
-            lines.append(f"         {calls / steps:6.3f}/step  {query}")
+        lines.append(
+            f"         statements by kind, per step, and their execution time (pg_stat_statements;"
+            f" all: {1000 * (c['exec_ms'] or 0) / steps:,.0f} µs/step):"
+        )
+        for query, calls, ms in c["by_kind"]:
+            lines.append(f"         {calls / steps:6.3f}/step {1000 * ms / steps:6.0f} µs  {query}")
     lines.append(f"\n== idle: statements/s, worker idle, then with {SLEEPERS} workflows asleep ==")
     for side, r in results.items():
         a, b = r["idle"], r["idle_sleepers"]
@@ -559,6 +572,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--dbos-poll", type=float, default=DBOS_POLL_S)
     parser.add_argument("--dbos-timeout", type=float, default=DBOS_TIMEOUT_S)
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="cProfile the shoal side's process (driver and worker) during the three-step case",
+    )
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child's part
     args = parser.parse_args(argv)
     n = N_QUICK if args.quick else N_FULL
