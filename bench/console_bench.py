@@ -64,6 +64,7 @@ import psycopg
 from psycopg import sql
 
 from bench.machine import server_cpu_s
+from shoal.internal import INTERNAL_PREFIX
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SCHEMA = "console_bench"
@@ -223,6 +224,29 @@ FILL_SQL = [
            'attempts', 'ValueError: card ' || d || ': unknown account', 5, now()
     FROM generate_series(1, 10000) AS d
     """,
+    # Workflow runs, a tenth of the jobs: most completed, some failed, asleep,
+    # waiting or running; three steps each.
+    """
+    INSERT INTO {schema}.workflow_run (id, name, input, status, epoch, result, error,
+                                       wait_key, created_at, updated_at, finished_at)
+    SELECT 'run-' || r, CASE WHEN r %% 4 = 0 THEN 'onboard' ELSE 'order' END,
+           jsonb_build_object('n', r), s.status, 1,
+           CASE WHEN s.status = 'completed' THEN '{"ok": true}'::jsonb END,
+           CASE WHEN s.status = 'failed' THEN 'StepFailed: step 2 failed' END,
+           CASE WHEN s.status = 'waiting' THEN 'review:' || r END,
+           now() - r * interval '1 s', now(),
+           CASE WHEN s.status IN ('completed', 'failed') THEN now() END
+    FROM generate_series(1, %(jobs)s / 10) AS r,
+         LATERAL (SELECT CASE WHEN r %% 20 = 1 THEN 'failed' WHEN r %% 50 = 2 THEN 'sleeping'
+                              WHEN r %% 50 = 3 THEN 'waiting' WHEN r %% 100 = 4 THEN 'running'
+                              ELSE 'completed' END AS status) s
+    """,
+    """
+    INSERT INTO {schema}.workflow_step (run_id, seq, name, kind, status, attempts, result,
+                                        started_at, finished_at)
+    SELECT 'run-' || r, q, 'app.step_' || q, 'step', 'completed', 1, to_jsonb(q), now(), now()
+    FROM generate_series(1, %(jobs)s / 10) AS r, generate_series(1, 3) AS q
+    """,
 ]
 
 DRAIN_RATE_NOTE = "no-op jobs/s, boss.work(concurrency=10), sampler statements on a 2nd connection"
@@ -271,7 +295,16 @@ async def fill(url: str, args: argparse.Namespace) -> dict[str, float]:
             table = text.split("INTO", 1)[1].split("(", 1)[0].strip() if "INTO" in text else "seq"
             timings[table] = time.perf_counter() - started
         started = time.perf_counter()
-        for table in ("job", "job_archive", "item", "task", "history", "ingest_dead"):
+        for table in (
+            "job",
+            "job_archive",
+            "item",
+            "task",
+            "history",
+            "ingest_dead",
+            "workflow_run",
+            "workflow_step",
+        ):
             await conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(SCHEMA, table)))
         timings["vacuum analyze"] = time.perf_counter() - started
     return timings
@@ -364,6 +397,14 @@ def route_list(ids: dict[str, Any]) -> list[tuple[str, str | None]]:
         ("task", f"/v1/tasks/{task}"),
         ("task items status=error", f"/v1/tasks/{task}/items?status=error"),
         ("task items ref=<search>", f"/v1/tasks/{task}/items?ref=doc-00004"),
+        ("workflows", "/v1/workflows"),
+        ("workflow runs", "/v1/workflows/runs"),
+        ("workflow runs status=failed", "/v1/workflows/runs?status=failed"),
+        (
+            "workflow runs name=onboard status=waiting",
+            "/v1/workflows/runs?name=onboard&status=waiting",
+        ),
+        ("workflow run page", "/v1/workflows/runs/run-40"),
         ("page /", "/"),
         ("page /tasks", "/tasks"),
     ]
@@ -458,6 +499,7 @@ async def sampling_round_ms(url: str, rounds: int = 10) -> list[float]:
                                 "resolution": resolution,
                                 "finished_cap": sampler.finished_cap,
                                 "depth_cap": sampler.depth_cap,
+                                "internal_prefix": INTERNAL_PREFIX,
                                 "gone_s": GONE_S,
                             },
                         )
