@@ -2,13 +2,20 @@
 -- Tables: shoal/workflow/migrations; the functions called here, with their
 -- reasons: shoal/workflow/functions.sql and shoal/queue/functions.sql.
 
--- name: insert_run
--- A new run; nothing when a run of that id exists (a start is idempotent by id).
-INSERT INTO {schema}.workflow_run (id, name, input, done_key, created_at, updated_at)
-VALUES (%(id)s, %(name)s, %(input)s::jsonb, %(done_key)s,
-        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
-ON CONFLICT (id) DO NOTHING
-RETURNING id
+-- name: start_run
+-- A new run and the job that runs it, in one statement (one round trip, in
+-- its own transaction or the caller's); no row when a run of that id exists
+-- (a start is idempotent by id). The job is sent by the queue's SQL API,
+-- send_v2, which checks its options and wakes the queue's workers on commit.
+WITH run AS (
+    INSERT INTO {schema}.workflow_run (id, name, input, done_key, created_at, updated_at)
+    VALUES (%(id)s, %(name)s, %(input)s::jsonb, %(done_key)s,
+            coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+)
+SELECT {schema}.send_v2(%(queue)s, jsonb_build_object('run', run.id), %(options)s::jsonb)
+FROM run
 
 -- name: begin_run
 -- A job takes a run to replay it: the next epoch (which fences out any older

@@ -101,15 +101,9 @@ class Workflows:
     async def _start_child(
         self, name: str, input: Any, run_id: str, done_key: str, conn: AsyncConn
     ) -> bool:
-        spec = self._spec(name)
-        data = _storable("input", input)
-        now = self.boss.clock.sql_now()
-        if not await self.store.insert_run(
-            conn, run_id, spec.name, data, done_key=done_key, now=now
-        ):
-            return False
-        await self.boss.send(spec.queue, {"run": run_id}, conn=conn, **spec.job_options)
-        return True
+        return await self._start(
+            self._spec(name), run_id, _storable("input", input), done_key, conn
+        )
 
     async def start(
         self,
@@ -127,17 +121,28 @@ class Workflows:
         """
         spec = self._spec(name)
         run_id = str(uuid.uuid4()) if id is None else _run_id(id)
-        data = _storable("input", input)
-        now = self.boss.clock.sql_now()
-
-        async def start(c: AsyncConn) -> bool:
-            if not await self.store.insert_run(c, run_id, spec.name, data, now=now):
-                return False
-            await self.boss.send(spec.queue, {"run": run_id}, conn=c, **spec.job_options)
-            return True
-
-        created = await self.boss.db.on(conn, start)
+        created = await self._start(spec, run_id, _storable("input", input), None, conn)
         return Started(run_id, created)
+
+    async def _start(
+        self,
+        spec: WorkflowSpec,
+        run_id: str,
+        data: str | None,
+        done_key: str | None,
+        conn: AsyncConn | None,
+    ) -> bool:
+        now = self.boss.clock.sql_now()
+        return await self.store.start_run(
+            run_id,
+            spec.name,
+            data,
+            queue=spec.queue,
+            options=job_options_json(spec.job_options, now),
+            done_key=done_key,
+            now=now,
+            conn=conn,
+        )
 
     async def signal(self, key: str, payload: Any = None, *, conn: AsyncConn | None = None) -> int:
         """Send an event to ``key``: delivered once, to one run's ``wait_for(key)``; its id.
@@ -269,6 +274,18 @@ def decode_cursor(cursor: str, *, field: str = "cursor") -> tuple[datetime, str]
             field, "is not a cursor shoal gave (pass next_cursor back as it came)"
         ) from None
     return when, run_id
+
+
+def job_options_json(options: Mapping[str, Any], now: datetime | None) -> str:
+    """A workflow's job options as the queue's SQL API takes them (durations in seconds).
+
+    With a test's clock (``now`` given), the job is due at that time, as a
+    job sent from Python is; the SQL API would take the database's.
+    """
+    out = {k: v.total_seconds() if isinstance(v, timedelta) else v for k, v in options.items()}
+    if now is not None:
+        out["start_after"] = now.isoformat()
+    return json.dumps(out)
 
 
 def _storable(field: str, value: object) -> str | None:

@@ -160,19 +160,32 @@ class WorkflowStore:
     ) -> list[tuple[Any, ...]]:
         return await self.db.fetch(self.sql[name], params, conn)
 
-    async def insert_run(
+    async def start_run(
         self,
-        conn: AsyncConn,
         run_id: str,
         name: str,
         data: str | None,
         *,
+        queue: str,
+        options: str,
         done_key: str | None = None,
         now: datetime | None,
+        conn: AsyncConn | None = None,
     ) -> bool:
-        """A new run; False when a run of that id exists. ``done_key``: the event its end sends."""
-        params = {"id": run_id, "name": name, "input": data, "done_key": done_key, "now": now}
-        return bool(await self._rows("insert_run", params, conn))
+        """A new run and its job (``options``: the job's, as JSON); False when the id is taken.
+
+        ``done_key``: the event the run's end sends (a child's to its parent).
+        """
+        params = {
+            "id": run_id,
+            "name": name,
+            "input": data,
+            "done_key": done_key,
+            "queue": queue,
+            "options": options,
+            "now": now,
+        }
+        return bool(await self._rows("start_run", params, conn))
 
     async def begin_run(self, run_id: str, job: int, *, now: datetime | None) -> Begun | None:
         """Take the run for this job (the next epoch) with its checkpoints; None: not its turn."""
