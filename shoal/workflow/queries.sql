@@ -5,8 +5,8 @@
 -- name: start_run
 -- A new run and the job that runs it, in one statement (one round trip, in
 -- its own transaction or the caller's); no row when a run of that id exists
--- (a start is idempotent by id). The job is sent by the queue's SQL API,
--- send_v2, which checks its options and wakes the queue's workers on commit.
+-- (a start is idempotent by id). The job's settings are the workflow's,
+-- checked when it was declared (the queue's send_job_v1).
 WITH run AS (
     INSERT INTO {schema}.workflow_run (id, name, input, done_key, created_at, updated_at)
     VALUES (%(id)s, %(name)s, %(input)s::jsonb, %(done_key)s,
@@ -14,7 +14,9 @@ WITH run AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 )
-SELECT {schema}.send_v2(%(queue)s, jsonb_build_object('run', run.id), %(options)s::jsonb)
+SELECT {schema}.send_job_v1(
+    %(queue)s, jsonb_build_object('run', run.id), %(retry_limit)s, %(retry_delay_s)s,
+    %(retry_backoff)s, %(retry_delay_max_s)s, %(expire_in_s)s, NULL, %(now)s::timestamptz)
 FROM run
 
 -- name: begin_run

@@ -23,6 +23,7 @@ from shoal.batch.service import Batches
 from shoal.db.pool import AsyncConn
 from shoal.errors import Conflict, DeadlineExceeded, InvalidInput, NotFound, UnstorableResult
 from shoal.queue.client import Shoal
+from shoal.queue.options import JobOptions
 from shoal.queue.results import encode_result
 from shoal.queue.states import JobId
 from shoal.queue.worker import Worker
@@ -138,7 +139,7 @@ class Workflows:
             spec.name,
             data,
             queue=spec.queue,
-            options=job_options_json(spec.job_options, now),
+            options=JobOptions().merged(spec.job_options),
             done_key=done_key,
             now=now,
             conn=conn,
@@ -274,18 +275,6 @@ def decode_cursor(cursor: str, *, field: str = "cursor") -> tuple[datetime, str]
             field, "is not a cursor shoal gave (pass next_cursor back as it came)"
         ) from None
     return when, run_id
-
-
-def job_options_json(options: Mapping[str, Any], now: datetime | None) -> str:
-    """A workflow's job options as the queue's SQL API takes them (durations in seconds).
-
-    With a test's clock (``now`` given), the job is due at that time, as a
-    job sent from Python is; the SQL API would take the database's.
-    """
-    out = {k: v.total_seconds() if isinstance(v, timedelta) else v for k, v in options.items()}
-    if now is not None:
-        out["start_after"] = now.isoformat()
-    return json.dumps(out)
 
 
 def _storable(field: str, value: object) -> str | None:

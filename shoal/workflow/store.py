@@ -10,6 +10,7 @@ from typing import Any
 
 from shoal.db.pool import AsyncConn, Database
 from shoal.db.queries import load_queries
+from shoal.queue.options import JobOptions
 from shoal.workflow.states import RunStatus, StepKind, StepStatus
 
 
@@ -167,12 +168,12 @@ class WorkflowStore:
         data: str | None,
         *,
         queue: str,
-        options: str,
+        options: JobOptions,
         done_key: str | None = None,
         now: datetime | None,
         conn: AsyncConn | None = None,
     ) -> bool:
-        """A new run and its job (``options``: the job's, as JSON); False when the id is taken.
+        """A new run and its job (sent with ``options``); False when the id is taken.
 
         ``done_key``: the event the run's end sends (a child's to its parent).
         """
@@ -182,7 +183,11 @@ class WorkflowStore:
             "input": data,
             "done_key": done_key,
             "queue": queue,
-            "options": options,
+            "retry_limit": options.retry_limit,
+            "retry_delay_s": options.retry_delay.total_seconds(),
+            "retry_backoff": options.retry_backoff,
+            "retry_delay_max_s": options.retry_delay_max.total_seconds(),
+            "expire_in_s": options.expire_in.total_seconds(),
             "now": now,
         }
         return bool(await self._rows("start_run", params, conn))
