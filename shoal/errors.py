@@ -22,6 +22,10 @@ and is importable from ``shoal``::
     │                         (also an ImportError); the message names the pip command
     ├── PipelineClosed        a held submit met its pipeline's close (shoal.ingest.pipeline)
     ├── UnsafeDurability      the NATS server may lose acknowledged messages (shoal.ingest.nats)
+    ├── StepFailed            a workflow's step spent its attempts; raised in the workflow at the
+    │                         step (shoal.workflow)
+    ├── WorkflowChanged       a run's checkpoints no longer match its workflow's code; the run
+    │                         fails naming the step (shoal.workflow)
     └── UnstorableResult      a handler returned a value that cannot be stored as JSON (recorded
                               as its run's error; also a ValueError)
 
@@ -30,8 +34,8 @@ Handlers may also raise :class:`Snooze` (or its :class:`RetryAfter`) or
 raises once someone cancelled the job): signals to the worker, not failures,
 so they derive from ``Exception`` only.
 
-The classes live here except the three defined next to the ingest code that
-raises them (named in brackets above); ``shoal`` exports them all.
+The classes live here except those defined next to the ingest and workflow
+code that raises them (named in brackets above); ``shoal`` exports them all.
 """
 
 from __future__ import annotations

@@ -29,6 +29,11 @@ NOT_CALLER_ERRORS = {
     "shoal.api.server.HeadTooLarge",
     # The demo's handler failing on purpose.
     "shoal.demo.FlakyGateway",
+    # Raised and caught inside a workflow's runner: they unwind a run's code
+    # (BaseExceptions, so its `except Exception` cannot stop them).
+    "shoal.workflow.runtime.Suspended",
+    "shoal.workflow.runtime.Superseded",
+    "shoal.workflow.runtime.MachineryFailed",
 }
 
 

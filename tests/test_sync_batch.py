@@ -361,7 +361,7 @@ async def test_bad_input_gets_the_same_message_from_python_sync_python_and_sql(
 
 
 async def test_the_sql_examples_of_the_batch_page_run(boss: Shoal, db_url: str) -> None:
-    """docs/batch.md's SQL blocks, in order, on a database with the kind and `uploads` they use."""
+    """docs/batch.md's SQL blocks, in order, on a database with the kind they use."""
     import re
     from pathlib import Path
 
@@ -370,13 +370,18 @@ async def test_the_sql_examples_of_the_batch_page_run(boss: Shoal, db_url: str) 
     blocks = re.findall(r"^```sql\n(.*?)^```$", page, re.MULTILINE | re.DOTALL)
     assert blocks
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE uploads (id bigint PRIMARY KEY, files jsonb NOT NULL)")
         for block in blocks:
             conn.execute(block)
-        conn.execute("""INSERT INTO uploads VALUES (8, '["doc-5"]')""")
+        conn.execute("""INSERT INTO uploads (files) VALUES ('["doc-8"]')""")
         tasks = conn.execute(
             "SELECT total, idempotency_key, params FROM shoal.task ORDER BY created_at, total"
         ).fetchall()
     assert sorted(tasks, key=str) == sorted(
-        [(2, None, None), (3, "upload-7", {"model": "small"}), (1, "upload-8", None)], key=str
+        [
+            (2, None, None),
+            (3, "upload-7", {"model": "small"}),
+            (2, "upload-1", None),
+            (1, "upload-2", None),
+        ],
+        key=str,
     )

@@ -96,7 +96,7 @@ async def test_the_testing_kit_fails_the_same_runs_a_worker_fails() -> None:
 
     kind = BatchKind(name="kit.kind", handler=returns_a_set, retry_limit=0)
     item_run = await run_item(kind, {"doc": 1})
-    assert item_run.status == "error"
+    assert item_run.outcome == "error"
     assert 'result["tags"]: set is not JSON serializable' in str(item_run.error)
 
 
