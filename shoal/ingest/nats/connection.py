@@ -52,27 +52,54 @@ async def connect(
     ``within`` that long.
     """
     nc = NatsClient()
+    # nats-py retries the first connect as long as it would retry a reconnect
+    # (forever, below): the deadline is ours. The attempt is a task of its own,
+    # cancelled until it ends: on Python 3.11 the asyncio.wait_for inside
+    # nats-py's connect swallows a cancellation that lands as a connection
+    # attempt fails, and its retry loop then went on past our deadline (seen
+    # on a loaded machine: a 1 s deadline still connecting after 30 s).
+    attempt = asyncio.ensure_future(
+        nc.connect(
+            servers,
+            connect_timeout=max(1, round(within.total_seconds())),
+            # Refuse to queue publishes while disconnected: a caller
+            # must learn that its message was not stored.
+            pending_size=0,
+            # A worker outlives any outage; never give up reconnecting.
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=reconnect_wait.total_seconds(),  # type: ignore[arg-type]
+            error_cb=_log_error,
+            disconnected_cb=_log_disconnected,
+            reconnected_cb=_log_reconnected,
+        )
+    )
     try:
-        # nats-py retries the first connect as long as it would retry a
-        # reconnect (forever, below): the deadline is ours.
-        async with asyncio.timeout(within.total_seconds()):
-            await nc.connect(
-                servers,
-                connect_timeout=max(1, round(within.total_seconds())),
-                # Refuse to queue publishes while disconnected: a caller
-                # must learn that its message was not stored.
-                pending_size=0,
-                # A worker outlives any outage; never give up reconnecting.
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=reconnect_wait.total_seconds(),  # type: ignore[arg-type]
-                error_cb=_log_error,
-                disconnected_cb=_log_disconnected,
-                reconnected_cb=_log_reconnected,
-            )
+        done, _ = await asyncio.wait({attempt}, timeout=within.total_seconds())
+    except BaseException:  # this task cancelled: the attempt goes with it
+        await _stop(attempt)
+        await nc.close()
+        raise
+    if not done:
+        await _stop(attempt)
+        await nc.close()
+        raise TransientError(
+            f"nats: cannot connect to {servers} within {within.total_seconds():g} s"
+        )
+    try:
+        attempt.result()
     except CONNECTION_ERRORS as exc:
         await nc.close()
         raise TransientError(f"nats: cannot connect to {servers}: {exc}") from exc
     return nc
+
+
+async def _stop(task: asyncio.Future[None]) -> None:
+    """Cancel ``task`` until it has ended (one cancellation may be swallowed, above)."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+    if not task.cancelled():
+        task.exception()  # retrieved: an attempt's error is not worth a warning
 
 
 async def _log_error(exc: Exception) -> None:
