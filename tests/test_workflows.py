@@ -192,9 +192,14 @@ async def test_a_durable_sleep_holds_no_job_and_the_resumed_run_does_not_redo_st
     started = await workflows.start("nap")
     await settled(workflows, started.id, RunStatus.SLEEPING)
     assert calls == [("add", (1, 1))]
-    # Nothing runs while it sleeps: its only job waits for the wake time.
-    active = await fake_boss.jobs("workflow.nap", state="active")
-    assert active == []
+
+    # Nothing runs while it sleeps: the job that put it to sleep ends, and its
+    # only job waits for the wake time.
+    async def none_active() -> bool:
+        return await fake_boss.jobs("workflow.nap", state="active") == []
+
+    await wait_for(none_active)
+    assert len(await fake_boss.jobs("workflow.nap", state="created")) == 1
     clock.advance(timedelta(hours=2, minutes=59))
     assert (await workflows.get(started.id)).status is RunStatus.SLEEPING
     clock.advance(timedelta(minutes=1))
@@ -420,7 +425,11 @@ async def test_while_a_fan_out_runs_the_run_holds_no_job_and_cancel_stops_the_ta
 ) -> None:
     started = await workflows.start("fanout", {"n": 3, "hold": True})
     view = await settled(workflows, started.id, RunStatus.WAITING)
-    assert await fake_boss.jobs("workflow.fanout", state="active") == []
+
+    async def none_active() -> bool:  # the job that started the fan-out has ended
+        return await fake_boss.jobs("workflow.fanout", state="active") == []
+
+    await wait_for(none_active)
     await wait_for(lambda: sum(1 for kind, _ in calls if kind == "item") == 3)
     assert await workflows.cancel(started.id)
     assert workflows.batches is not None
