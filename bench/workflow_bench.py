@@ -30,9 +30,9 @@ Each side runs in a child process of its own, in-process as its users run
 it: shoal's ``App.run`` (what ``shoal worker --app`` runs: the workflow and
 batch workers, maintenance, the scheduler and the aggregator) in the same
 process and event loop as the driver; DBOS launched in the driver's process
-(its queue thread and executor threads). Both at concurrency 10 per process
-(``--concurrency``): shoal's workflow and item workers, DBOS's queue
-``worker_concurrency``; DBOS's queue polls every 0.01 s
+(its queue thread and executor threads). Both at concurrency 100 per process,
+shoal's default for a workflow (``--concurrency``): shoal's workflow and item
+workers, DBOS's queue ``worker_concurrency``; DBOS's queue polls every 0.01 s
 (``--dbos-poll``; its default is 1 s). A throwaway cluster from the
 machine's binaries (autovacuum off, pg_stat_statements loaded) holds one
 database per side. DBOS is held to a budget: a case cut off at
@@ -67,7 +67,7 @@ DB = {"shoal": "shoal_wf_bench", "dbos": "dbos_wf_bench"}
 N_FULL, N_QUICK = 10_000, 1_000
 IDLE_FULL_S, IDLE_QUICK_S = 20.0, 5.0
 SLEEPERS = 100
-CONCURRENCY = 10
+CONCURRENCY = 100
 # The N three-step workflows are started by this many callers at once (asyncio
 # tasks for shoal, threads for DBOS), each one start per call, as concurrent
 # requests of a web application would: one caller's loop measures its round

@@ -336,6 +336,66 @@ async def test_a_runner_that_lost_the_run_writes_no_checkpoint(fake_boss: Shoal)
     assert not await api.store.record_step(started.id, fresh.epoch, step)
 
 
+async def test_concurrent_writes_share_a_statement_and_each_keeps_its_own_fence(
+    fake_boss: Shoal,
+) -> None:
+    # Concurrent runs' checkpoints, begins and starts share statements; each
+    # request still gets its own answer, and a repeated key (two begins of
+    # one run, two starts of one id) acts as if it came one after the other.
+    api = app.workflows(fake_boss)  # no worker: the test plays the runners by hand
+    one, two = await api.start("sum", {"a": 1, "b": 2}), await api.start("sum", {"a": 3, "b": 4})
+    stale, fresh, other = await asyncio.gather(
+        api.store.begin_run(one.id, 1, now=None),
+        api.store.begin_run(one.id, 2, now=None),
+        api.store.begin_run(two.id, 3, now=None),
+    )
+    assert stale is not None and fresh is not None and other is not None
+    assert fresh.epoch == stale.epoch + 1
+    step = StepRecord(1, "x", StepKind.STEP, StepStatus.COMPLETED, 1, "1")
+    written = await asyncio.gather(
+        api.store.record_step(one.id, stale.epoch, step),
+        api.store.record_step(one.id, fresh.epoch, step),
+        api.store.record_step(two.id, other.epoch, step),
+        api.store.record_step(two.id, other.epoch, step),
+    )
+    assert written == [False, True, True, False]
+    starts = await asyncio.gather(
+        *(api.start("sum", {"a": i, "b": 0}, id="same") for i in range(3))
+    )
+    assert [s.created for s in starts] == [True, False, False]
+
+
+async def test_start_many_starts_each_run_once_in_one_call(workflows: Workflows) -> None:
+    await workflows.start("sum", {"a": 0, "b": 0}, id="many-0")
+    inputs = [{"a": i, "b": 1} for i in range(4)]
+    started = await workflows.start_many(
+        "sum", inputs, ids=["many-0", "many-1", "many-2", "many-1"]
+    )
+    assert [(s.id, s.created) for s in started] == [
+        ("many-0", False),
+        ("many-1", True),
+        ("many-2", True),
+        ("many-1", False),
+    ]
+    results = [(await settled(workflows, f"many-{i}")).result for i in range(3)]
+    assert results == [{"total": 0}, {"total": 4}, {"total": 6}]
+    generated = await workflows.start_many("sum", [{"a": 5, "b": 5}, {"a": 6, "b": 6}])
+    assert all(s.created for s in generated) and len({s.id for s in generated}) == 2
+    assert (await settled(workflows, generated[1].id)).result == {"total": 24}
+
+
+async def test_start_many_with_a_bad_input_starts_nothing(fake_boss: Shoal) -> None:
+    api = app.workflows(fake_boss)
+    with pytest.raises(InvalidInput, match=r"inputs\[1\]"):
+        await api.start_many("sum", [{"a": 1, "b": 1}, {"bad": object()}], ids=["ok-1", "ok-2"])
+    with pytest.raises(InvalidInput, match="ids"):
+        await api.start_many("sum", [{"a": 1, "b": 1}], ids=["ok-1", "ok-2"])
+    with pytest.raises(InvalidInput, match="inputs"):
+        await api.start_many("sum", "not a list")
+    with pytest.raises(NotFound):
+        await api.get("ok-1")
+
+
 async def test_cancel_ends_a_sleeping_run_and_its_wake_job(
     workflows: Workflows, fake_boss: Shoal, clock: FakeClock
 ) -> None:

@@ -4,6 +4,11 @@ Callers ``await coalescer.submit(request)`` and get their own result. While a
 flush is running, new requests wait for the next one, so under load each
 round trip carries many requests, and when idle a request goes out at once
 (no timer, no added latency). A failed flush fails every request in it.
+
+An idle coalescer holds no task: the flusher ends when nothing waits, and the
+next request starts another. So a coalescer needs no closing, and one made
+for a short-lived object (a service a caller made for one call) leaves
+nothing running behind it.
 """
 
 from __future__ import annotations
@@ -34,13 +39,11 @@ class Coalescer(Generic[Request, Result]):
         self._name = name
         # Written by submit(), drained by the flusher task.
         self._waiting: list[tuple[Request, asyncio.Future[Result]]] = []
-        self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def submit(self, request: Request) -> Result:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiting.append((request, future))
-        self._ready.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=self._name)
         # Not shielded: the flush runs in the coalescer's own task, so a
@@ -50,11 +53,7 @@ class Coalescer(Generic[Request, Result]):
         return await future
 
     async def _run(self) -> None:
-        while True:
-            if not self._waiting:
-                self._ready.clear()
-                await self._ready.wait()
-                continue
+        while self._waiting:
             batch = self._waiting[: self._max_batch]
             del self._waiting[: self._max_batch]
             try:

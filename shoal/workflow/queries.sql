@@ -2,42 +2,102 @@
 -- Tables: shoal/workflow/migrations; the functions called here, with their
 -- reasons: shoal/workflow/functions.sql and shoal/queue/functions.sql.
 
--- name: start_run
--- A new run and the job that runs it, in one statement (one round trip, in
--- its own transaction or the caller's); no row when a run of that id exists
--- (a start is idempotent by id). The job's settings are the workflow's,
--- checked when it was declared (the queue's send_job_v1).
-WITH run AS (
+-- name: start_runs
+-- New runs and the jobs that run them, in one statement (concurrent starts
+-- share it; in its own transaction or the caller's): one row per run
+-- created. An id taken already gives no row (a start is idempotent by id).
+-- The ids are distinct: the store sends a repeated one in a statement of its
+-- own. The jobs' settings are each workflow's, checked when it was declared
+-- (the queue's send_job_v1).
+WITH given AS (
+    SELECT * FROM unnest(
+        %(ids)s::text[], %(names)s::text[], %(inputs)s::jsonb[], %(done_keys)s::text[],
+        %(queues)s::text[], %(retry_limits)s::integer[], %(retry_delays_s)s::float8[],
+        %(retry_backoffs)s::boolean[], %(retry_delay_maxes_s)s::float8[],
+        %(expires_in_s)s::float8[], %(nows)s::timestamptz[])
+        AS g(id, name, input, done_key, queue, retry_limit, retry_delay_s, retry_backoff,
+             retry_delay_max_s, expire_in_s, at)
+), run AS (
     INSERT INTO {schema}.workflow_run (id, name, input, done_key, created_at, updated_at)
-    VALUES (%(id)s, %(name)s, %(input)s::jsonb, %(done_key)s,
-            coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+    SELECT id, name, input, done_key, coalesce(at, now()), coalesce(at, now())
+    FROM given ORDER BY id
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 )
-SELECT {schema}.send_job_v1(
-    %(queue)s, jsonb_build_object('run', run.id), %(retry_limit)s, %(retry_delay_s)s,
-    %(retry_backoff)s, %(retry_delay_max_s)s, %(expire_in_s)s, NULL, %(now)s::timestamptz)
-FROM run
+SELECT g.id, {schema}.send_job_v1(
+    g.queue, jsonb_build_object('run', g.id), g.retry_limit, g.retry_delay_s,
+    g.retry_backoff, g.retry_delay_max_s, g.expire_in_s, NULL, g.at)
+FROM run JOIN given g ON g.id = run.id
 
--- name: begin_run
--- A job takes a run to replay it: the next epoch (which fences out any older
--- runner's checkpoints), and the run's checkpoints so far, in one statement.
--- A run that sleeps or waits is taken only by the job that was to wake it; a
--- finished run by none (the job then has nothing to do).
+-- name: begin_runs
+-- Jobs take runs to replay them: each run's next epoch (which fences out
+-- any older runner's checkpoints), and its checkpoints so far. A run that
+-- sleeps or waits is taken only by the job that was to wake it; a finished
+-- run by none (the job then has nothing to do). The runs are distinct.
 UPDATE {schema}.workflow_run r
-SET epoch = r.epoch + 1, status = 'running', job = %(job)s,
+SET epoch = r.epoch + 1, status = 'running', job = g.job,
     wake_job = NULL, wait_seq = NULL, wait_key = NULL,
-    updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE r.id = %(run)s
-  AND (r.status IN ('pending', 'running') OR r.wake_job = %(job)s)
-RETURNING r.name, r.input, r.epoch,
+    updated_at = coalesce(g.at, now())
+FROM unnest(%(runs)s::text[], %(jobs)s::bigint[], %(nows)s::timestamptz[]) AS g(run, job, at)
+WHERE r.id = g.run
+  AND (r.status IN ('pending', 'running') OR r.wake_job = g.job)
+RETURNING r.id, r.name, r.input, r.epoch,
     (SELECT coalesce(jsonb_agg(jsonb_build_array(
                 s.seq, s.name, s.kind, s.status, s.attempts, s.result, s.error)
              ORDER BY s.seq), '[]'::jsonb)
      FROM {schema}.workflow_step s WHERE s.run_id = r.id) AS steps
 
+-- name: record_steps
+-- Steps' checkpoints, each written only by the runner holding its run's
+-- current epoch (the share lock waits for a begin_runs in flight, then sees
+-- its epoch). A completed checkpoint is never overwritten: a second writer
+-- gets no row. The (run, seq) pairs are distinct; the runs are locked in id
+-- order.
+WITH given AS (
+    SELECT * FROM unnest(
+        %(runs)s::text[], %(epochs)s::integer[], %(seqs)s::integer[], %(names)s::text[],
+        %(kinds)s::text[], %(statuses)s::text[], %(attempts)s::integer[],
+        %(results)s::jsonb[], %(errors)s::text[], %(started)s::timestamptz[],
+        %(finished)s::timestamptz[])
+        AS g(run, epoch, seq, name, kind, status, attempts, result, error, started, finished)
+), fence AS (
+    SELECT g.* FROM given g
+    JOIN {schema}.workflow_run r ON r.id = g.run AND r.epoch = g.epoch AND r.status = 'running'
+    ORDER BY r.id
+    FOR SHARE OF r
+)
+INSERT INTO {schema}.workflow_step AS s (
+    run_id, seq, name, kind, status, attempts, result, error, started_at, finished_at)
+SELECT run, seq, name, kind, status, attempts, result, error, coalesce(started, now()), finished
+FROM fence
+ON CONFLICT (run_id, seq) DO UPDATE
+SET status = excluded.status, attempts = excluded.attempts, result = excluded.result,
+    error = excluded.error, finished_at = excluded.finished_at
+WHERE s.status <> 'completed'
+RETURNING s.run_id, s.seq
+
+-- name: finish_runs
+-- Runs end, each fenced by its epoch; a child run's end is an event to its
+-- parent (done_key), in the same statement. The runs are distinct.
+WITH finished AS (
+    UPDATE {schema}.workflow_run r
+    SET status = g.status, result = g.result, error = g.error, job = NULL,
+        finished_at = coalesce(g.at, now()), updated_at = coalesce(g.at, now())
+    FROM unnest(%(runs)s::text[], %(epochs)s::integer[], %(statuses)s::text[],
+                %(results)s::jsonb[], %(errors)s::text[], %(nows)s::timestamptz[])
+        AS g(run, epoch, status, result, error, at)
+    WHERE r.id = g.run AND r.epoch = g.epoch AND r.status = 'running'
+    RETURNING r.id, r.done_key, r.status, r.result, r.error, g.at
+)
+SELECT f.id, CASE WHEN f.done_key IS NOT NULL THEN {schema}.signal_v1(
+           f.done_key,
+           jsonb_build_object('status', f.status, 'result', f.result, 'error', f.error),
+           f.at) END
+FROM finished f
+
+
 -- name: begin_waiting_run
--- As begin_run, for the job that ends a wait with no wake job of its own: a
+-- As begin_runs, for the job that ends a wait with no wake job of its own: a
 -- batch task's completion job names the task, and the run waiting for it is
 -- found by its wait_key.
 UPDATE {schema}.workflow_run r
@@ -51,26 +111,6 @@ RETURNING r.id, r.name, r.input, r.epoch,
              ORDER BY s.seq), '[]'::jsonb)
      FROM {schema}.workflow_step s WHERE s.run_id = r.id) AS steps
 
--- name: record_step
--- A step's checkpoint, written only by the runner holding the run's current
--- epoch (the share lock waits for a begin_run in flight, then sees its epoch).
--- A completed checkpoint is never overwritten: a second writer gets no row.
-WITH fence AS (
-    SELECT 1 FROM {schema}.workflow_run
-    WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
-    FOR SHARE
-)
-INSERT INTO {schema}.workflow_step AS s (
-    run_id, seq, name, kind, status, attempts, result, error, started_at, finished_at)
-SELECT %(run)s, %(seq)s, %(name)s, %(kind)s, %(status)s, %(attempts)s, %(result)s::jsonb,
-       %(error)s, coalesce(%(started)s::timestamptz, now()), %(finished)s::timestamptz
-FROM fence
-ON CONFLICT (run_id, seq) DO UPDATE
-SET status = excluded.status, attempts = excluded.attempts, result = excluded.result,
-    error = excluded.error, finished_at = excluded.finished_at
-WHERE s.status <> 'completed'
-RETURNING s.seq
-
 -- name: suspend_run
 -- The run sleeps or waits until wake_job runs (or an event wakes it early).
 UPDATE {schema}.workflow_run
@@ -78,22 +118,6 @@ SET status = %(status)s, wake_job = %(wake_job)s, wait_seq = %(seq)s, wait_key =
     job = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
 RETURNING id
-
--- name: finish_run
--- A child run's end is an event to its parent (done_key), in the same statement.
-WITH finished AS (
-    UPDATE {schema}.workflow_run
-    SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s, job = NULL,
-        finished_at = coalesce(%(now)s::timestamptz, now()),
-        updated_at = coalesce(%(now)s::timestamptz, now())
-    WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
-    RETURNING id, done_key, status, result, error
-)
-SELECT f.id, CASE WHEN f.done_key IS NOT NULL THEN {schema}.signal_v1(
-           f.done_key,
-           jsonb_build_object('status', f.status, 'result', f.result, 'error', f.error),
-           %(now)s::timestamptz) END
-FROM finished f
 
 -- name: lock_event_key
 -- Serializes a wait with signal_v1 on one key (shoal/workflow/functions.sql

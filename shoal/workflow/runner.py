@@ -31,7 +31,11 @@ WorkflowFunction = Callable[[Workflow, Any], Awaitable[Any]]
 
 # The queue of a workflow's jobs: each job resumes one run.
 QUEUE_PREFIX = "workflow."
-DEFAULT_CONCURRENCY = 10
+# Runs whose code runs at once in one process. A run holds its place only
+# while its code runs (a sleeping or waiting run holds none), and concurrent
+# runs' checkpoints share statements and commits: at 10, 10,000 runs of three
+# no-op steps took 14.8 s on the 2-core bench machine; at 50, 6.2 s.
+DEFAULT_CONCURRENCY = 100
 # A workflow's job fails only when the database does under the run's
 # bookkeeping (a lost connection, a deadline), or its worker dies; it is then
 # retried with backoff, for about an hour, before the run is left as it was.

@@ -14,7 +14,7 @@ import binascii
 import contextlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,12 +30,14 @@ from shoal.queue.worker import Worker
 from shoal.workflow.runner import WorkflowRunner, WorkflowSpec, queue_of
 from shoal.workflow.runtime import MAX_KEY_LENGTH, Runtime, child_key, task_key
 from shoal.workflow.states import FINAL, RunStatus
-from shoal.workflow.store import RunRow, StepRow, WorkflowStore
+from shoal.workflow.store import RunRow, RunStart, StepRow, WorkflowStore
 
 MAX_RUN_ID_LENGTH = 256
 TASK_KEY_PREFIX = task_key("")
 CHILD_KEY_PREFIX = child_key("")
 MAX_PAGE = 500
+# Runs a start_many writes in one statement.
+START_CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,48 @@ class Workflows:
         run_id = str(uuid.uuid4()) if id is None else _run_id(id)
         created = await self._start(spec, run_id, _storable("input", input), None, conn)
         return Started(run_id, created)
+
+    async def start_many(
+        self,
+        name: str,
+        inputs: Sequence[Any],
+        *,
+        ids: Sequence[str] | None = None,
+        conn: AsyncConn | None = None,
+    ) -> list[Started]:
+        """Start a run of workflow ``name`` for each input, in one transaction; idempotent by id.
+
+        Runs and jobs are written a few hundred to a statement. ``ids``, when
+        given, one per input: an id already used starts nothing again
+        (``created=False``). Every input is checked before anything is
+        written, so a bad one starts no run. With ``conn``, in the caller's
+        open transaction.
+        """
+        spec = self._spec(name)
+        if isinstance(inputs, str | bytes) or not isinstance(inputs, Sequence):
+            raise InvalidInput("inputs", f"must be a list of inputs, got {type(inputs).__name__}")
+        if ids is None:
+            run_ids = [str(uuid.uuid4()) for _ in inputs]
+        elif isinstance(ids, str | bytes) or len(ids) != len(inputs):
+            raise InvalidInput("ids", "must be a list of run ids, one for each input")
+        else:
+            run_ids = [_run_id(i) for i in ids]
+        texts = [_storable(f"inputs[{i}]", value) for i, value in enumerate(inputs)]
+        now = self.boss.clock.sql_now()
+        options = JobOptions().merged(spec.job_options)
+        starts = [
+            RunStart(run_id, spec.name, text, None, spec.queue, options, now)
+            for run_id, text in zip(run_ids, texts, strict=True)
+        ]
+
+        async def write(c: AsyncConn) -> list[bool]:
+            created: list[bool] = []
+            for first in range(0, len(starts), START_CHUNK):
+                created += await self.store.start_many(starts[first : first + START_CHUNK], c)
+            return created
+
+        created = await self.boss.db.on(conn, write) if starts else []
+        return [Started(r, c) for r, c in zip(run_ids, created, strict=True)]
 
     async def _start(
         self,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
+from shoal.db.coalesce import Coalescer
 from shoal.db.pool import AsyncConn, Database
 from shoal.db.queries import load_queries
 from shoal.queue.options import JobOptions
@@ -124,6 +125,66 @@ class StepRecord:
     finished: datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """A run to create, with the settings of the job that runs it."""
+
+    id: str
+    name: str
+    input: str | None  # JSON text
+    done_key: str | None
+    queue: str
+    options: JobOptions
+    now: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How a run held at ``epoch`` ended."""
+
+    run: str
+    epoch: int
+    status: RunStatus
+    result: str | None  # JSON text
+    error: str | None
+    now: datetime | None
+
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
+Out = TypeVar("Out")
+
+
+async def in_rounds(
+    requests: Sequence[R],
+    key: Callable[[R], K],
+    run_round: Callable[[Sequence[R]], Awaitable[list[Out]]],
+) -> list[Out]:
+    """``run_round`` over rounds of requests with distinct keys, in order; results in order.
+
+    A batched statement takes each run (or step) once; a key repeated in a
+    batch (two starts of one id) goes to the next round, so it sees what the
+    round before it wrote, as it would have one call after the other.
+    """
+    rounds: list[list[int]] = []
+    keys: list[set[K]] = []
+    for i, request in enumerate(requests):
+        k = key(request)
+        for taken, members in zip(keys, rounds, strict=True):
+            if k not in taken:
+                taken.add(k)
+                members.append(i)
+                break
+        else:
+            keys.append({k})
+            rounds.append([i])
+    results: list[Out | None] = [None] * len(requests)
+    for members in rounds:
+        for i, out in zip(members, await run_round([requests[i] for i in members]), strict=True):
+            results[i] = out
+    return cast(list[Out], results)
+
+
 def _iso(at: datetime | None) -> str | None:
     return None if at is None else at.isoformat()
 
@@ -155,6 +216,11 @@ class WorkflowStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.sql = load_queries("shoal.workflow", db.schema)
+        # Concurrent runs' hot-path writes share round trips and commits.
+        self._starts = Coalescer(self.start_many, name="shoal-workflow-starts")
+        self._begins = Coalescer(self._begin_many, name="shoal-workflow-begins")
+        self._records = Coalescer(self._record_many, name="shoal-workflow-checkpoints")
+        self._finishes = Coalescer(self._finish_many, name="shoal-workflow-ends")
 
     async def _rows(
         self, name: str, params: Mapping[str, Any], conn: AsyncConn | None = None
@@ -176,29 +242,19 @@ class WorkflowStore:
         """A new run and its job (sent with ``options``); False when the id is taken.
 
         ``done_key``: the event the run's end sends (a child's to its parent).
+        Without ``conn``, concurrent starts share one statement and commit.
         """
-        params = {
-            "id": run_id,
-            "name": name,
-            "input": data,
-            "done_key": done_key,
-            "queue": queue,
-            "retry_limit": options.retry_limit,
-            "retry_delay_s": options.retry_delay.total_seconds(),
-            "retry_backoff": options.retry_backoff,
-            "retry_delay_max_s": options.retry_delay_max.total_seconds(),
-            "expire_in_s": options.expire_in.total_seconds(),
-            "now": now,
-        }
-        return bool(await self._rows("start_run", params, conn))
+        start = RunStart(run_id, name, data, done_key, queue, options, now)
+        if conn is None:
+            return await self._starts.submit(start)
+        return (await self.start_many([start], conn))[0]
 
     async def begin_run(self, run_id: str, job: int, *, now: datetime | None) -> Begun | None:
-        """Take the run for this job (the next epoch) with its checkpoints; None: not its turn."""
-        rows = await self._rows("begin_run", {"run": run_id, "job": job, "now": now})
-        if not rows:
-            return None
-        name, data, epoch, steps = rows[0]
-        return Begun(run_id, name, data, epoch, {c.seq: c for c in map(_checkpoint, steps)})
+        """Take the run for this job (the next epoch) with its checkpoints; None: not its turn.
+
+        Concurrent takes share one statement.
+        """
+        return await self._begins.submit((run_id, job, now))
 
     async def begin_waiting_run(self, key: str, job: int, *, now: datetime | None) -> Begun | None:
         """:meth:`begin_run` for the run waiting for ``key`` (a batch task's completion)."""
@@ -211,21 +267,13 @@ class WorkflowStore:
     async def record_step(
         self, run_id: str, epoch: int, step: StepRecord, conn: AsyncConn | None = None
     ) -> bool:
-        """Write a checkpoint; False when this runner no longer holds the run (fenced)."""
-        params = {
-            "run": run_id,
-            "epoch": epoch,
-            "seq": step.seq,
-            "name": step.name,
-            "kind": step.kind.value,
-            "status": step.status.value,
-            "attempts": step.attempts,
-            "result": step.result,
-            "error": step.error,
-            "started": step.started,
-            "finished": step.finished,
-        }
-        return bool(await self._rows("record_step", params, conn))
+        """Write a checkpoint; False when this runner no longer holds the run (fenced).
+
+        Without ``conn``, concurrent runs' checkpoints share one statement and commit.
+        """
+        if conn is None:
+            return await self._records.submit((run_id, epoch, step))
+        return (await self._record_many([(run_id, epoch, step)], conn))[0]
 
     async def suspend_run(
         self,
@@ -260,15 +308,94 @@ class WorkflowStore:
         error: str | None,
         now: datetime | None,
     ) -> bool:
-        params = {
-            "run": run_id,
-            "epoch": epoch,
-            "status": status.value,
-            "result": result,
-            "error": error,
-            "now": now,
-        }
-        return bool(await self._rows("finish_run", params))
+        """End a run held at ``epoch``; False when it is not (fenced). Concurrent ends share one."""
+        return await self._finishes.submit(RunEnd(run_id, epoch, status, result, error, now))
+
+    # -- the batched statements: each takes requests with distinct keys -------
+
+    async def start_many(
+        self, starts: Sequence[RunStart], conn: AsyncConn | None = None
+    ) -> list[bool]:
+        """:meth:`start_run` for each of ``starts``, in one statement (more if an id repeats)."""
+
+        async def one_round(round_: Sequence[RunStart]) -> list[bool]:
+            options = [s.options for s in round_]
+            params = {
+                "ids": [s.id for s in round_],
+                "names": [s.name for s in round_],
+                "inputs": [s.input for s in round_],
+                "done_keys": [s.done_key for s in round_],
+                "queues": [s.queue for s in round_],
+                "retry_limits": [o.retry_limit for o in options],
+                "retry_delays_s": [o.retry_delay.total_seconds() for o in options],
+                "retry_backoffs": [o.retry_backoff for o in options],
+                "retry_delay_maxes_s": [o.retry_delay_max.total_seconds() for o in options],
+                "expires_in_s": [o.expire_in.total_seconds() for o in options],
+                "nows": [s.now for s in round_],
+            }
+            created = {row[0] for row in await self._rows("start_runs", params, conn)}
+            return [s.id in created for s in round_]
+
+        return await in_rounds(starts, lambda s: s.id, one_round)
+
+    async def _begin_many(
+        self, begins: Sequence[tuple[str, int, datetime | None]]
+    ) -> list[Begun | None]:
+        async def one_round(
+            round_: Sequence[tuple[str, int, datetime | None]],
+        ) -> list[Begun | None]:
+            params = {
+                "runs": [run for run, _, _ in round_],
+                "jobs": [job for _, job, _ in round_],
+                "nows": [now for _, _, now in round_],
+            }
+            begun = {
+                run_id: Begun(
+                    run_id, name, data, epoch, {c.seq: c for c in map(_checkpoint, steps)}
+                )
+                for run_id, name, data, epoch, steps in await self._rows("begin_runs", params)
+            }
+            return [begun.get(run) for run, _, _ in round_]
+
+        return await in_rounds(begins, lambda b: b[0], one_round)
+
+    async def _record_many(
+        self, records: Sequence[tuple[str, int, StepRecord]], conn: AsyncConn | None = None
+    ) -> list[bool]:
+        async def one_round(round_: Sequence[tuple[str, int, StepRecord]]) -> list[bool]:
+            steps = [step for _, _, step in round_]
+            params = {
+                "runs": [run for run, _, _ in round_],
+                "epochs": [epoch for _, epoch, _ in round_],
+                "seqs": [s.seq for s in steps],
+                "names": [s.name for s in steps],
+                "kinds": [s.kind.value for s in steps],
+                "statuses": [s.status.value for s in steps],
+                "attempts": [s.attempts for s in steps],
+                "results": [s.result for s in steps],
+                "errors": [s.error for s in steps],
+                "started": [s.started for s in steps],
+                "finished": [s.finished for s in steps],
+            }
+            written = {(row[0], row[1]) for row in await self._rows("record_steps", params, conn)}
+            return [(run, step.seq) in written for run, _, step in round_]
+
+        return await in_rounds(records, lambda r: (r[0], r[2].seq), one_round)
+
+    async def _finish_many(self, ends: Sequence[RunEnd]) -> list[bool]:
+        async def one_round(round_: Sequence[RunEnd]) -> list[bool]:
+            params = {
+                "runs": [e.run for e in round_],
+                "epochs": [e.epoch for e in round_],
+                "statuses": [e.status.value for e in round_],
+                "results": [e.result for e in round_],
+                "errors": [e.error for e in round_],
+                "nows": [e.now for e in round_],
+            }
+            finished = {row[0] for row in await self._rows("finish_runs", params)}
+            return [e.run in finished for e in round_]
+
+        return await in_rounds(ends, lambda e: e.run, one_round)
 
     async def take_event(
         self, conn: AsyncConn, run_id: str, seq: int, key: str, *, now: datetime | None
