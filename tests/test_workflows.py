@@ -491,9 +491,14 @@ async def test_while_a_fan_out_runs_the_run_holds_no_job_and_cancel_stops_the_ta
 
     await wait_for(none_active)
     await wait_for(lambda: sum(1 for kind, _ in calls if kind == "item") == 3)
-    assert await workflows.cancel(started.id)
     assert workflows.batches is not None
     task_id = view.steps[0].result["task_id"]
+    # The cancel and its cascade are one transaction: rolled back, nothing is cancelled.
+    async with fake_boss.db.connection() as conn, conn.transaction(force_rollback=True):
+        assert await workflows.cancel(started.id, conn=conn)
+    assert (await workflows.get(started.id)).status is RunStatus.WAITING
+    assert (await workflows.batches.get(task_id)).status is TaskStatus.PROCESSING
+    assert await workflows.cancel(started.id)
     await closed_by_the_aggregator(workflows, started.id, RunStatus.CANCELLED)
     task = await workflows.batches.get(task_id)
     assert task.status is TaskStatus.CANCELLED and task.outcome is not None

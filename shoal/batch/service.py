@@ -334,16 +334,21 @@ class Batches:
         stop the handlers; docs/batch.md, "Cancelling a task").
         """
         row = await self._row(task_id)
-        now = self.clock.sql_now()
-
-        async def cancel(conn: AsyncConn) -> None:
-            check_cancellable(row.id, await self.store.lock_task(conn, row.id))
-            if await self.store.request_cancel(conn, row.id, TaskOutcome.CANCELLED, now=now):
-                await self.store.cancel_pending_items(conn, [row.id], now=now)
-                await self.store.cancel_running_items(conn, [row.id], now=now)
-
-        await self.boss.db.run(cancel)
+        await self.boss.db.run(lambda conn: self.cancel_on(conn, row.id))
         return await self.get(row.id)
+
+    async def cancel_on(self, conn: AsyncConn, task_id: str) -> None:
+        """:meth:`cancel` in the caller's open transaction on ``conn``.
+
+        Raises :class:`NotFound` or :class:`Conflict` (closed already) before
+        writing anything, so the caller's transaction can go on.
+        """
+        ident = task_id_of(task_id)
+        now = self.clock.sql_now()
+        check_cancellable(ident, await self.store.lock_task(conn, ident))
+        if await self.store.request_cancel(conn, ident, TaskOutcome.CANCELLED, now=now):
+            await self.store.cancel_pending_items(conn, [ident], now=now)
+            await self.store.cancel_running_items(conn, [ident], now=now)
 
     async def retry_failed(self, task_id: str) -> int:
         """Put a task's error and cancelled items back to pending with fresh attempts.

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, Unpack
 
 from shoal.clock import Clock
-from shoal.db.pool import Database
+from shoal.db.pool import AsyncConn, Database
 from shoal.errors import InvalidInput, NotFound
 from shoal.queue.cron import Scheduler, check_cron, check_timezone
 from shoal.queue.enqueue import JobBuilder
@@ -51,7 +51,11 @@ class QueueAdmin:
     # -- control -----------------------------------------------------------
 
     async def cancel(
-        self, ids: JobId | Sequence[JobId], *, by: str = DEFAULT_CANCELLED_BY
+        self,
+        ids: JobId | Sequence[JobId],
+        *,
+        by: str = DEFAULT_CANCELLED_BY,
+        conn: AsyncConn | None = None,
     ) -> set[JobId]:
         """Cancel waiting or active jobs; returns those that were cancelled now.
 
@@ -60,8 +64,11 @@ class QueueAdmin:
         stops its handler (docs/queue.md, "Cancelling a job")::
 
             await boss.cancel(job_id, by="ops: duplicate order")
+
+        With ``conn``, in the caller's open transaction (the holders are told
+        when it commits).
         """
-        return await self.store.cancel(_ids(ids), by=by, now=self.clock.sql_now())
+        return await self.store.cancel(_ids(ids), by=by, now=self.clock.sql_now(), conn=conn)
 
     async def resume(self, ids: JobId | Sequence[JobId]) -> set[JobId]:
         """Put cancelled jobs back to wait."""

@@ -364,9 +364,16 @@ class JobStore(Statements):
 
     # -- control ---------------------------------------------------------
 
-    async def cancel(self, ids: Sequence[JobId], *, by: str, now: datetime | None) -> set[JobId]:
+    async def cancel(
+        self,
+        ids: Sequence[JobId],
+        *,
+        by: str,
+        now: datetime | None,
+        conn: AsyncConn | None = None,
+    ) -> set[JobId]:
         """Cancel waiting or active jobs, noting ``by``; the holders of active ones are told."""
-        rows = await self._rows("cancel_jobs", self._cancel_params(ids, by, now))
+        rows = await self._rows("cancel_jobs", self._cancel_params(ids, by, now), conn)
         return {JobId(r[0]) for r in rows}
 
     def _cancel_params(self, ids: Sequence[JobId], by: str, now: datetime | None) -> dict[str, Any]:

@@ -225,26 +225,34 @@ class Workflows:
             raise InvalidInput("status", f"{status!r} is not a run status ({known})") from None
         return await self.store.list_runs(name=name, status=parsed, before=before, limit=limit)
 
-    async def cancel(self, run_id: str, *, by: str = "api") -> bool:
+    async def cancel(self, run_id: str, *, by: str = "api", conn: AsyncConn | None = None) -> bool:
         """Cancel a run not finished: False when it had finished already.
 
         Its running step is stopped (the job running it is cancelled) and its
-        sleep or wait ends; steps already finished stay as they are.
+        sleep or wait ends; what it waited for (a batch task, a child run) is
+        cancelled too; steps already finished stay as they are. All in one
+        transaction (the caller's, with ``conn``): a crash leaves the run and
+        what it waited for both cancelled or neither.
         """
-        cancelled = await self.store.cancel_run(_run_id(run_id), now=self.boss.clock.sql_now())
+        ident = _run_id(run_id)
+        now = self.boss.clock.sql_now()
+        if await self.boss.db.on(conn, lambda c: self._cancel(c, ident, by, now)):
+            return True
+        await self.get(run_id)  # NotFound for a run that does not exist
+        return False
+
+    async def _cancel(self, conn: AsyncConn, run_id: str, by: str, now: datetime | None) -> bool:
+        cancelled = await self.store.cancel_run(conn, run_id, now=now)
         if cancelled is None:
-            await self.get(run_id)  # NotFound for a run that does not exist
             return False
         jobs, waited_for = cancelled
         if jobs:
-            await self.boss.cancel([JobId(job) for job in jobs], by=by)
-        # What it waited for goes with it: a batch task, a child run.
+            await self.boss.cancel([JobId(job) for job in jobs], by=by, conn=conn)
         if waited_for is not None and waited_for.startswith(TASK_KEY_PREFIX) and self.batches:
-            task_id = waited_for.removeprefix(TASK_KEY_PREFIX)
             with contextlib.suppress(Conflict, NotFound):  # closed meanwhile
-                await self.batches.cancel(task_id)
+                await self.batches.cancel_on(conn, waited_for.removeprefix(TASK_KEY_PREFIX))
         elif waited_for is not None and waited_for.startswith(CHILD_KEY_PREFIX):
-            await self.cancel(waited_for.removeprefix(CHILD_KEY_PREFIX), by=by)
+            await self._cancel(conn, waited_for.removeprefix(CHILD_KEY_PREFIX), by, now)
         return True
 
     async def retry(self, run_id: str) -> bool:

@@ -414,13 +414,13 @@ class WorkflowStore:
         return int(rows[0][0])
 
     async def cancel_run(
-        self, run_id: str, *, now: datetime | None
+        self, conn: AsyncConn, run_id: str, *, now: datetime | None
     ) -> tuple[list[int], str | None] | None:
         """Cancel a run not finished: the jobs holding or waking it, and the key it waited for.
 
         None when nothing was cancelled (finished, or no such run).
         """
-        rows = await self._rows("cancel_run", {"run": run_id, "now": now})
+        rows = await self._rows("cancel_run", {"run": run_id, "now": now}, conn)
         if not rows:
             return None
         job, wake_job, wait_key, _signalled = rows[0]
