@@ -16,6 +16,7 @@ import pytest
 
 from shoal import App, FakeClock, InvalidInput, Item, NotFound, Shoal, TaskStatus
 from shoal.db.pool import AsyncConn
+from shoal.queue.states import JobState
 from shoal.workflow import RunStatus, StepFailed, StepKind, StepStatus, Workflow, Workflows
 from shoal.workflow.store import StepRecord
 
@@ -394,6 +395,29 @@ async def test_start_many_with_a_bad_input_starts_nothing(fake_boss: Shoal) -> N
         await api.start_many("sum", "not a list")
     with pytest.raises(NotFound):
         await api.get("ok-1")
+
+
+async def test_a_run_whose_job_failed_for_good_fails_naming_the_job_and_its_error(
+    fake_boss: Shoal, clock: FakeClock
+) -> None:
+    # The database failing under each attempt, played by hand: every attempt
+    # of the run's job is claimed and failed until its retries are spent.
+    api = app.workflows(fake_boss)
+    started = await api.start("sum", {"a": 1, "b": 2})
+    state = None
+    while state is not JobState.FAILED:
+        clock.advance(timedelta(days=1))  # past any retry delay
+        (job,) = await fake_boss.fetch("workflow.sum")
+        state = await fake_boss.fail(job, ConnectionError("the database went away"))
+    assert job.attempt == 13  # 12 retries, then failed for good
+    assert (await api.get(started.id)).status is RunStatus.PENDING
+    api.work("sum")  # and, with it, the worker of the failed jobs' copies
+    view = await settled(api, started.id)
+    assert view.status is RunStatus.FAILED
+    assert view.error is not None
+    assert f"workflow.sum #{job.id}) failed for good after 13 attempt(s)" in view.error
+    assert "ConnectionError: the database went away" in view.error
+    await fake_boss.stop_workers(timedelta(seconds=5))
 
 
 async def test_cancel_ends_a_sleeping_run_and_its_wake_job(

@@ -869,23 +869,25 @@ AS $$
     WHERE w.no = p_no;
 $$;
 
--- ---- The workflow layer's jobs (shoal/workflow: queries.sql start_run, functions.sql signal_v1)
+-- ---- The workflow layer's jobs (shoal/workflow: queries.sql start_runs, functions.sql signal_v1)
 
 -- Sends one job whose settings the caller has already checked (a workflow's
 -- job options are checked when the workflow is declared), in the statement
 -- that needs it: a workflow's start creates its run and the run's first job
--- in one round trip (shoal/workflow/queries.sql, start_run). send_v2, the SQL
+-- in one round trip (shoal/workflow/queries.sql, start_runs). send_v2, the SQL
 -- API, would do too, but it checks and defaults every option in PL/pgSQL:
 -- a start's statement took 756 us with it and 450 with this
 -- (bench/runs/2026-12-07-workflow-*.md, the statements by kind).
--- No singleton key, no dead letter, priority 0, the queue's stored defaults
--- not read. A queue with limits gets '' as partition key (one partition), as
--- an unkeyed job of a limited queue would, so the limited claim sees it. The
--- queue's workers are told when the job is due now (delivered on commit).
-CREATE OR REPLACE FUNCTION {schema}.send_job_v1(
+-- No singleton key, priority 0, the queue's stored defaults not read; a
+-- dead-letter queue when p_dead_letter names one (a workflow's job that fails
+-- for good leaves a copy there, and the run is marked failed from it). A
+-- queue with limits gets '' as partition key (one partition), as an unkeyed
+-- job of a limited queue would, so the limited claim sees it. The queue's
+-- workers are told when the job is due now (delivered on commit).
+CREATE OR REPLACE FUNCTION {schema}.send_job_v2(
     p_queue text, p_data jsonb, p_retry_limit integer, p_retry_delay_s float8,
     p_retry_backoff boolean, p_retry_delay_max_s float8, p_expire_in_s float8,
-    p_start_at timestamptz, p_now timestamptz)
+    p_dead_letter text, p_start_at timestamptz, p_now timestamptz)
 RETURNS bigint
 LANGUAGE plpgsql
 AS $$
@@ -895,11 +897,11 @@ DECLARE
 BEGIN
     INSERT INTO {schema}.job (
         queue, data, retry_limit, retry_delay, retry_backoff, retry_delay_max, expire_in,
-        start_after, created_at, partition_key)
+        dead_letter, start_after, created_at, partition_key)
     VALUES (
         p_queue, p_data, p_retry_limit, p_retry_delay_s * interval '1 second', p_retry_backoff,
         p_retry_delay_max_s * interval '1 second', p_expire_in_s * interval '1 second',
-        v_start, coalesce(p_now, now()),
+        p_dead_letter, v_start, coalesce(p_now, now()),
         CASE WHEN EXISTS (SELECT 1 FROM {schema}.queue_limit l WHERE l.queue = p_queue)
              THEN '' END)
     RETURNING id INTO v_id;

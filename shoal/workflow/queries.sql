@@ -8,15 +8,15 @@
 -- created. An id taken already gives no row (a start is idempotent by id).
 -- The ids are distinct: the store sends a repeated one in a statement of its
 -- own. The jobs' settings are each workflow's, checked when it was declared
--- (the queue's send_job_v1).
+-- (the queue's send_job_v2).
 WITH given AS (
     SELECT * FROM unnest(
         %(ids)s::text[], %(names)s::text[], %(inputs)s::jsonb[], %(done_keys)s::text[],
         %(queues)s::text[], %(retry_limits)s::integer[], %(retry_delays_s)s::float8[],
         %(retry_backoffs)s::boolean[], %(retry_delay_maxes_s)s::float8[],
-        %(expires_in_s)s::float8[], %(nows)s::timestamptz[])
+        %(expires_in_s)s::float8[], %(dead_letters)s::text[], %(nows)s::timestamptz[])
         AS g(id, name, input, done_key, queue, retry_limit, retry_delay_s, retry_backoff,
-             retry_delay_max_s, expire_in_s, at)
+             retry_delay_max_s, expire_in_s, dead_letter, at)
 ), run AS (
     INSERT INTO {schema}.workflow_run (id, name, input, done_key, created_at, updated_at)
     SELECT id, name, input, done_key, coalesce(at, now()), coalesce(at, now())
@@ -24,9 +24,9 @@ WITH given AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 )
-SELECT g.id, {schema}.send_job_v1(
+SELECT g.id, {schema}.send_job_v2(
     g.queue, jsonb_build_object('run', g.id), g.retry_limit, g.retry_delay_s,
-    g.retry_backoff, g.retry_delay_max_s, g.expire_in_s, NULL, g.at)
+    g.retry_backoff, g.retry_delay_max_s, g.expire_in_s, g.dead_letter, NULL, g.at)
 FROM run JOIN given g ON g.id = run.id
 
 -- name: begin_runs
@@ -118,6 +118,28 @@ SET status = %(status)s, wake_job = %(wake_job)s, wait_seq = %(seq)s, wait_key =
     job = NULL, updated_at = coalesce(%(now)s::timestamptz, now())
 WHERE id = %(run)s AND epoch = %(epoch)s AND status = 'running'
 RETURNING id
+
+-- name: fail_abandoned_run
+-- A run whose job failed for good (its retries spent: the database failed
+-- under its bookkeeping each time, or each worker running it died) fails,
+-- naming why, instead of staying pending or running with no job to go on.
+-- Only a run that job held or was to wake: one taken since by another job is
+-- left to it.
+WITH failed AS (
+    UPDATE {schema}.workflow_run
+    SET status = 'failed', error = %(error)s, job = NULL, wake_job = NULL,
+        wait_seq = NULL, wait_key = NULL,
+        finished_at = coalesce(%(now)s::timestamptz, now()),
+        updated_at = coalesce(%(now)s::timestamptz, now())
+    WHERE id = %(run)s
+      AND ((status IN ('pending', 'running') AND (job IS NULL OR job = %(job)s))
+           OR (status IN ('sleeping', 'waiting') AND wake_job = %(job)s))
+    RETURNING id, done_key, status, error
+)
+SELECT f.id, CASE WHEN f.done_key IS NOT NULL THEN {schema}.signal_v1(
+           f.done_key, jsonb_build_object('status', f.status, 'error', f.error),
+           %(now)s::timestamptz) END
+FROM failed f
 
 -- name: lock_event_key
 -- Serializes a wait with signal_v1 on one key (shoal/workflow/functions.sql

@@ -13,6 +13,7 @@ from typing import Any
 from shoal.errors import InvalidInput, UnstorableResult
 from shoal.queue.job import Job
 from shoal.queue.results import encode_result
+from shoal.workflow.abandoned import DEAD_QUEUE
 from shoal.workflow.context import Workflow
 from shoal.workflow.runtime import (
     MachineryFailed,
@@ -39,11 +40,13 @@ DEFAULT_CONCURRENCY = 100
 # A workflow's job fails only when the database does under the run's
 # bookkeeping (a lost connection, a deadline), or its worker dies; it is then
 # retried with backoff, for about an hour, before the run is left as it was.
+# Then its copy in the dead-letter queue marks the run failed (shoal/workflow/abandoned.py).
 DEFAULT_JOB_OPTIONS: dict[str, Any] = {
     "retry_limit": 12,
     "retry_delay": timedelta(seconds=1),
     "retry_backoff": True,
     "expire_in": timedelta(minutes=15),
+    "dead_letter": DEAD_QUEUE,
 }
 
 

@@ -27,6 +27,7 @@ from shoal.queue.options import JobOptions
 from shoal.queue.results import encode_result
 from shoal.queue.states import JobId
 from shoal.queue.worker import Worker
+from shoal.workflow.abandoned import DEAD_QUEUE, AbandonedRuns
 from shoal.workflow.runner import WorkflowRunner, WorkflowSpec, queue_of
 from shoal.workflow.runtime import MAX_KEY_LENGTH, Runtime, child_key, task_key
 from shoal.workflow.states import FINAL, RunStatus
@@ -88,6 +89,7 @@ class Workflows:
         self.store = WorkflowStore(boss.db)
         # The batch kinds wf.batch creates tasks of (App.workflows passes the app's).
         self.batches = batches
+        self._abandoned: Worker | None = None
 
     def _spec(self, name: object) -> WorkflowSpec:
         spec = self.specs.get(name) if isinstance(name, str) else None
@@ -300,8 +302,14 @@ class Workflows:
             pause = min(pause * 2, 0.5)
 
     def work(self, name: str) -> Worker:
-        """Start running workflow ``name``'s jobs in this process."""
+        """Start running workflow ``name``'s jobs in this process.
+
+        The first call also starts the worker that fails the runs whose jobs
+        failed for good (:mod:`shoal.workflow.abandoned`).
+        """
         spec = self._spec(name)
+        if self._abandoned is None:
+            self._abandoned = self.boss.work(DEAD_QUEUE, AbandonedRuns(self.store, self.boss))
         return self.boss.work(
             spec.queue, WorkflowRunner(self.runtime(spec), spec), concurrency=spec.concurrency
         )

@@ -331,6 +331,7 @@ class WorkflowStore:
                 "retry_backoffs": [o.retry_backoff for o in options],
                 "retry_delay_maxes_s": [o.retry_delay_max.total_seconds() for o in options],
                 "expires_in_s": [o.expire_in.total_seconds() for o in options],
+                "dead_letters": [o.dead_letter for o in options],
                 "nows": [s.now for s in round_],
             }
             created = {row[0] for row in await self._rows("start_runs", params, conn)}
@@ -396,6 +397,13 @@ class WorkflowStore:
             return [e.run in finished for e in round_]
 
         return await in_rounds(ends, lambda e: e.run, one_round)
+
+    async def fail_abandoned_run(
+        self, run_id: str, job: int | None, error: str, *, now: datetime | None
+    ) -> bool:
+        """Fail a run whose job ``job`` failed for good, unless another job holds it now."""
+        params = {"run": run_id, "job": job, "error": error, "now": now}
+        return bool(await self._rows("fail_abandoned_run", params))
 
     async def take_event(
         self, conn: AsyncConn, run_id: str, seq: int, key: str, *, now: datetime | None
