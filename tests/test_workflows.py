@@ -359,7 +359,7 @@ async def test_concurrent_writes_share_a_statement_and_each_keeps_its_own_fence(
         api.store.record_step(two.id, other.epoch, step),
         api.store.record_step(two.id, other.epoch, step),
     )
-    assert written == [False, True, True, False]
+    assert list(written) == [False, True, True, False]
     starts = await asyncio.gather(
         *(api.start("sum", {"a": i, "b": 0}, id="same") for i in range(3))
     )
