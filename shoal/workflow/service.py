@@ -90,6 +90,7 @@ class Workflows:
         # The batch kinds wf.batch creates tasks of (App.workflows passes the app's).
         self.batches = batches
         self._abandoned: Worker | None = None
+        self._job_options: dict[str, JobOptions] = {}
 
     def _spec(self, name: object) -> WorkflowSpec:
         spec = self.specs.get(name) if isinstance(name, str) else None
@@ -97,6 +98,13 @@ class Workflows:
             known = ", ".join(sorted(self.specs)) or "none"
             raise InvalidInput("name", f"no workflow {name!r} is declared (declared: {known})")
         return spec
+
+    def _options(self, spec: WorkflowSpec) -> JobOptions:
+        """The settings of ``spec``'s jobs, parsed once (they were checked when it was declared)."""
+        options = self._job_options.get(spec.name)
+        if options is None:
+            options = self._job_options[spec.name] = JobOptions().merged(spec.job_options)
+        return options
 
     def runtime(self, spec: WorkflowSpec) -> Runtime:
         return Runtime(
@@ -156,7 +164,7 @@ class Workflows:
             run_ids = [_run_id(i) for i in ids]
         texts = [_storable(f"inputs[{i}]", value) for i, value in enumerate(inputs)]
         now = self.boss.clock.sql_now()
-        options = JobOptions().merged(spec.job_options)
+        options = self._options(spec)
         starts = [
             RunStart(run_id, spec.name, text, None, spec.queue, options, now)
             for run_id, text in zip(run_ids, texts, strict=True)
@@ -185,7 +193,7 @@ class Workflows:
             spec.name,
             data,
             queue=spec.queue,
-            options=JobOptions().merged(spec.job_options),
+            options=self._options(spec),
             done_key=done_key,
             now=now,
             conn=conn,
