@@ -27,6 +27,11 @@ What it does while on:
   ``instrument(internal_queues=True)`` asked for them.
   The worker opens it where it calls the handler (``Worker._call``), so
   ``shoal.testing.drain``'s runs are spans too.
+- A workflow run started inside a span (``Workflows.start``, ``start_many``,
+  a child run from its parent's step) carries that span's context in the
+  data of its first job, so the job's ``process workflow.<name>`` span is
+  its child; the jobs that resume a run later are children of the job that
+  suspended it, as any job sent from a handler is.
 - Each attempt of a workflow's step (``wf.step``, an ``@app.step`` call) is
   a ``step <workflow> <step>`` span (kind INTERNAL), child of the span of
   the job that replays the run, with ``shoal.workflow``,

@@ -144,6 +144,24 @@ async def test_each_step_attempt_is_a_span_under_the_job_that_ran_it(
     assert {s.parent.span_id for s in steps if s.parent} == {jobs[0].context.span_id}
 
 
+async def test_a_runs_first_job_is_a_child_of_the_span_that_started_it(
+    spans: InMemorySpanExporter, workflows: Workflows
+) -> None:
+    tracer = tracing.tracer()
+    assert tracer is not None
+    with tracer.start_as_current_span("POST /orders") as request:
+        await workflows.start("ops.flaky", 1, id="from-a-request")
+        (many,) = await workflows.start_many("ops.flaky", [2], ids=["from-a-batch"])
+    assert many.created
+    for run_id in ("from-a-request", "from-a-batch"):
+        assert await settled(workflows, run_id) is RunStatus.COMPLETED
+    jobs = [s for s in spans.get_finished_spans() if s.name == "process workflow.ops.flaky"]
+    assert len(jobs) == 2
+    assert all(s.parent is not None for s in jobs)
+    assert {s.parent.span_id for s in jobs if s.parent} == {request.get_span_context().span_id}
+    assert {s.context.trace_id for s in jobs} == {request.get_span_context().trace_id}
+
+
 async def test_a_failed_step_span_says_failed_and_without_tracing_there_is_none(
     spans: InMemorySpanExporter, boss: Shoal
 ) -> None:

@@ -8,15 +8,17 @@
 -- created. An id taken already gives no row (a start is idempotent by id).
 -- The ids are distinct: the store sends a repeated one in a statement of its
 -- own. The jobs' settings are each workflow's, checked when it was declared
--- (the queue's send_job_v2).
+-- (the queue's send_job_v2); a job's data may carry the starter's trace
+-- context (shoal/tracing.py), so the run's first job is its child.
 WITH given AS (
     SELECT * FROM unnest(
         %(ids)s::text[], %(names)s::text[], %(inputs)s::jsonb[], %(done_keys)s::text[],
         %(queues)s::text[], %(retry_limits)s::integer[], %(retry_delays_s)s::float8[],
         %(retry_backoffs)s::boolean[], %(retry_delay_maxes_s)s::float8[],
-        %(expires_in_s)s::float8[], %(dead_letters)s::text[], %(nows)s::timestamptz[])
+        %(expires_in_s)s::float8[], %(dead_letters)s::text[], %(traces)s::jsonb[],
+        %(nows)s::timestamptz[])
         AS g(id, name, input, done_key, queue, retry_limit, retry_delay_s, retry_backoff,
-             retry_delay_max_s, expire_in_s, dead_letter, at)
+             retry_delay_max_s, expire_in_s, dead_letter, trace, at)
 ), run AS (
     INSERT INTO {schema}.workflow_run (id, name, input, done_key, created_at, updated_at)
     SELECT id, name, input, done_key, coalesce(at, now()), coalesce(at, now())
@@ -25,7 +27,8 @@ WITH given AS (
     RETURNING id
 )
 SELECT g.id, {schema}.send_job_v2(
-    g.queue, jsonb_build_object('run', g.id), g.retry_limit, g.retry_delay_s,
+    g.queue, jsonb_build_object('run', g.id) || coalesce(g.trace, '{{}}'::jsonb),
+    g.retry_limit, g.retry_delay_s,
     g.retry_backoff, g.retry_delay_max_s, g.expire_in_s, g.dead_letter, NULL, g.at)
 FROM run JOIN given g ON g.id = run.id
 

@@ -27,6 +27,7 @@ from shoal.queue.options import JobOptions
 from shoal.queue.results import encode_result
 from shoal.queue.states import JobId
 from shoal.queue.worker import Worker
+from shoal.tracing import TRACE_KEY, carrier
 from shoal.workflow.abandoned import DEAD_QUEUE, AbandonedRuns
 from shoal.workflow.runner import WorkflowRunner, WorkflowSpec, queue_of
 from shoal.workflow.runtime import MAX_KEY_LENGTH, Runtime, child_key, task_key
@@ -165,8 +166,9 @@ class Workflows:
         texts = [_storable(f"inputs[{i}]", value) for i, value in enumerate(inputs)]
         now = self.boss.clock.sql_now()
         options = self._options(spec)
+        trace = _trace()
         starts = [
-            RunStart(run_id, spec.name, text, None, spec.queue, options, now)
+            RunStart(run_id, spec.name, text, None, spec.queue, options, now, trace)
             for run_id, text in zip(run_ids, texts, strict=True)
         ]
 
@@ -196,6 +198,7 @@ class Workflows:
             options=self._options(spec),
             done_key=done_key,
             now=now,
+            trace=_trace(),
             conn=conn,
         )
 
@@ -343,6 +346,12 @@ def decode_cursor(cursor: str, *, field: str = "cursor") -> tuple[datetime, str]
             field, "is not a cursor shoal gave (pass next_cursor back as it came)"
         ) from None
     return when, run_id
+
+
+def _trace() -> str | None:
+    """The caller's trace context, for the data of a run's first job (None: tracing is off)."""
+    headers = carrier()
+    return None if headers is None else json.dumps({TRACE_KEY: headers})
 
 
 def _storable(field: str, value: object) -> str | None:

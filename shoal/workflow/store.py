@@ -136,6 +136,7 @@ class RunStart:
     queue: str
     options: JobOptions
     now: datetime | None
+    trace: str | None = None  # JSON text: the starter's trace context, merged into the job's data
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,14 +238,16 @@ class WorkflowStore:
         options: JobOptions,
         done_key: str | None = None,
         now: datetime | None,
+        trace: str | None = None,
         conn: AsyncConn | None = None,
     ) -> bool:
         """A new run and its job (sent with ``options``); False when the id is taken.
 
-        ``done_key``: the event the run's end sends (a child's to its parent).
-        Without ``conn``, concurrent starts share one statement and commit.
+        ``done_key``: the event the run's end sends (a child's to its parent);
+        ``trace``: the starter's trace context, as JSON text. Without
+        ``conn``, concurrent starts share one statement and commit.
         """
-        start = RunStart(run_id, name, data, done_key, queue, options, now)
+        start = RunStart(run_id, name, data, done_key, queue, options, now, trace)
         if conn is None:
             return await self._starts.submit(start)
         return (await self.start_many([start], conn))[0]
@@ -332,6 +335,7 @@ class WorkflowStore:
                 "retry_delay_maxes_s": [o.retry_delay_max.total_seconds() for o in options],
                 "expires_in_s": [o.expire_in.total_seconds() for o in options],
                 "dead_letters": [o.dead_letter for o in options],
+                "traces": [s.trace for s in round_],
                 "nows": [s.now for s in round_],
             }
             created = {row[0] for row in await self._rows("start_runs", params, conn)}
