@@ -14,9 +14,9 @@ Each pass, in its own short transactions:
    aggregators race.
 
 ``shoal worker`` runs :meth:`Aggregator.run` in the leader of
-:data:`AGGREGATOR_DUTY` (shoal.db.leadership): a pass every second, and one at
-once when a worker finishes a task's last items (:meth:`Aggregator.wake`
-notifies, the leader's listener hears it). The statements are safe to race
+:data:`AGGREGATOR_DUTY` (shoal.db.leadership): a pass every second, and the
+close (4.) alone at once when a worker finishes a task's last items
+(:meth:`Aggregator.wake` notifies, the leader's listener hears it). The statements are safe to race
 anyway (row locks with SKIP LOCKED, guarded updates), for the moments when a
 deposed leader has not yet noticed.
 
@@ -186,33 +186,56 @@ class Aggregator:
         return closed
 
     async def run_once(self) -> AggregatorReport:
+        """The whole pass: deadlines, zombies, orphans, then the close."""
         timed_out = await self.expire_deadlines()
         to_pending, to_error, resent = await self.reap_zombies()
         resent += await self.sweep_orphans()
         closed = await self.close_tasks()
-        report = AggregatorReport(timed_out, to_pending, to_error, resent, tuple(closed))
+        return self._report(
+            AggregatorReport(timed_out, to_pending, to_error, resent, tuple(closed))
+        )
+
+    async def run_close(self) -> AggregatorReport:
+        """The close alone: what a wake-up asks for (a worker finished a task's last items)."""
+        return self._report(AggregatorReport(0, 0, 0, 0, tuple(await self.close_tasks())))
+
+    def _report(self, report: AggregatorReport) -> AggregatorReport:
         if self.boss.hooks:
             self.boss.hooks.emit("aggregator_pass", report=report)
         return report
 
     async def run(self) -> None:
-        """A pass every :data:`AGGREGATOR_INTERVAL`, and at each wake-up, until cancelled."""
+        """A whole pass every :data:`AGGREGATOR_INTERVAL`, and a close at each wake-up.
+
+        A wake-up runs the close alone: deadlines, zombies and orphans wait
+        for their tick, which wake-ups never push back (its time is kept
+        from the last whole pass), and the tick's pass closes anything a lost
+        wake-up left open.
+        """
         notifier = self.boss.notifier
         woken = asyncio.Event()
         if notifier is not None:
             notifier.start()
             woken = notifier.subscribe(AGGREGATOR_QUEUE)
+        interval = AGGREGATOR_INTERVAL.total_seconds()
+        next_pass = self.clock.monotonic()
         try:
             while True:
                 woken.clear()  # a wake-up during the pass asks for the next one
                 try:
-                    await self.run_once()
+                    if self.clock.monotonic() >= next_pass:
+                        next_pass = self.clock.monotonic() + interval
+                        await self.run_once()
+                    else:
+                        await self.run_close()
                 except TransientError as exc:
                     log.warning("aggregator pass failed: %s", exc)
                 except Exception:  # loop boundary: the aggregator must keep running
                     log.exception("aggregator pass failed")
                 waits = [
-                    asyncio.ensure_future(self.clock.sleep(AGGREGATOR_INTERVAL.total_seconds())),
+                    asyncio.ensure_future(
+                        self.clock.sleep(max(0.0, next_pass - self.clock.monotonic()))
+                    ),
                     asyncio.ensure_future(woken.wait()),
                 ]
                 try:

@@ -147,10 +147,10 @@ ORDER BY j.priority DESC, j.turn NULLS FIRST, j.job_id
 
 -- name: complete_items
 -- Records finished runs and completes their jobs in one statement
--- (complete_items_v2, shoal/batch/functions.sql).
+-- (complete_items_v3, shoal/batch/functions.sql).
 -- Arrays come as text literals.
 SELECT what, id, task_id::text
-FROM {schema}.complete_items_v2(
+FROM {schema}.complete_items_v3(
     %(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[], %(job_ids)s::bigint[],
     %(job_attempts)s::int[], %(now)s::timestamptz)
 
@@ -545,8 +545,9 @@ ORDER BY completed_at DESC
 LIMIT %(limit)s
 
 -- name: finished_tasks
--- Which of these tasks have nothing pending or running (as this transaction
+-- Which of these tasks have nothing pending or running (as this statement
 -- sees it): the worker that finished their last items wakes the aggregator.
+-- Asked after a result write that named a task 'tail' has committed.
 -- Probed from the live end, as close_tasks is.
 SELECT t.id::text
 FROM unnest(%(task_ids)s::uuid[]) AS t(id)

@@ -129,7 +129,9 @@ class ItemRecorder:
         """Record finished items' results, for a whole batch, and complete their jobs.
 
         One fenced statement; a task it leaves with nothing pending or running
-        wakes the aggregator. Jobs the runner's ``claim`` took are gone already
+        wakes the aggregator (asked again once the statement has committed
+        for a task whose last items another write held). ``conn`` is in
+        autocommit, as the completer's is. Jobs the runner's ``claim`` took are gone already
         (deleted); any other (a job the runner did not claim) is completed in the same
         statement. Returns the jobs complete, each with the outcome of its
         item's run as a job outcome (:func:`job_outcome`).
@@ -153,7 +155,14 @@ class ItemRecorder:
                     "its result was not recorded",
                     d.item_id,
                 )
-        if recorded.finished_tasks and self.wake is not None:
+        finished = recorded.finished_tasks
+        if recorded.tail_tasks and not finished and self.wake is not None:
+            # Their last items were running in another write when this one
+            # began: asked again now that this write has committed (``conn``
+            # is in autocommit), so of two writes that end a task together,
+            # the one that commits last sees it finished.
+            finished = await self.store.finished_tasks(conn, recorded.tail_tasks)
+        if finished and self.wake is not None:
             await self.store.db.run(self.wake)
         return {
             claim.id: job_outcome(outcome, recorded.items)

@@ -11,7 +11,7 @@ import functools
 import json
 import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -108,6 +108,9 @@ class CompletedItems:
     items: set[ItemId]  # items whose result is recorded (now, or by this run before)
     jobs: set[JobId]  # jobs completed now (not those completed before)
     finished_tasks: list[TaskId]  # tasks left with nothing pending or running
+    # Tasks with nothing pending whose only items left were running in
+    # another statement: asked again once this write has committed.
+    tail_tasks: list[TaskId] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,12 +209,14 @@ class BatchStore:
             },
             conn,
         )
-        items, job_ids, tasks = set(), set(), []
+        items, job_ids, tasks, tails = set(), set(), [], []
         for what, id_, task_id in rows:
             if what == "item":
                 items.add(ItemId(id_))
             elif what == "job":
                 job_ids.add(JobId(id_))
+            elif what == "tail":
+                tails.append(TaskId(task_id))
             else:
                 tasks.append(TaskId(task_id))
         if len(items) < len(done):
@@ -225,7 +227,7 @@ class BatchStore:
                 conn,
             )
             items.update(ItemId(r[0]) for r in before)
-        return CompletedItems(items, job_ids, tasks)
+        return CompletedItems(items, job_ids, tasks, tails)
 
     async def complete_items(
         self, done: Sequence[tuple[ItemId, int, Any]], *, now: datetime | None
