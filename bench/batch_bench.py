@@ -22,6 +22,10 @@ pending or running; the parent polls the task until it sees it closed.
 - raw psycopg: the same tables, no job queue: a loop claims 100 items per
   statement (FOR UPDATE SKIP LOCKED, guarded), completes them in one statement
   per batch, and a 1 s aggregator loop closes the task.
+- rawjobs: the limit of issue 40 (bench/batch_limit.py): the task, its items
+  and their jobs in one transaction; 100 jobs claimed per statement with the
+  phantom guard; each result written to its item's row; the task closed as
+  soon as a claim finds nothing pending.
 
 Every worker is a fresh child process per measurement, started and ready
 (imports done, connected) before the clock starts; its RSS is sampled with
@@ -70,6 +74,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from bench import batch_limit
+
 if TYPE_CHECKING:
     from shoal import App
 
@@ -81,7 +87,7 @@ if TYPE_CHECKING:
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DB = "shoal_batch_bench"
 ROOT = Path(__file__).resolve().parent.parent
-LIBS = ("shoal", "raw", "pgqueuer", "procrastinate")
+LIBS = ("shoal", "raw", "rawjobs", "pgqueuer", "procrastinate")
 # Libraries held to a time budget, so a full run stays under ~8 minutes:
 # one is skipped at a large N when a smaller N projects it past SLOW_BUDGET_S,
 # cut off (and reported as such) when a run gets there anyway, and not
@@ -129,6 +135,7 @@ PARENT_APP_NAME = "batch_bench_parent"
 SCHEMA = {
     "shoal": "shoal",
     "raw": "bench_raw",
+    "rawjobs": batch_limit.SCHEMA,
     "pgqueuer": "bench_pgqueuer",
     "procrastinate": "bench_procrastinate",
 }
@@ -144,6 +151,7 @@ SETTINGS = {
         "FOR UPDATE SKIP LOCKED LIMIT 100) WHERE status = 'pending' RETURNING, then one "
         "UPDATE ... WHERE id = ANY(ids) AND status = 'running'; LISTEN for new tasks"
     ),
+    "rawjobs": batch_limit.SETTINGS,
     "pgqueuer": (
         "PgQueuer.from_{driver}_connection(conn); "
         f"@entrypoint(concurrency_limit={CONCURRENCY}); run() with its defaults (batch_size=10); "
@@ -306,6 +314,7 @@ GROUP BY t.completed_at
 TRUNCATE_SQL = {
     "shoal": "TRUNCATE shoal.item, shoal.task, shoal.job, shoal.job_archive, shoal.counter",
     "raw": "TRUNCATE bench_raw.item, bench_raw.task",
+    "rawjobs": "TRUNCATE bench_rawjobs.item, bench_rawjobs.task, bench_rawjobs.job",
     "pgqueuer": (
         "TRUNCATE bench_pgqueuer.item, bench_pgqueuer.task, bench_pgqueuer.pgqueuer, "
         "bench_pgqueuer.pgqueuer_log, bench_pgqueuer.pgqueuer_statistics"
@@ -390,6 +399,10 @@ async def work_raw(base_url: str, schema: str, driver: str) -> None:
             await conn.execute(RAW_COMPLETE, ([r[0] for r in rows],))
 
 
+async def work_rawjobs(base_url: str, schema: str, driver: str) -> None:
+    await batch_limit.work(with_search_path(base_url, schema), CLOSE_TASKS, ready)
+
+
 async def work_pgqueuer(base_url: str, schema: str, driver: str) -> None:
     from pgqueuer import PgQueuer
     from pgqueuer.models import Job as PgqJob
@@ -462,6 +475,7 @@ async def work_procrastinate(base_url: str, schema: str, driver: str) -> None:
 # Each takes (url, schema, pgqueuer's driver); only pgqueuer has a driver to choose.
 BASELINE_WORKERS: dict[str, Callable[[str, str, str], Coroutine[Any, Any, None]]] = {
     "raw": work_raw,
+    "rawjobs": work_rawjobs,
     "pgqueuer": work_pgqueuer,
     "procrastinate": work_procrastinate,
 }
@@ -478,8 +492,9 @@ async def baseline_worker(lib: str, pgqueuer_driver: str) -> None:
         asyncio.create_task(
             BASELINE_WORKERS[lib](base_url, SCHEMA[lib], pgqueuer_driver), name=f"{lib}-worker"
         ),
-        asyncio.create_task(aggregate_forever(url), name=f"{lib}-aggregator"),
     ]
+    if lib != "rawjobs":  # it closes its tasks itself
+        tasks.append(asyncio.create_task(aggregate_forever(url), name=f"{lib}-aggregator"))
     stopping = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -748,10 +763,12 @@ class Bench:
             row = await cur.fetchone()
             self.autovacuum = row[0] if row else "?"
         self.admin = await psycopg.AsyncConnection.connect(self.parent_url, autocommit=True)
-        for lib in ("raw", "pgqueuer", "procrastinate"):
+        for lib in ("raw", "rawjobs", "pgqueuer", "procrastinate"):
             schema = sql.Identifier(SCHEMA[lib])
             await self.admin.execute(sql.SQL("CREATE SCHEMA {}").format(schema))
             await self.admin.execute(sql.SQL(BASELINE_SCHEMA_SQL).format(schema=schema))
+            if lib == "rawjobs":
+                await self.admin.execute(sql.SQL(batch_limit.JOB_TABLE_SQL).format(schema=schema))
             self.conns[lib] = await psycopg.AsyncConnection.connect(
                 with_search_path(self.url, SCHEMA[lib], application_name=PARENT_APP_NAME),
                 autocommit=True,
@@ -816,6 +833,8 @@ class Bench:
         if lib == "shoal":
             return (await self.batches.create(KIND, refs)).task_id
         conn = self.conns[lib]
+        if lib == "rawjobs":
+            return await batch_limit.create(conn, refs)
         async with conn.transaction():
             cur = await conn.execute(INSERT_TASK, (len(refs),))
             row = await cur.fetchone()
@@ -1012,7 +1031,7 @@ def table(rows: list[Row]) -> list[str]:
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        label = "raw psycopg" if row.lib == "raw" else row.lib
+        label = {"raw": "raw psycopg", "rawjobs": "raw loop with jobs"}.get(row.lib, row.lib)
         if row.skipped:
             lines.append(f"| {row.n:,} | {label} | skipped | | | | |")
             continue
@@ -1060,6 +1079,26 @@ def targets(rows: list[Row]) -> list[str]:
             f"- N=10,000: shoal end-to-end is {ratio:.2f}x raw psycopg's "
             f"({shoal_10k:.2f} s vs {raw_10k:.2f} s; target <= 3x): {verdict(ratio <= 3)}"
         )
+    # Issue 40: Level 2 at the limit.
+    limit_10k, shoal_1k = e2e("rawjobs", 10_000), e2e("shoal", 1_000)
+    if shoal_10k and limit_10k:
+        ratio = shoal_10k / limit_10k
+        lines.append(
+            f"- N=10,000: shoal end-to-end is {ratio:.2f}x the raw loop with jobs' "
+            f"({shoal_10k:.2f} s vs {limit_10k:.2f} s; target <= 1.2x): {verdict(ratio <= 1.2)}"
+        )
+    if shoal_1k:
+        lines.append(
+            f"- N=1,000: shoal end-to-end {shoal_1k:.2f} s (target <= 0.2 s): "
+            f"{verdict(shoal_1k <= 0.2)}"
+        )
+    for row in rows:
+        detect = row.median("detect_s") if row.lib == "shoal" and row.ok else None
+        if detect is not None:
+            lines.append(
+                f"- N={row.n:,}: shoal closes {detect * 1000:.0f} ms after the last item "
+                f"(target <= 50 ms): {verdict(detect <= 0.05)}"
+            )
     big = by.get(("shoal", 100_000))
     if big and big.ok:
         t, rss = big.median("e2e_s"), big.median("rss_mib")
@@ -1202,7 +1241,7 @@ async def main_async(args: argparse.Namespace) -> int:
     print("\n".join(header(bench, reps)))
     print()
     print("\n".join(table(rows)))
-    print("\nTargets (from issue 3):")
+    print("\nTargets (from issues 3 and 40):")
     print("\n".join(targets(rows)) or "- (not measured: needs N=10,000 / 100,000)")
     print("\nPer repetition:")
     print("\n".join(details(rows)))
