@@ -7,7 +7,7 @@ All in one run against one Postgres server, each scenario on a queue of its
 own in a fresh ``shoal_limits_bench`` database, worked by ``--procs`` worker
 processes (default 4) at concurrency 10 each, no-op handlers:
 
-- unlimited: N jobs, no limits (claim_jobs_v4);
+- unlimited: N jobs, no limits (claim_jobs_v5);
 - global, not binding: the same with ``global_concurrency`` far above what the
   processes run at once (claim_limited_jobs_v2, one partition);
 - 1,000 partitions of 1: N jobs spread evenly over 1,000 keys,

@@ -636,7 +636,7 @@ class Bench:
         self.plans.append((f"{label}; {await self.table_stats(lib)}", plan))
 
     async def explain_shoal_claim(self) -> str:
-        """The plan of the statements inside ``shoal.claim_jobs_v4``, via auto_explain.
+        """The plan of the statements inside ``shoal.claim_jobs_v5``, via auto_explain.
 
         A plain EXPLAIN of the function call shows only "Function Scan". With
         log_nested_statements, auto_explain reports the inner UPDATE, at NOTICE
@@ -663,7 +663,7 @@ class Bench:
             ):
                 await conn.execute("SELECT set_config(%s, %s, false)", (setting, value))
             await conn.execute(
-                "SELECT count(*) FROM shoal.claim_jobs_v4(%s, 20, NULL, NULL, NULL, NULL)", (QUEUE,)
+                "SELECT count(*) FROM shoal.claim_jobs_v5(%s, 20, NULL, NULL, NULL, NULL)", (QUEUE,)
             )
             await conn.rollback()
         # Every statement is reported; keep the plan (not the query text) of the

@@ -175,3 +175,52 @@ async def test_the_done_marker_check_probes_the_primary_key_with_statistics_from
             assert "ingest_done_pkey" in plan, plan
             assert "ingest_done_expires" not in plan and "Seq Scan" not in plan, plan
     assert await store.seen(wanted, now=None) == {applied[7], applied[-1]}
+
+
+async def test_the_workers_claim_and_completion_keep_their_plans_for_the_session(
+    boss: Shoal, db_url: str
+) -> None:
+    # claim_jobs_v5 and complete_jobs_v3 plan their statements once a session
+    # (generic plans: the parameters show as $n in the plan), where v4 and v2
+    # planned them on every call. A generic plan must still walk job_claim in
+    # every branch, from the head and after a position, with statistics from
+    # an empty table and from a full one: with an equality on the position's
+    # priority the planner could take the primary key's order by id.
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("ALTER TABLE shoal.job SET (autovacuum_enabled = false)")
+        await conn.execute("ANALYZE shoal.job")  # statistics say: empty
+    await boss.insert([{"queue": "q"}] * 3_000 + [{"queue": "other"}] * 3_000)
+    for stats in ("stale", "fresh"):
+        if stats == "fresh":
+            async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+                await conn.execute("ANALYZE shoal.job")
+        notices: list[str] = []
+        async with await psycopg.AsyncConnection.connect(db_url) as conn:
+            await explain_into(conn, notices)
+            claimed: list[tuple[int, int]] = []
+            for after in (None, 500, 1_000, None, 1_500, 2_000):
+                cur = await conn.execute(
+                    "SELECT id, attempt FROM shoal.claim_jobs_v5('q', 20, NULL, %s, %s, NULL)",
+                    (None if after is None else 0, after),
+                )
+                claimed += await cur.fetchall()
+            # Twice: the second finds every job completed already (its fence).
+            for expected in (len(claimed), 0):
+                cur = await conn.execute(
+                    "SELECT count(*) FROM shoal.complete_jobs_v3(%s, %s, '{}', NULL)",
+                    ([c[0] for c in claimed], [c[1] for c in claimed]),
+                )
+                assert await cur.fetchone() == (expected,)
+            await conn.rollback()
+        # Two claims from the head (one select each), four after a position
+        # (the higher priorities, none here, then the position's own).
+        picks = [n for n in notices if "LockRows" in n]
+        assert len(picks) == 2 + 4 * 2, (stats, picks)
+        for plan in picks:
+            assert "Index Scan using job_claim" in plan, (stats, plan)
+            assert "Index Cond: ((queue = $1)" in plan or "Index Cond: (queue = $1)" in plan, plan
+            assert "job_pkey" not in plan and "Sort" not in plan, (stats, plan)
+        updates = [n for n in notices if "Update on job" in n]
+        for plan in updates:
+            assert "Index Scan using job_pkey" in plan and "= ANY ($" in plan, (stats, plan)
+            assert "Nested Loop" not in plan and "job_lease" not in plan, (stats, plan)

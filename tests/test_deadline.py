@@ -226,7 +226,7 @@ async def test_outcomes_the_server_committed_and_answered_count_once_when_the_co
         worker = boss.work("ack_q", handle, concurrency=2, poll_interval=timedelta(seconds=60))
         await wait_for(lambda: worker.in_flight == 2, timeout_s=10)
         # Both handlers end in the same step, so one write records both outcomes.
-        proxy.hold_reply_after(b".complete_jobs_v2(")  # the completion statement
+        proxy.hold_reply_after(b".complete_jobs_v3(")  # the completion statement
         finish.set()
 
         async def committed_and_held() -> bool:

@@ -151,6 +151,110 @@ BEGIN
 END;
 $$;
 
+-- claim_jobs_v4's claim, with two changes for a worker's cost per job.
+--
+-- It returns the lean claim row: what a worker reads for every job it runs,
+-- and nothing it knows without the database. The queue is the one claimed
+-- (p_queue); the lease ends expire_in after the claim's start, one time for
+-- every row of a claim; and the times come as seconds since the epoch (a
+-- binary float8 is read in a few nanoseconds, where psycopg converts each
+-- timestamptz into the session's time zone, a zoneinfo conversion, three a
+-- job). A float8 of seconds keeps a timestamp's microseconds: at today's
+-- 1.8e9 s its step is 2.4e-7 s, so rounding to the nearest microsecond reads
+-- back the stored value. The retry policy stays: a handler reads it
+-- (Job.retry_limit) without a round trip.
+--
+-- And its plans are kept for the session (plan_cache_mode =
+-- force_generic_plan), where claim_jobs_v4 plans each of its statements on
+-- every call: with the job table's eleven indexes to consider, about 0.4 ms
+-- a claim. A generic plan is safe here because the planner switches leave
+-- every statement one ordered path, whatever the parameters: job_claim for
+-- the selects, the primary key for the update. The branch of the position's
+-- own priority says priority >= p AND priority <= p, not priority = p: with
+-- an equality the planner takes priority as a constant, the primary key then
+-- gives the order by id too, and a generic plan may walk it from the
+-- position through every later job of every queue (86 ms a call, measured
+-- on the ingest claim). tests/test_claim_plan.py checks the plans.
+--
+-- claim_jobs_v4 stays: claim_limited_jobs_v2 calls it, and the workers of
+-- 0.2.0 claim with it.
+CREATE OR REPLACE FUNCTION {schema}.claim_jobs_v5(
+    p_queue text, p_limit integer, p_now timestamptz,
+    p_after_priority integer, p_after_id bigint, p_holder integer)
+RETURNS TABLE (
+    id bigint, data text, priority integer, attempt integer,
+    retry_limit integer, retry_delay_s float8, retry_backoff boolean, retry_delay_max_s float8,
+    expire_in_s float8, singleton_key text, dead_letter text, created_at_s float8,
+    started_at_s float8)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_ids bigint[];
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    IF EXISTS (SELECT 1 FROM {schema}.paused_queue p WHERE p.queue = p_queue) THEN
+        RETURN;
+    END IF;
+    IF p_after_id IS NULL THEN
+        v_ids := ARRAY(
+            SELECT j.id FROM {schema}.job j
+            WHERE j.queue = p_queue AND j.state IN ('created', 'retry')
+              AND j.start_after <= v_now
+            ORDER BY j.priority DESC, j.id
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED);
+    ELSE
+        v_ids := ARRAY(
+            SELECT j.id FROM {schema}.job j
+            WHERE j.queue = p_queue AND j.state IN ('created', 'retry')
+              AND j.start_after <= v_now AND j.priority > p_after_priority
+            ORDER BY j.priority DESC, j.id
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED);
+        IF cardinality(v_ids) < p_limit THEN
+            v_ids := v_ids || ARRAY(
+                SELECT j.id FROM {schema}.job j
+                WHERE j.queue = p_queue AND j.state IN ('created', 'retry')
+                  AND j.start_after <= v_now
+                  AND j.priority >= p_after_priority AND j.priority <= p_after_priority
+                  AND j.id > p_after_id
+                ORDER BY j.priority DESC, j.id
+                LIMIT p_limit - cardinality(v_ids)
+                FOR UPDATE SKIP LOCKED);
+        END IF;
+        IF cardinality(v_ids) < p_limit THEN
+            v_ids := v_ids || ARRAY(
+                SELECT j.id FROM {schema}.job j
+                WHERE j.queue = p_queue AND j.state IN ('created', 'retry')
+                  AND j.start_after <= v_now AND j.priority < p_after_priority
+                ORDER BY j.priority DESC, j.id
+                LIMIT p_limit - cardinality(v_ids)
+                FOR UPDATE SKIP LOCKED);
+        END IF;
+    END IF;
+    RETURN QUERY
+    UPDATE {schema}.job j
+    SET state = 'active',
+        attempt = j.attempt + 1,
+        started_at = v_now,
+        lease_expires_at = v_now + j.expire_in,
+        holder = p_holder
+    WHERE j.id = ANY(v_ids)
+    RETURNING j.id, j.data::text, j.priority, j.attempt, j.retry_limit,
+              date_part('epoch', j.retry_delay), j.retry_backoff,
+              date_part('epoch', j.retry_delay_max),
+              date_part('epoch', j.expire_in), j.singleton_key, j.dead_letter,
+              date_part('epoch', j.created_at), date_part('epoch', v_now);
+END;
+$$;
+
 -- Claims up to p_limit waiting jobs of a queue with limits (a queue_limit
 -- row: a global concurrency, a rate limit with costs, partitions;
 -- docs/limits.md), returning the claim row in claim order (priority, then
@@ -407,6 +511,38 @@ AS $$
     WHERE j.id = ANY(p_ids) AND j.id = u.id
       AND j.lease_expires_at IS NOT NULL AND j.attempt = u.attempt
     RETURNING j.id;
+$$;
+
+-- complete_jobs_v2's completion in PL/pgSQL, its plan kept for the session
+-- (plan_cache_mode = force_generic_plan). As a SQL function with SET clauses
+-- complete_jobs_v2 is parsed and planned on every call; the generic plan is
+-- the same one (the planner switches leave it no other): the hash join of the
+-- unnested ids and attempts with the primary-key probes of id = ANY(p_ids).
+-- complete_jobs_v2 stays for the workers of 0.2.0.
+CREATE OR REPLACE FUNCTION {schema}.complete_jobs_v3(
+    p_ids bigint[], p_attempts integer[], p_outputs jsonb[], p_now timestamptz)
+RETURNS TABLE (id bigint)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_nestloop = off
+SET enable_hashjoin = on
+SET enable_mergejoin = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE {schema}.job j
+    SET state = 'completed',
+        finished_at = coalesce(p_now, now()),
+        lease_expires_at = NULL,
+        output = u.output
+    FROM unnest(p_ids, p_attempts, p_outputs) AS u(id, attempt, output)
+    WHERE j.id = ANY(p_ids) AND j.id = u.id
+      AND j.lease_expires_at IS NOT NULL AND j.attempt = u.attempt
+    RETURNING j.id;
+END;
 $$;
 
 -- The batch layer's completion of the item jobs it claimed with a lease

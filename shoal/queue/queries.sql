@@ -87,20 +87,19 @@ FROM {schema}.claim_limited_jobs_v2(%(queue)s, %(limit)s, %(now)s::timestamptz,
 -- name: claim_jobs
 -- Claims up to %(limit)s waiting jobs of one queue, from the head of the claim
 -- index or after the position (%(after_priority)s, %(after_id)s) in it
--- (claim_jobs_v4, shoal/queue/functions.sql),
+-- (claim_jobs_v5, shoal/queue/functions.sql),
 -- recording %(holder)s (this process's registry number, or NULL) on them: the
--- claim row, read by name.
-SELECT id, queue, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
-       retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at, started_at,
-       lease_expires_at
-FROM {schema}.claim_jobs_v4(%(queue)s, %(limit)s, %(now)s::timestamptz,
+-- lean claim row, read by name (shoal.queue.rows.lean_claims).
+SELECT id, data, priority, attempt, retry_limit, retry_delay_s, retry_backoff,
+       retry_delay_max_s, expire_in_s, singleton_key, dead_letter, created_at_s, started_at_s
+FROM {schema}.claim_jobs_v5(%(queue)s, %(limit)s, %(now)s::timestamptz,
                             %(after_priority)s::int, %(after_id)s::bigint, %(holder)s::int)
 
 -- name: complete_jobs
 -- active -> completed, each fenced by the attempt its worker was handed
--- (complete_jobs_v2, shoal/queue/functions.sql: one primary-key
+-- (complete_jobs_v3, shoal/queue/functions.sql: one primary-key
 -- probe per job, whatever the statistics say about active jobs).
-SELECT id FROM {schema}.complete_jobs_v2(
+SELECT id FROM {schema}.complete_jobs_v3(
     %(ids)s::bigint[], %(attempts)s::int[], %(outputs)s::jsonb[], %(now)s::timestamptz)
 
 -- name: fail_jobs

@@ -14,7 +14,7 @@ import json
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from shoal.db.queries import positions
@@ -368,6 +368,77 @@ def claim_reader(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], ClaimedJ
         )
 
     return read
+
+
+# The lean claim row of the worker's own claim (claim_jobs_v5 of
+# shoal/queue/functions.sql): the claim row without what the worker knows (the
+# queue it claimed, the lease's end: its start plus expire_in), with the times
+# as seconds since the epoch.
+LEAN_CLAIM_COLUMNS = (
+    "id",
+    "data",
+    "priority",
+    "attempt",
+    "retry_limit",
+    "retry_delay_s",
+    "retry_backoff",
+    "retry_delay_max_s",
+    "expire_in_s",
+    "singleton_key",
+    "dead_letter",
+    "created_at_s",
+    "started_at_s",
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _lean_pick(columns: tuple[str, ...]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    return operator.itemgetter(*positions(columns, LEAN_CLAIM_COLUMNS, what="a lean claim"))
+
+
+def lean_claims(
+    columns: tuple[str, ...], rows: Sequence[Sequence[Any]], queue: str
+) -> list[ClaimedJob]:
+    """The ClaimedJobs of a claim of ``queue`` that returned lean claim rows.
+
+    Each job is leased: its lease ends ``expire_in_s`` after its start. A
+    claim starts every job at one time, and jobs sent together share their
+    creation time, so each distinct time is made into a datetime (in UTC)
+    once per claim.
+    """
+    pick = _lean_pick(columns)
+    times: dict[float, datetime] = {}
+    leases: dict[tuple[float, float], datetime] = {}
+    jobs = []
+    for row in rows:
+        (id_, data, priority, attempt, limit, delay, backoff, delay_max, expire_in, key,
+         dead_letter, created_s, started_s) = pick(row)  # fmt: skip
+        created_at = times.get(created_s)
+        if created_at is None:
+            created_at = times[created_s] = datetime.fromtimestamp(created_s, UTC)
+        started_at = times.get(started_s)
+        if started_at is None:
+            started_at = times[started_s] = datetime.fromtimestamp(started_s, UTC)
+        lease = leases.get((started_s, expire_in))
+        if lease is None:
+            lease = leases[started_s, expire_in] = started_at + timedelta(seconds=expire_in)
+        jobs.append(
+            ClaimedJob(
+                id_,
+                queue,
+                data,
+                priority,
+                attempt,
+                retry_policy(limit, delay, backoff, delay_max),
+                expire_in,
+                key,
+                dead_letter,
+                created_at,
+                started_at,
+                lease,
+            )
+        )
+    return jobs
 
 
 # The job row: the columns every statement that reads whole jobs returns, by

@@ -36,6 +36,7 @@ from shoal.queue.rows import (
     QueueStateCount,
     claim_reader,
     job_records,
+    lean_claims,
     queue_default_params,
     queue_default_row,
 )
@@ -160,8 +161,7 @@ class JobStore(Statements):
         columns, rows, cost_s = await self.db.run(
             lambda c: fetch_named_timed(c, query, params), transaction=False
         )
-        read = claim_reader(columns)
-        return ClaimedJobs([read(r) for r in rows], cost_s)
+        return ClaimedJobs(lean_claims(columns, rows, queue), cost_s)
 
     async def claim_limited(
         self, queue: str, limit: int, *, now: datetime | None
