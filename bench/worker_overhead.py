@@ -5,8 +5,8 @@
 
 An in-memory store hands out claims of up to 500 jobs and takes completions
 at once (each claim and each write yields to the event loop once, as a round
-trip would). Each claimed row is read by the same ``claim_reader`` a real
-claim uses, from a tuple shaped like the claim row psycopg returns. The
+trip would). Each claim's rows are read by the same ``lean_claims`` a real
+claim uses, from tuples shaped like the lean claim rows psycopg returns. The
 handler is a no-op coroutine. What is left is what ``Worker`` itself spends
 on a job: its fetcher and prefetch, the buffer, ten runners, the execution
 deadlines, the outcomes and the completer's batches. Measured as this
@@ -45,19 +45,18 @@ from shoal.clock import SystemClock
 from shoal.db.pool import Pending
 from shoal.queue.fetcher import DEFAULT_MAX_BATCH
 from shoal.queue.job import Job
-from shoal.queue.rows import CLAIM_COLUMNS, ClaimedJob, ClaimedJobs, claim_reader
+from shoal.queue.rows import LEAN_CLAIM_COLUMNS, ClaimedJob, ClaimedJobs, lean_claims
 from shoal.queue.worker import Worker
 
 CONCURRENCY = 10
-AT = datetime(2026, 12, 5, tzinfo=UTC)
-READ = claim_reader(CLAIM_COLUMNS)
+AT = datetime(2026, 12, 5, tzinfo=UTC).timestamp()
 Row = tuple[Any, ...]
 
 
 def claim_rows(first: int, n: int) -> list[Row]:
-    """``n`` claim rows as psycopg returns them (CLAIM_COLUMNS' order), ids from ``first``."""
+    """``n`` lean claim rows as psycopg returns them (LEAN_CLAIM_COLUMNS' order), from ``first``."""
     return [
-        (i, "bench", f'{{"i": {i}}}', 0, 1, 2, 1.0, True, 60.0, 900.0, None, None, AT, AT, AT)
+        (i, f'{{"i": {i}}}', 0, 1, 2, 1.0, True, 60.0, 900.0, None, None, AT, AT)
         for i in range(first, first + n)
     ]
 
@@ -91,7 +90,7 @@ class MemoryStore:
         rows = claim_rows(self.next_id, take)
         self.next_id += take
         self.left -= take
-        return ClaimedJobs([READ(row) for row in rows], 0.001)
+        return ClaimedJobs(lean_claims(LEAN_CLAIM_COLUMNS, rows, queue), 0.001)
 
     async def claim(
         self, queue: str, limit: int, *, now: datetime | None, after: Any = None

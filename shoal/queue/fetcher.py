@@ -211,15 +211,15 @@ class Fetcher:
         if any(c.id == note.id and c.attempt == note.attempt for c, _ in self._buffer):
             self._cancelled_in_buffer.add(JobId(note.id))
 
-    def lease_start(self, claim: ClaimedJob, leased_at: float) -> float | None:
-        """When the lease a run of ``claim`` counts from began; None: half spent, confirm it.
+    def lease_start(self, claim: ClaimedJob, leased_at: float, now: float) -> float | None:
+        """When the lease a run of ``claim`` starting ``now`` counts from began; None: confirm it.
 
         A job taken without a lease counts from now. One whose lease is half
         spent (by the clock, from when its claim was sent) must be extended
         by :meth:`confirm_lease` before it runs, and counts from the extension.
-        (Two calls, so that the common case costs no await.)
+        (Two calls, so that the common case costs no await; ``now`` is the
+        clock's monotonic time, which the runner reads once for both.)
         """
-        now = self.clock.monotonic()
         if claim.lease_expires_at is None:
             return now
         if now - leased_at < claim.expire_in_s / 2:

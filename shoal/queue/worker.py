@@ -52,6 +52,7 @@ from shoal.queue.completer import Completer, Finalize
 from shoal.queue.cursor import ClaimCursor
 from shoal.queue.fetcher import DEFAULT_MAX_BATCH, Claim, Fetcher
 from shoal.queue.job import (
+    COMPLETED,
     AsyncHandler,
     Completed,
     Failed,
@@ -379,20 +380,23 @@ class Worker:
             return Stopped(started=False)
         # The lease, and so the execution deadline, runs from the claim (or
         # the extension the fetcher makes of a lease half spent in the buffer).
-        lease_start = self.fetcher.lease_start(claim, leased_at)
+        now = self.clock.monotonic()
+        lease_start = self.fetcher.lease_start(claim, leased_at, now)
         if lease_start is None:
             lease_start = await self.fetcher.confirm_lease(claim)
             if lease_start is None:
                 return None
+            now = self.clock.monotonic()
         job = Job(claim, self._heartbeat)
         self._deadline_at[claim.id] = lease_start + claim.expire_in_s
         self._handling[claim.id] = job
         try:
-            outcome = await self._call(job, task)
+            outcome = await self._call(job, task, now)
         finally:
             self._handling.pop(claim.id, None)
             self._deadline_at.pop(claim.id, None)
-            self._expired.discard(claim.id)
+            if self._expired:
+                self._expired.discard(claim.id)
             if job.reported_cost is not None:
                 self.completer.costs[claim.id] = job.reported_cost
         if job.cancelled and not isinstance(outcome, Stopped):
@@ -402,14 +406,14 @@ class Worker:
             outcome = Stopped(started=True)
         return outcome
 
-    async def _call(self, job: Job, task: asyncio.Task[Any]) -> Outcome:
+    async def _call(self, job: Job, task: asyncio.Task[Any], started: float) -> Outcome:
         """Call the handler on ``job`` and name its outcome: the one place a handler runs.
 
-        The run is traced here (shoal.tracing), timed for the fetcher's rate,
-        and reported as ``job_ran`` when it ends, whatever it raised.
+        The run is traced here (shoal.tracing), timed from ``started`` (the
+        clock's monotonic time, read just before) for the fetcher's rate, and
+        reported as ``job_ran`` when it ends, whatever it raised.
         """
         claim = job.claim
-        started = self.clock.monotonic()
         outcome: Outcome
         try:
             output = await self._traced(job)
@@ -433,7 +437,7 @@ class Worker:
         except Exception as exc:
             outcome = outcome_of(exc)
         else:
-            outcome = Completed(output, stored)
+            outcome = COMPLETED if output is None else Completed(output, stored)
         run_s = self.clock.monotonic() - started
         self.fetcher.ran(run_s)
         if self.hooks:
