@@ -334,13 +334,21 @@ class WriteStallWatch:
         return check
 
     async def run(self) -> None:
-        """Probe every ``interval`` until cancelled; the caller closes the watch."""
+        """Probe every ``interval`` until cancelled; the caller closes the watch.
+
+        The first probe comes one interval after the start, not at it: a
+        process that lives shorter (a drain, a command) then opens no probe
+        connection and commits no probe: a server process and a WAL flush
+        fewer (bench/queue_bench.py's drain child: 5 sessions, not 6). A
+        stall is reported after ``error_after`` of stalled probes either way;
+        a stall from the start, one interval later.
+        """
         while True:
+            await self.clock.sleep(self.interval_s)
             try:
                 await self.run_once()
             except Exception:  # loop boundary: the watch must keep running
                 log.exception("write stall watch failed")
-            await self.clock.sleep(self.interval_s)
 
     async def close(self) -> None:
         await self.probe.close()
