@@ -22,6 +22,11 @@ What it measures, all in one run against one Postgres server:
   emptied and analyzed while it holds no rows (keeping its pages), with
   autovacuum off, before the N jobs arrive.
 
+A drain child that cannot tell from its own loop that the jobs are done (all
+but the raw loops) watches the database on a connection of its own; that
+connection's statements and its server process's CPU are left out of the
+library's per-job figures.
+
 ``--pg-setting`` sets a server setting for every session of the bench database,
 to test a hypothesis (the output names it; don't publish such a run as the
 default one).
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -279,6 +285,29 @@ async def open_watch(url: str) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(url, autocommit=True)
 
 
+async def watch_cpu_s(watch: psycopg.AsyncConnection[Any]) -> float | None:
+    """CPU seconds the watch's server process has used since it started; None if unreadable.
+
+    Its polls (a count of every finished job, a few milliseconds each on
+    10,000 rows) are the bench's, not the library's: the parent leaves them
+    out of the server's CPU, as it leaves them out of the statements. The
+    raw loops have no watcher. Read from /proc (schedstat: nanoseconds on a
+    CPU), so only for a server on this machine.
+    """
+    cur = await watch.execute(f"SELECT pg_backend_pid() {WATCH_MARK}")
+    row = await cur.fetchone()
+    return process_cpu_s(row[0] if row else 0)
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """The CPU seconds of process ``pid`` (/proc/PID/schedstat); None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as stat:
+            return int(stat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Timed:
     """Wall and process CPU seconds since it was made: one window for both."""
 
@@ -349,6 +378,7 @@ async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str,
 
         await wait_until_recorded(watch, "shoal", counter, describe)
         spent = timed.read()
+        watch_s = await watch_cpu_s(watch)
         stats = worker.stats
         pool_size = boss.db.pool.get_stats().get("pool_size", 0)
         await worker.stop()
@@ -358,6 +388,7 @@ async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str,
     return {
         **spent,
         "handled": counter.seen,
+        "watch_cpu_s": watch_s,
         "pool_size": pool_size,
         "worker_stats": {
             "claimed": stats.claimed,
@@ -390,10 +421,11 @@ async def drain_pgqueuer(url: str, n: int, variant: int | None = None) -> dict[s
         try:
             await wait_until_recorded(watch, "pgqueuer", counter)
             spent = timed.read()
+            watch_s = await watch_cpu_s(watch)
         finally:
             pgq.shutdown.set()
             await asyncio.wait_for(run, 30)
-    return {**spent, "handled": counter.seen}
+    return {**spent, "handled": counter.seen, "watch_cpu_s": watch_s}
 
 
 async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
@@ -416,9 +448,10 @@ async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> d
         try:
             await wait_until_recorded(watch, "procrastinate", counter)
             spent = timed.read()
+            watch_s = await watch_cpu_s(watch)
         finally:
             await asyncio.wait_for(run, 30)
-    return {**spent, "handled": counter.seen}
+    return {**spent, "handled": counter.seen, "watch_cpu_s": watch_s}
 
 
 # Each takes (url, n, variant): pgqueuer's batch size, or the raw loop's claimers.
@@ -467,6 +500,7 @@ class Case:
     sampled_rss_mib: list[float] = field(default_factory=list)
     usage: list[Usage] = field(default_factory=list)  # what the server did per drain
     worker_cpu_s: list[float] = field(default_factory=list)  # the drain child's own CPU
+    watch_cpu_s: list[float] = field(default_factory=list)  # its watcher's, left out
     notes: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -800,6 +834,11 @@ class Bench:
         result = await self.drain(lib, case.variant)
         await self.wait_for_child_sessions(parent)
         usage = await self.meter.since(before)
+        watch_s = result.get("watch_cpu_s")
+        if usage.cpu_s is not None and watch_s is not None:
+            # The drain's watcher is the bench's (see watch_cpu_s).
+            usage = dataclasses.replace(usage, cpu_s=usage.cpu_s - watch_s)
+            case.watch_cpu_s.append(watch_s)
         case.usage.append(usage)
         case.drain_s.append(result["elapsed_s"])
         case.worker_cpu_s.append(result["cpu_s"])
@@ -939,7 +978,16 @@ def report(bench: Bench, cases: list[Case]) -> str:
         "difference, the whole server's; FPI: full-page images in it, summed; statements: "
         f"{next((c.usage[0].statements_source for c in cases if c.usage), 'n/a')}, without the "
         "drain's watcher; server CPU: user+system seconds of the postmaster and all its "
-        "processes, live and exited, via /proc):",
+        "processes, live and exited, via /proc, without the drain's watcher: "
+        + (
+            ", ".join(
+                f"{c.label} {median_of([w / n * 1e6 for w in c.watch_cpu_s]) or 0:.1f} us/job"
+                for c in cases
+                if c.watch_cpu_s
+            )
+            or "none"
+        )
+        + " left out; the raw loops have none):",
         "",
         "| case | WAL bytes/job | vs raw x1 | FPI | statements/job | vs raw x1 "
         f"| server CPU us/job | vs raw x1 | vs raw x{RAW_CLAIMERS} | statement time us/job "
