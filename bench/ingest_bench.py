@@ -311,7 +311,9 @@ async def count(db: Database, table: str) -> int:
 async def reset(db: Database) -> None:
     async def run(conn: Any) -> None:
         await conn.execute(SCHEMA)
-        await conn.execute("TRUNCATE shoal.job, shoal.ingest_done, shoal.ingest_dead")
+        await conn.execute(
+            "TRUNCATE shoal.job, shoal.topic_message, shoal.ingest_done, shoal.ingest_dead"
+        )
 
     await db.run(run)
     async with await psycopg.AsyncConnection.connect(bench_url(), autocommit=True) as conn:

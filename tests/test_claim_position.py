@@ -25,18 +25,21 @@ from shoal.testing import Probe
 from .conftest import wait_for
 
 # Index entries read from job_claim in this transaction (idx_tup_read).
-ENTRIES_READ = "SELECT pg_stat_get_xact_tuples_returned('shoal.job_claim'::regclass)"
+ENTRIES_READ = "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)"
 
 
 async def entries_read(
-    db_url: str, statement: str, params: Sequence[Any] | Mapping[str, Any]
+    db_url: str,
+    statement: str,
+    params: Sequence[Any] | Mapping[str, Any],
+    index: str = "shoal.job_claim",
 ) -> tuple[int, int]:
-    """(rows returned, job_claim entries read) by one run of ``statement``, rolled back."""
+    """(rows returned, ``index`` entries read) by one run of ``statement``, rolled back."""
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        before = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]
+        before = (await (await conn.execute(ENTRIES_READ, (index,))).fetchone() or [0])[0]
         cur = await conn.execute(statement, params)
         returned = len(await cur.fetchall())
-        read = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]
+        read = (await (await conn.execute(ENTRIES_READ, (index,))).fetchone() or [0])[0]
         await conn.rollback()
     return returned, read - before
 

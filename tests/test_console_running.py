@@ -26,7 +26,7 @@ from shoal.testing import NatsServer
 from .conftest import wait_for
 from .ingest_helpers import READINGS, Reading, create_schema
 from .test_api import KIND, TEST_APP
-from .test_console_api import assert_error, client, client_for, dead_letters
+from .test_console_api import assert_error, client, client_for, dead_letters, topic_messages
 from .test_ingest import FAST, running, stopped
 
 __all__ = ["client"]  # the fixture, shared with the console API tests
@@ -225,7 +225,7 @@ async def test_a_dead_letter_is_discarded_on_either_transport_and_never_comes_ba
             assert r.json()["message_id"] == "obs-4"
         assert await pipeline.store.dead_letters(READINGS.name, include_redriven=True) == []
         # Nothing of the message is left to deliver again.
-        assert [j.state.value for j in await boss.jobs(f"topic.{READINGS.name}")] == []
+        assert await topic_messages(boss, READINGS.name) == []
     finally:
         await pipeline.close()
     assert seen == ["obs-4"]

@@ -25,7 +25,7 @@ from shoal.ingest.consumer import Consumer
 from shoal.ingest.dedupe import PostgresDoneStore, RedisDoneStore
 from shoal.ingest.message import Message, Topic
 from shoal.ingest.pipeline import Pipeline, check_connection_budget
-from shoal.ingest.postgres import PostgresTransport, topic_queue
+from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.retry import DELAY_LADDER, redelivery_delay
 from shoal.ingest.store import IngestStore
 from shoal.ingest.transport import PublishError, Transport
@@ -77,9 +77,8 @@ async def unfinished(boss: Shoal, topic: str) -> int:
     return int(
         await scalar(
             boss.db,
-            "SELECT count(*) FROM shoal.job WHERE queue = %s AND state IN "
-            "('created', 'retry', 'active')",
-            (topic_queue(topic),),
+            "SELECT count(*) FROM shoal.topic_message WHERE topic = %s",
+            (topic,),
         )
     )
 
@@ -226,8 +225,8 @@ async def test_a_slot_applies_the_next_message_while_its_last_ones_ack_is_writte
     # A copy of obs-slow fetched meanwhile waits for its marker, then is
     # acknowledged as a duplicate: never applied twice.
     await pipeline.publish(READINGS, Reading(card_id=1, amount=5), id="obs-slow")
-    claimed = "SELECT count(*) = 3 FROM shoal.job WHERE queue = %s AND state = 'active'"
-    await wait_for(lambda: scalar(boss.db, claimed, (topic_queue(READINGS.name),)))
+    claimed = "SELECT count(*) = 3 FROM shoal.topic_message WHERE topic = %s AND leased"
+    await wait_for(lambda: scalar(boss.db, claimed, (READINGS.name,)))
     # Acked only once obs-slow's is: one ack waits at a time (`concurrency`).
     assert consumer.stats.applied == 0
     markers.written.set()
@@ -287,12 +286,12 @@ async def test_retryable_errors_follow_the_delay_ladder_without_limit(
     for n, delay_s in enumerate(expected, start=1):
         await wait_for(lambda n=n: len(attempts) == n, 30)
         assert redelivery_delay(n) == timedelta(seconds=delay_s)
-        await wait_for(lambda: _state_is(fake_boss, "retry"), 30)
+        await wait_for(lambda: _nakked(fake_boss), 30)
         # Not a moment before the ladder's delay: the redelivery is due exactly then...
         due = await scalar(
             fake_boss.db,
-            "SELECT start_after FROM shoal.job WHERE queue = %s",
-            (topic_queue(READINGS.name),),
+            "SELECT due_at FROM shoal.topic_message WHERE topic = %s",
+            (READINGS.name,),
         )
         assert due == clock.now() + timedelta(seconds=delay_s)
         clock.advance(timedelta(seconds=delay_s - 1))
@@ -314,13 +313,12 @@ async def test_retryable_errors_follow_the_delay_ladder_without_limit(
     )
 
 
-async def _state_is(boss: Shoal, state: str) -> bool:
-    found = await scalar(
-        boss.db,
-        "SELECT state::text FROM shoal.job WHERE queue = %s",
-        (topic_queue(READINGS.name),),
+async def _nakked(boss: Shoal) -> bool:
+    """The message is back in its topic, waiting for its delay (no lease)."""
+    leased = await scalar(
+        boss.db, "SELECT leased FROM shoal.topic_message WHERE topic = %s", (READINGS.name,)
     )
-    return bool(found == state)
+    return leased is False
 
 
 async def test_business_errors_are_acknowledged_with_a_warning_and_kept(
@@ -525,10 +523,12 @@ async def test_producers_pause_past_pause_depth_and_resume_below_half(
     pipeline._admit.clear()
     assert not await pipeline.admit(READINGS)
 
+    sub = await pipeline.transport.subscribe(READINGS.name, "shoal", max_in_flight=100)
+
     async def drain(n: int) -> None:
-        jobs = await boss.fetch(topic_queue(READINGS.name), n)
-        for job in jobs:
-            await boss.complete(job)
+        deliveries = await sub.fetch(n, wait=timedelta(0))
+        assert len(deliveries) == n
+        assert await sub.ack_many(deliveries) == [None] * n
 
     await drain(51)  # 50 left: not below half, still paused
     assert (await monitor.check())[0].paused
@@ -537,6 +537,7 @@ async def test_producers_pause_past_pause_depth_and_resume_below_half(
     assert not reading.paused and reading.depth.total == 49
     pipeline._admit.clear()
     assert await pipeline.admit(READINGS)
+    await sub.close()
 
 
 async def test_the_mode_switch_picks_sync_or_async_within_its_cache(

@@ -18,7 +18,7 @@ import pytest
 
 from shoal import Shoal
 from shoal.ingest.message import Envelope, new_envelope
-from shoal.ingest.postgres import PgSubscription, PostgresTransport, topic_queue
+from shoal.ingest.postgres import PgSubscription, PostgresTransport
 from shoal.queue.cursor import Position
 
 from .test_claim_position import entries_read
@@ -50,18 +50,16 @@ async def subscribe(transport: PostgresTransport) -> PgSubscription:
 async def entries_read_by_claim(
     transport: PostgresTransport, db_url: str, after: Position | None
 ) -> tuple[int, int]:
-    """(messages claimed, job_claim entries read) by one claim of the topic, rolled back."""
-    priority, job_id = after if after is not None else (None, None)
+    """(messages claimed, claim index entries read) by one claim of the topic, rolled back."""
     params = {
-        "queue": topic_queue(TOPIC),
+        "topic": TOPIC,
         "limit": 10,
         "now": None,
         "ack_wait": timedelta(seconds=30),
-        "after_priority": priority,
-        "after_id": job_id,
+        "after_id": None if after is None else after[1],
     }
     statement = transport.store.sql["claim_messages"].as_string()
-    return await entries_read(db_url, statement, params)
+    return await entries_read(db_url, statement, params, "shoal.topic_message_claim")
 
 
 async def test_behind_a_long_transaction_a_topic_claim_after_its_position_reads_no_claimed_entries(
@@ -72,9 +70,7 @@ async def test_behind_a_long_transaction_a_topic_claim_after_its_position_reads_
         await old.execute("SELECT txid_current()")
         await transport.publish(TOPIC, envelopes(5_000))
         (last_id,) = await (
-            await old.execute(
-                "SELECT max(id) FROM shoal.job WHERE queue = %s", (topic_queue(TOPIC),)
-            )
+            await old.execute("SELECT max(id) FROM shoal.topic_message WHERE topic = %s", (TOPIC,))
         ).fetchone() or (None,)
         sub = await subscribe(transport)
         for _ in range(10):
@@ -127,8 +123,9 @@ async def test_a_waiting_fetch_finds_a_message_that_committed_behind_its_positio
         # Takes its id first, commits last: the subscription claims the later
         # ids and moves its position past this one before it is visible.
         await late.execute(
-            "SELECT shoal.send(%s, %s)",
-            (topic_queue(TOPIC), envelope("late").encode().decode()),
+            "INSERT INTO shoal.topic_message (topic, due_at, created_at, envelope)"
+            " VALUES (%s, now(), now(), %s)",
+            (TOPIC, envelope("late").encode().decode()),
         )
         await transport.publish(TOPIC, envelopes(3))
         sub = await subscribe(transport)

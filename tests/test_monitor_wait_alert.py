@@ -12,7 +12,6 @@ import pytest
 from shoal import FakeClock, Shoal
 from shoal.ingest.monitor import DEFAULT_ALERT_WAIT
 from shoal.ingest.pipeline import Pipeline
-from shoal.ingest.postgres import topic_queue
 from tests.ingest_helpers import READINGS, Reading, create_schema
 
 TOPICS = [(READINGS.name, "shoal")]
@@ -75,8 +74,8 @@ async def test_the_wait_consumers_report_raises_it_too(
     # Drained (the messages gone as if applied): no backlog, so the reported wait no longer counts.
     await fake_pipeline.boss.db.run(
         lambda conn: conn.execute(
-            f"DELETE FROM {fake_pipeline.boss.db.schema}.job WHERE queue = %s",
-            (topic_queue(READINGS.name),),
+            f"DELETE FROM {fake_pipeline.boss.db.schema}.topic_message WHERE topic = %s",
+            (READINGS.name,),
         )
     )
     (reading,) = await monitor.check()

@@ -118,10 +118,11 @@ class TopicInspector:
 
         Both transports keep their dead letters in shoal's table, so the
         discard is the same for both, and needs no connection to the transport.
-        The postgres transport also kept the message itself, as the job its
-        dead-lettering failed in the topic's queue: that job goes with the
-        letter, in the same transaction. (A nats message was terminated in its
-        stream when it was dead-lettered: it is never delivered again.)
+        A dead-lettered message is gone from either transport (deleted from
+        the postgres transport's table, terminated in its nats stream); but a
+        process of 0.2.0, whose postgres transport kept topics as queues,
+        leaves it as a failed job in the topic's queue: that job goes with the
+        letter, in the same transaction.
         """
         await self.require_topic(topic)
         queue = QUEUE_PREFIX + topic

@@ -8,10 +8,10 @@
 -- the migrations built. Names are versioned as the queue's are (the rules are
 -- at the top of shoal/queue/functions.sql).
 --
--- The postgres transport claims, acknowledges and measures its messages
--- through the queue layer's functions (claim_jobs_leased_v2, delete_jobs_v2,
--- queue_depth_v1 in shoal/queue/functions.sql); this layer owns only its
--- done-markers.
+-- The postgres transport keeps its messages in a table of its own,
+-- topic_message (migration 0012); until 0.2.0 they were jobs of the queue
+-- 'topic.<name>' (the queue layer's claim_jobs_leased_v2, delete_jobs_v2 and
+-- queue_depth_v1 stay for that release's workers).
 
 -- The live done-markers among a fetch's message ids: the ids of messages
 -- already applied whose marker has not expired, so a redelivered message is
@@ -42,5 +42,133 @@ BEGIN
         OFFSET 0
     ) AS d
     WHERE d.expires_at > coalesce(p_now, now());
+END;
+$$;
+
+-- The postgres transport's delivery: claims up to p_limit messages of a topic
+-- that are due (waiting, nakked and due, or leased and past their lease: a
+-- consumer that died leaves its messages to the next claim, with no sweep in
+-- between), in publish order, from the head of the topic or after the id of
+-- the last message this subscription claimed (shoal.queue.cursor), and
+-- leases them to the caller for p_lease from p_now. Returns what a delivery
+-- needs: the id, the delivery count (its fence) and the envelope's text.
+--
+-- One plan shape whatever the parameters: the claim index (topic, id) walked
+-- from the topic's head or from the position, the due time read from the row
+-- (a held message's lease is its due time, so it is stepped over until the
+-- lease ends). So the plans are kept for the session. The claimed rows are
+-- updated by primary key in no indexed column: a heap-only update where the
+-- page has room. Not flushed on commit, as the queue's claim: a claim lost to
+-- a crash only delivers the messages again.
+CREATE OR REPLACE FUNCTION {schema}.claim_messages_v1(
+    p_topic text, p_limit integer, p_now timestamptz, p_lease interval, p_after_id bigint)
+RETURNS TABLE (id bigint, attempt integer, envelope text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_ids bigint[];
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    IF p_after_id IS NULL THEN
+        v_ids := ARRAY(
+            SELECT m.id FROM {schema}.topic_message m
+            WHERE m.topic = p_topic AND m.due_at <= v_now
+            ORDER BY m.topic, m.id
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED);
+    ELSE
+        v_ids := ARRAY(
+            SELECT m.id FROM {schema}.topic_message m
+            WHERE m.topic = p_topic AND m.id > p_after_id AND m.due_at <= v_now
+            ORDER BY m.topic, m.id
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED);
+    END IF;
+    RETURN QUERY
+    UPDATE {schema}.topic_message m
+    SET attempt = m.attempt + 1, due_at = v_now + p_lease, leased = true
+    WHERE m.id = ANY(v_ids)
+    RETURNING m.id, m.attempt, m.envelope;
+END;
+$$;
+
+-- The postgres transport's ack (p_delays_s NULL: the messages are deleted,
+-- no finished row kept, the done-marker is the record), term (the same: the
+-- dead letter holds the message) and nak (each made deliverable again after
+-- its delay, unleased). Each fenced by the delivery it was handed (attempt,
+-- and still leased: a message nakked, or delivered again since, is no longer
+-- the caller's). Returns the ids settled.
+--
+-- Found by primary key and matched to their attempts by a hash join, as the
+-- queue's delete_jobs_v2, with the plan kept for the session.
+CREATE OR REPLACE FUNCTION {schema}.settle_messages_v1(
+    p_ids bigint[], p_attempts integer[], p_delays_s float8[], p_now timestamptz)
+RETURNS TABLE (id bigint)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET enable_nestloop = off
+SET enable_hashjoin = on
+SET enable_mergejoin = off
+AS $$
+BEGIN
+    IF p_delays_s IS NULL THEN
+        RETURN QUERY
+        DELETE FROM {schema}.topic_message AS m
+        USING unnest(p_ids, p_attempts) AS u(id, attempt)
+        WHERE m.id = ANY(p_ids) AND m.id = u.id AND m.leased AND m.attempt = u.attempt
+        RETURNING m.id;
+    ELSE
+        RETURN QUERY
+        UPDATE {schema}.topic_message AS m
+        SET due_at = coalesce(p_now, now()) + u.delay_s * interval '1 second', leased = false
+        FROM unnest(p_ids, p_attempts, p_delays_s) AS u(id, attempt, delay_s)
+        WHERE m.id = ANY(p_ids) AND m.id = u.id AND m.leased AND m.attempt = u.attempt
+        RETURNING m.id;
+    END IF;
+END;
+$$;
+
+-- The backlog of one topic: messages due now (waiting, or their holder's lease
+-- has run out), held under a live lease, and delayed by a nak, and the age in
+-- seconds of the oldest (NULL when there is none). STABLE and a single SELECT
+-- without planner switches, so the planner inlines it into the caller's
+-- statement.
+CREATE OR REPLACE FUNCTION {schema}.topic_depth_v1(p_topic text, p_now timestamptz)
+RETURNS TABLE (ready bigint, in_flight bigint, delayed bigint, oldest_age_s float8)
+LANGUAGE sql
+STABLE
+AS $$
+    SELECT count(*) FILTER (WHERE m.due_at <= coalesce(p_now, now())),
+           count(*) FILTER (WHERE m.leased AND m.due_at > coalesce(p_now, now())),
+           count(*) FILTER (WHERE NOT m.leased AND m.due_at > coalesce(p_now, now())),
+           extract(epoch FROM coalesce(p_now, now()) - min(m.created_at))::float8
+    FROM {schema}.topic_message m
+    WHERE m.topic = p_topic;
+$$;
+
+-- While processes of the release before the topic table run beside this one:
+-- a job a previous release's producer sends to a topic's queue ('topic.' and
+-- the topic's name) moves to the topic's table as its statement ends (the
+-- trigger job_topic_message, migration 0012, fires only for such jobs), where
+-- this release's consumers take it. After the insert, not instead of it: the
+-- producer's statement returns its jobs' ids as it expects (0.2.0's insert
+-- refuses a statement that returns fewer rows than it sent, and rolls back).
+CREATE OR REPLACE FUNCTION {schema}.publish_topic_job_v1()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    INSERT INTO {schema}.topic_message (topic, due_at, created_at, envelope)
+    VALUES (substr(NEW.queue, 7), NEW.start_after, NEW.created_at, NEW.data::text);
+    DELETE FROM {schema}.job j WHERE j.id = NEW.id;
+    RETURN NULL;
 END;
 $$;

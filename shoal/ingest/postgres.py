@@ -1,20 +1,22 @@
-"""The ``postgres`` transport: topics as queues on shoal's job table.
+"""The ``postgres`` transport: topics in shoal's database, in a table of their own.
 
-A topic ``t`` is the queue ``topic.t``; each message is one job whose payload
-is the envelope. Publishing is an INSERT that commits before ``publish``
-returns (so it is as durable as the database), in the caller's transaction
-when one is given. A delivery is a claim: the job's attempt counter is the
-delivery count and its fencing token, ``ack`` completes the job, ``nak``
-fails it into ``retry`` with the given delay, and a consumer that dies
-leaves its lease to expire, after which maintenance makes the message
-deliverable again. A subscription claims after the position of the last
-message it claimed, and from the head of the topic only now and then, as a
-worker claims its queue (shoal.queue.cursor): the entries that claimed
-messages leave in the claim index are not stepped over again on every
-claim. The lease is the claiming consumer's ``ack_wait``,
-written by the claim (the same for ``touch``): what a message was published
-with plays no part. There is one consumer group per topic (the queue itself);
-the group name is checked as nats checks it and otherwise unused.
+A message is a row of ``topic_message`` (migration 0012 of this layer): its
+topic, its delivery count, when it is next due, and its envelope.
+Publishing is an INSERT that commits before ``publish`` returns (so it is as
+durable as the database), in the caller's transaction when one is given. A
+delivery is a claim: the row's attempt counter is the delivery count and its
+fencing token, and the claim leases the message for the claiming consumer's
+``ack_wait`` (a touch extends it by as much), whatever it was published
+with. ``ack`` deletes the message, ``nak`` makes it due again after the given
+delay, ``term`` deletes it (its dead letter, written first, holds it). A
+consumer that dies leaves its lease to run out, after which the next claim
+takes the message again: no sweep is needed. A subscription claims after the
+id of the last message it claimed, and from the head of the topic only now
+and then, as a worker claims its queue (shoal.queue.cursor): the entries that
+claimed messages leave in the claim index are not stepped over again on every
+claim. There is one consumer group per topic; the group name is checked as
+nats checks it and otherwise unused. Idle consumers are woken by the queue
+notifier's NOTIFY on the name ``topic.<name>``.
 """
 
 from __future__ import annotations
@@ -41,17 +43,14 @@ from shoal.ingest.transport import (
 )
 from shoal.queue.client import Shoal
 from shoal.queue.cursor import ClaimCursor, Position, job_order
-from shoal.queue.job import event_entry
-from shoal.queue.rows import Failure
-from shoal.queue.states import JobId, JobState
 
+# A topic's name as the notifier and the worker registry know it (and, until
+# 0.2.0, the queue that held its messages as jobs).
 QUEUE_PREFIX = "topic."
-# (job id, attempt, (message id, TTL) of the done-marker to write, or None)
-Ack = tuple[JobId, int, tuple[str, timedelta] | None]
-# (queue, encoded envelopes)
+# (message row id, attempt, (message id, TTL) of the done-marker to write, or None)
+Ack = tuple[int, int, tuple[str, timedelta] | None]
+# (topic, encoded envelopes)
 Publish = tuple[str, list[str]]
-# Deliveries are never capped by the queue: the consumer decides (NSQ MaxAttempts=0).
-UNLIMITED_ATTEMPTS = 2**31 - 1
 
 
 def topic_queue(topic: str) -> str:
@@ -104,27 +103,28 @@ class PgDelivery:
         await self._sub.acks.submit((self._claim.id, self._claim.attempt, mark))
 
     async def nak(self, delay: timedelta) -> None:
-        await self._sub.end(self._claim, JobState.RETRY, delay, "nak", "redelivery requested")
+        await self._sub.settle(self._claim, delay)
 
     async def term(self) -> None:
-        await self._sub.end(self._claim, JobState.FAILED, None, "term", "dead-lettered")
+        await self._sub.settle(self._claim, None)
 
     async def touch(self) -> None:
-        await self._sub.boss.store.extend_leases(
-            [(self._claim.id, self._claim.attempt)], now=self._sub.boss.clock.sql_now()
-        )
+        sub = self._sub
+        claim = (self._claim.id, self._claim.attempt)
+        await sub.store.touch(claim, ack_wait=sub.ack_wait, now=sub.boss.clock.sql_now())
 
 
 class PgSubscription:
-    def __init__(self, boss: Shoal, store: IngestStore, queue: str, *, ack_wait: timedelta) -> None:
+    def __init__(self, boss: Shoal, store: IngestStore, topic: str, *, ack_wait: timedelta) -> None:
         self.boss = boss
         self.store = store
-        self.queue = queue
+        self.topic = topic
+        self.queue = topic_queue(topic)  # the notifier's name for it
         # The lease of every delivery this subscription claims (and of each touch).
         self.ack_wait = ack_wait
         # Acks of many deliveries go out as one statement, with their markers.
-        self.acks: Coalescer[Ack, None] = Coalescer(self._ack_many, name=f"shoal-acks-{queue}")
-        self._wake = boss.notifier.subscribe(queue) if boss.notifier is not None else None
+        self.acks: Coalescer[Ack, None] = Coalescer(self._ack_many, name=f"shoal-acks-{topic}")
+        self._wake = boss.notifier.subscribe(self.queue) if boss.notifier is not None else None
         self._cursor: ClaimCursor[Position] = ClaimCursor(job_order)
         # The done store last acked with, and its markers' TTL on ack (a
         # subscription's consumer has one store: worked out once).
@@ -170,14 +170,12 @@ class PgSubscription:
             raise InvalidInput("deliveries", f"{delivery!r} was not fetched by this subscription")
         return delivery._claim
 
-    async def end(
-        self, claim: ClaimedMessage, state: JobState, delay: timedelta | None, kind: str, why: str
-    ) -> None:
-        at = self.boss.clock.now().isoformat()
-        failure = Failure(
-            claim.id, claim.attempt, state, delay, event_entry(claim.attempt, kind, why, at)
-        )
-        await self.boss.store.fail([failure], now=self.boss.clock.sql_now())
+    async def settle(self, claim: ClaimedMessage, delay: timedelta | None) -> None:
+        """Nak (due again after ``delay``) or, with None, term (deleted) the delivery."""
+        if delay is not None and delay < timedelta(0):
+            raise InvalidInput("delay", f"{delay}: must not be negative")
+        now = self.boss.clock.sql_now()
+        await self.store.settle((claim.id, claim.attempt), delay=delay, now=now)
 
     async def fetch(self, limit: int, *, wait: timedelta) -> Sequence[Delivery]:
         if limit < 1:
@@ -228,7 +226,7 @@ class PgSubscription:
     async def _claim_at(self, limit: int, after: Position | None) -> list[ClaimedMessage]:
         """One claim, from the head or after ``after``, recorded in the cursor."""
         claims, cost_s = await self.store.claim(
-            self.queue, limit, ack_wait=self.ack_wait, now=self.boss.clock.sql_now(), after=after
+            self.topic, limit, ack_wait=self.ack_wait, now=self.boss.clock.sql_now(), after=after
         )
         self._cursor.advance(after, claims, limit=limit, ended=work_seconds(), cost_s=cost_s)
         return claims
@@ -240,7 +238,7 @@ class PgSubscription:
 
 
 class PostgresTransport:
-    """Topics on shoal's job table: nothing else to run, as durable as the database."""
+    """Topics in shoal's database: nothing else to run, as durable as the database."""
 
     name = "postgres"
     in_database = True
@@ -274,16 +272,16 @@ class PostgresTransport:
         Stored whole or not at all. Up to :data:`COALESCE_UP_TO` messages
         without ``conn`` share a statement with other producers' publishes.
         """
+        check_topic_name(topic)
         texts = [e.encode().decode() for e in envelopes]
-        queue = topic_queue(topic)
         try:
+            # Checked here: one producer's bad message must not fail the others'.
+            self.boss.check_payload_sizes(texts)
             async with asyncio.timeout(timeout.total_seconds()):
                 if conn is None and len(texts) <= COALESCE_UP_TO:
-                    # Checked here: one producer's bad message must not fail the others'.
-                    self.boss.check_payload_sizes(texts)
-                    await self._publishes.submit((queue, texts))
+                    await self._publishes.submit((topic, texts))
                 else:
-                    await self._insert([(queue, texts)], conn)
+                    await self._insert([(topic, texts)], conn)
         except TimeoutError as exc:
             raise PublishError(f"publish to {topic!r} not confirmed within {timeout}") from exc
         except ShoalError as exc:
@@ -296,25 +294,20 @@ class PostgresTransport:
         return [None] * len(publishes)
 
     async def _insert(self, publishes: Sequence[Publish], conn: AsyncConn | None) -> None:
-        by_queue: dict[str, list[str]] = {}
-        for queue, texts in publishes:
-            by_queue.setdefault(queue, []).extend(texts)
+        messages = [(topic, text) for topic, texts in publishes for text in texts]
+        if not messages:
+            return
+        queues = sorted({topic_queue(topic) for topic, _ in publishes})
+        now = self.boss.clock.sql_now()
+        channel = self.boss.store.channel
 
         async def insert(c: AsyncConn) -> None:
-            for queue, texts in by_queue.items():
-                for start in range(0, len(texts), PUBLISH_CHUNK):
-                    await self.boss.insert_json(
-                        queue,
-                        texts[start : start + PUBLISH_CHUNK],
-                        conn=c,
-                        retry_limit=UNLIMITED_ATTEMPTS,
-                        # Replaced by each claim with its consumer's ack wait.
-                        expire_in=DEFAULT_ACK_WAIT,
-                    )
+            for start in range(0, len(messages), PUBLISH_CHUNK):
+                chunk = messages[start : start + PUBLISH_CHUNK]
+                await self.store.publish(chunk, channel=channel, queues=queues, now=now, conn=c)
 
-        statements = sum(-(-len(texts) // PUBLISH_CHUNK) for texts in by_queue.values())
         # One transaction: a publish is stored whole or not at all.
-        await self.boss.db.on(conn, insert, transaction=statements > 1)
+        await self.boss.db.on(conn, insert, transaction=len(messages) > PUBLISH_CHUNK)
 
     async def subscribe(
         self, topic: str, group: str, *, max_in_flight: int, ack_wait: timedelta = DEFAULT_ACK_WAIT
@@ -322,20 +315,20 @@ class PostgresTransport:
         """Take ``topic``'s messages, each under a lease of ``ack_wait`` from its claim.
 
         A delivery neither acked nor nakked within ``ack_wait`` (its consumer
-        died, or hung without ``touch``) is delivered again once the queue's
-        maintenance sees the lease expired: the lease is this subscriber's,
-        whatever the publisher's settings.
+        died, or hung without ``touch``) is delivered again by a claim after
+        the lease ends: the lease is this subscriber's, whatever the
+        publisher's settings.
         """
         if max_in_flight < 1:
             raise InvalidInput("max_in_flight", f"{max_in_flight}: at least 1")
         if ack_wait <= timedelta(0):
             raise InvalidInput("ack_wait", f"{ack_wait}: must be positive")
         check_group_name(group)  # unused here, but refused where nats would refuse it
-        return PgSubscription(self.boss, self.store, topic_queue(topic), ack_wait=ack_wait)
+        return PgSubscription(self.boss, self.store, check_topic_name(topic), ack_wait=ack_wait)
 
     async def depth(self, topic: str, group: str) -> Depth:
         check_group_name(group)
-        return await self.store.queue_depth(topic_queue(topic), now=self.boss.clock.sql_now())
+        return await self.store.topic_depth(check_topic_name(topic), now=self.boss.clock.sql_now())
 
 
 # Large publishes go out in statements of this many messages.

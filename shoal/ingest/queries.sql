@@ -51,10 +51,9 @@ RETURNING envelope::text
 
 -- name: topic_depth
 -- The postgres transport's backlog of one topic: ready, in flight, delayed,
--- and the age of the oldest unfinished message (queue_depth_v1 of the queue
--- layer, shoal/queue/functions.sql).
+-- and the age of the oldest message (topic_depth_v1, shoal/ingest/functions.sql).
 SELECT ready, in_flight, delayed, oldest_age_s
-FROM {schema}.queue_depth_v1(%(queue)s, %(now)s::timestamptz)
+FROM {schema}.topic_depth_v1(%(topic)s, %(now)s::timestamptz)
 
 -- name: record_wait
 INSERT INTO {schema}.ingest_topic (topic, last_wait_s, last_wait_at)
@@ -102,24 +101,32 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.up
 -- name: config_all
 SELECT key, value::text, updated_at FROM {schema}.config ORDER BY key
 
+-- name: publish_messages
+-- The postgres transport's publish: one message per envelope, %(topics)s[i]
+-- the topic of %(envelopes)s[i], each due at once; and a NOTIFY for each of
+-- %(queues)s (the topics' names as the queue notifier knows them, 'topic.'
+-- and the name), delivered on commit, which wakes the topics' idle consumers.
+WITH added AS (
+    INSERT INTO {schema}.topic_message (topic, due_at, created_at, envelope)
+    SELECT m.topic, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+           m.envelope
+    FROM unnest(%(topics)s::text[], %(envelopes)s::text[]) AS m(topic, envelope)
+)
+SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q
+
 -- name: claim_messages
--- The postgres transport's delivery: claims up to %(limit)s waiting messages of
--- one topic's queue under a lease of the consumer's ack wait, from the head of
--- the claim index or after the position (%(after_priority)s, %(after_id)s) in
--- it (the queue layer's claim_jobs_leased_v2,
--- shoal/queue/functions.sql): what a
--- delivery needs (a ClaimedMessage) and the message's priority, its position.
-SELECT id, priority, attempt, data
-FROM {schema}.claim_jobs_leased_v2(
-    %(queue)s, %(limit)s, %(now)s::timestamptz, %(ack_wait)s::interval,
-    %(after_priority)s::int, %(after_id)s::bigint)
+-- The postgres transport's delivery: up to %(limit)s due messages of a topic,
+-- from its head or after the id %(after_id)s, each leased for the consumer's
+-- ack wait (claim_messages_v1, shoal/ingest/functions.sql).
+SELECT id, attempt, envelope
+FROM {schema}.claim_messages_v1(
+    %(topic)s, %(limit)s, %(now)s::timestamptz, %(ack_wait)s::interval, %(after_id)s::bigint)
 
 -- name: ack_messages
--- The postgres transport's ack: an acknowledged message's job is deleted,
--- fenced by the attempt it was delivered under (a redelivered copy is not the
--- caller's to ack), by the queue layer's delete_jobs_v2. No finished row is
--- kept: the done-marker records what was applied. The consumer's done-markers
--- (id, TTL in seconds) are written by the same statement, so a message is
+-- The postgres transport's ack: acknowledged messages are deleted, each fenced
+-- by the delivery it was handed (settle_messages_v1). No finished row is kept:
+-- the done-marker records what was applied. The consumer's done-markers (id,
+-- TTL in seconds) are written by the same statement, so a message is
 -- acknowledged and marked, or neither (an empty list of marks writes none).
 WITH marked AS (
     INSERT INTO {schema}.ingest_done (message_id, expires_at)
@@ -127,4 +134,19 @@ WITH marked AS (
     FROM unnest(%(marks)s::text[], %(ttls_s)s::float8[]) AS m(id, ttl_s)
     ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
 )
-SELECT count(*) FROM {schema}.delete_jobs_v2(%(ids)s::bigint[], %(attempts)s::int[])
+SELECT count(*) FROM {schema}.settle_messages_v1(
+    %(ids)s::bigint[], %(attempts)s::int[], NULL, %(now)s::timestamptz)
+
+-- name: settle_messages
+-- A nak (%(delays_s)s: each message due again that many seconds from now) or a
+-- term (%(delays_s)s NULL: deleted, its dead letter holds it), each fenced by
+-- its delivery (settle_messages_v1).
+SELECT count(*) FROM {schema}.settle_messages_v1(
+    %(ids)s::bigint[], %(attempts)s::int[], %(delays_s)s::float8[], %(now)s::timestamptz)
+
+-- name: touch_messages
+-- A touch: the lease of a message still held under this delivery runs for
+-- another ack wait from now.
+UPDATE {schema}.topic_message
+SET due_at = coalesce(%(now)s::timestamptz, now()) + %(ack_wait)s::interval
+WHERE id = %(id)s AND attempt = %(attempt)s AND leased

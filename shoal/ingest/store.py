@@ -20,23 +20,26 @@ from shoal.db.queries import (
 )
 from shoal.ingest.transport import Depth
 from shoal.queue.cursor import Position
-from shoal.queue.states import JobId
 
 
 class ClaimedMessage(NamedTuple):
-    """A message the postgres transport delivered: its job, the job's priority
-    (with the id, its position in the claim index, shoal.queue.cursor), the
-    attempt it was delivered under (the fencing token of its ack, nak and
-    touch), and the envelope's JSON text.
+    """A message the postgres transport delivered: its id, the attempt it was
+    delivered under (the fencing token of its ack, nak and touch), and the
+    envelope's JSON text.
 
-    A NamedTuple of the columns a delivery needs, not the queue's whole
-    claim row: one is read for every delivery, on the consumer's hot path.
+    A NamedTuple of the columns a delivery needs: one is read for every
+    delivery, on the consumer's hot path.
     """
 
-    id: JobId
-    priority: int
+    id: int
     attempt: int
     envelope_json: str
+
+    @property
+    def priority(self) -> int:
+        """Messages have none: with the id, the position of a claim cursor's
+        (shoal.queue.cursor), whose order is then the ids'."""
+        return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,37 +87,56 @@ class IngestStore:
 
     # -- the postgres transport ------------------------------------------------
 
+    async def publish(
+        self,
+        messages: Sequence[tuple[str, str]],
+        *,
+        channel: str,
+        queues: Sequence[str],
+        now: datetime | None,
+        conn: AsyncConn | None = None,
+    ) -> None:
+        """Store (topic, envelope JSON) messages in one statement, and NOTIFY
+        ``channel`` with each of ``queues`` on commit."""
+        await self._rows(
+            "publish_messages",
+            {
+                "topics": text_array(m[0] for m in messages),
+                "envelopes": text_array(m[1] for m in messages),
+                "channel": channel,
+                "queues": text_array(queues),
+                "now": now,
+            },
+            conn,
+        )
+
     async def claim(
         self,
-        queue: str,
+        topic: str,
         limit: int,
         *,
         ack_wait: timedelta,
         now: datetime | None,
         after: Position | None = None,
     ) -> tuple[list[ClaimedMessage], float]:
-        """Claim up to ``limit`` messages of ``queue``, each leased for ``ack_wait`` from now.
+        """Claim up to ``limit`` due messages of ``topic``, each leased for ``ack_wait`` from now.
 
-        From the head of the queue, or with ``after`` (a ``(priority, id)``
-        position, shoal.queue.cursor) only the messages after it in claim
-        order, as the queue's claim. The lease is the claiming consumer's,
-        whatever the message was published with: a message it never
-        acknowledges is redelivered once ``ack_wait`` has passed (by the
-        queue's maintenance), and a touch extends it by ``ack_wait`` again.
-        Not flushed before returning, like the queue's claim: a claim lost to
-        a crash only redelivers.
+        From the head of the topic, or with ``after`` (a position of
+        shoal.queue.cursor, whose id is a message's) only the messages
+        published after it. The lease is the claiming consumer's: a message
+        it never settles is claimed again once ``ack_wait`` has passed, and a
+        touch extends it by ``ack_wait`` again. Not flushed before returning,
+        like the queue's claim: a claim lost to a crash only redelivers.
 
         With the claims comes what the statement cost on its connection, in
         seconds (shoal.db.queries.fetch_named_timed).
         """
-        after_priority, after_id = after if after is not None else (None, None)
         params = {
-            "queue": queue,
+            "topic": topic,
             "limit": limit,
             "ack_wait": ack_wait,
             "now": now,
-            "after_priority": after_priority,
-            "after_id": after_id,
+            "after_id": None if after is None else after[1],
         }
         query = self.sql["claim_messages"]
         _, rows, cost_s = await self.db.run(
@@ -129,7 +151,7 @@ class IngestStore:
         marks: Mapping[str, timedelta] | None = None,
         now: datetime | None = None,
     ) -> None:
-        """Delete acknowledged messages, each fenced by (job id, attempt).
+        """Delete acknowledged messages, each fenced by (message id, attempt).
 
         ``marks``: message id -> TTL of the done-markers the same statement writes.
         """
@@ -148,6 +170,36 @@ class IngestStore:
                 "now": now,
             },
         )
+
+    async def settle(
+        self, message: tuple[int, int], *, delay: timedelta | None, now: datetime | None
+    ) -> bool:
+        """Nak the message (id, attempt) to be due again after ``delay``, or with
+        None delete it (a term: its dead letter holds it); False when that
+        delivery was no longer the caller's to settle."""
+        rows = await self._rows(
+            "settle_messages",
+            {
+                "ids": int_array([message[0]]),
+                "attempts": int_array([message[1]]),
+                "delays_s": None if delay is None else float_array([delay.total_seconds()]),
+                "now": now,
+            },
+        )
+        return bool(rows[0][0])
+
+    async def touch(
+        self, message: tuple[int, int], *, ack_wait: timedelta, now: datetime | None
+    ) -> bool:
+        """Extend the lease of the message (id, attempt) to ``ack_wait`` from now;
+        False when that delivery is no longer held."""
+
+        async def run(c: AsyncConn) -> int:
+            params = {"id": message[0], "attempt": message[1], "ack_wait": ack_wait, "now": now}
+            cur = await c.execute(self.sql["touch_messages"], params)
+            return cur.rowcount
+
+        return bool(await self.db.run(run, transaction=False))
 
     # -- de-duplication markers ---------------------------------------------
 
@@ -217,8 +269,9 @@ class IngestStore:
 
     # -- backlog -------------------------------------------------------------
 
-    async def queue_depth(self, queue: str, *, now: datetime | None) -> Depth:
-        (row,) = await self._rows("topic_depth", {"queue": queue, "now": now})
+    async def topic_depth(self, topic: str, *, now: datetime | None) -> Depth:
+        """The postgres transport's backlog of ``topic``."""
+        (row,) = await self._rows("topic_depth", {"topic": topic, "now": now})
         age = None if row[3] is None else timedelta(seconds=float(row[3]))
         return Depth(ready=row[0], in_flight=row[1], delayed=row[2], oldest_age=age)
 

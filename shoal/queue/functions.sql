@@ -570,11 +570,13 @@ AS $$
     RETURNING j.id;
 $$;
 
--- ---- The ingest layer's jobs (shoal/ingest/queries.sql)
+-- ---- The ingest layer's jobs, in 0.2.0
 --
--- A topic of the postgres transport keeps its messages as the jobs of one
--- queue. The ingest layer reads and writes the job table only through these
--- functions (the contract, docs/architecture.md).
+-- Until migration 0012 a topic of the postgres transport kept its messages as
+-- the jobs of one queue, reached only through these functions. Since then its
+-- messages have a table of their own (shoal/ingest/functions.sql) and no code
+-- of this release calls them: they stay for the workers of 0.2.0, and a
+-- migration of the next release drops them.
 
 -- The ingest layer's claim: like claim_jobs_v4, from the head or a position,
 -- but the lease is the caller's (a consumer leases what it takes for its own
