@@ -59,7 +59,7 @@ async def entries_read_by_claim(
         "after_id": None if after is None else after[1],
     }
     statement = transport.store.sql["claim_messages"].as_string()
-    return await entries_read(db_url, statement, params, "shoal.topic_message_claim")
+    return await entries_read(db_url, statement, params, "shoal.topic_message_pkey")
 
 
 async def test_behind_a_long_transaction_a_topic_claim_after_its_position_reads_no_claimed_entries(

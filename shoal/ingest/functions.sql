@@ -53,11 +53,12 @@ $$;
 -- leases them to the caller for p_lease from p_now. Returns what a delivery
 -- needs: the id, the delivery count (its fence) and the envelope's text.
 --
--- One plan shape whatever the parameters: the claim index (topic, id) walked
--- from the topic's head or from the position, the due time read from the row
+-- One plan shape whatever the parameters: the primary key (topic, id), the
+-- table's only index, walked from the topic's head or from the position, the
+-- due time read from the row
 -- (a held message's lease is its due time, so it is stepped over until the
 -- lease ends). So the plans are kept for the session. The claimed rows are
--- updated by primary key in no indexed column: a heap-only update where the
+-- updated by primary key, in no indexed column: a heap-only update where the
 -- page has room. Not flushed on commit, as the queue's claim: a claim lost to
 -- a crash only delivers the messages again.
 CREATE OR REPLACE FUNCTION {schema}.claim_messages_v1(
@@ -92,7 +93,7 @@ BEGIN
     RETURN QUERY
     UPDATE {schema}.topic_message m
     SET attempt = m.attempt + 1, due_at = v_now + p_lease, leased = true
-    WHERE m.id = ANY(v_ids)
+    WHERE m.topic = p_topic AND m.id = ANY(v_ids)
     RETURNING m.id, m.attempt, m.envelope;
 END;
 $$;
@@ -104,10 +105,10 @@ $$;
 -- and still leased: a message nakked, or delivered again since, is no longer
 -- the caller's). Returns the ids settled.
 --
--- Found by primary key and matched to their attempts by a hash join, as the
--- queue's delete_jobs_v2, with the plan kept for the session.
+-- Found by primary key (topic, id) and matched to their attempts by a hash
+-- join, as the queue's delete_jobs_v2, with the plan kept for the session.
 CREATE OR REPLACE FUNCTION {schema}.settle_messages_v1(
-    p_ids bigint[], p_attempts integer[], p_delays_s float8[], p_now timestamptz)
+    p_topic text, p_ids bigint[], p_attempts integer[], p_delays_s float8[], p_now timestamptz)
 RETURNS TABLE (id bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -123,14 +124,16 @@ BEGIN
         RETURN QUERY
         DELETE FROM {schema}.topic_message AS m
         USING unnest(p_ids, p_attempts) AS u(id, attempt)
-        WHERE m.id = ANY(p_ids) AND m.id = u.id AND m.leased AND m.attempt = u.attempt
+        WHERE m.topic = p_topic AND m.id = ANY(p_ids) AND m.id = u.id
+          AND m.leased AND m.attempt = u.attempt
         RETURNING m.id;
     ELSE
         RETURN QUERY
         UPDATE {schema}.topic_message AS m
         SET due_at = coalesce(p_now, now()) + u.delay_s * interval '1 second', leased = false
         FROM unnest(p_ids, p_attempts, p_delays_s) AS u(id, attempt, delay_s)
-        WHERE m.id = ANY(p_ids) AND m.id = u.id AND m.leased AND m.attempt = u.attempt
+        WHERE m.topic = p_topic AND m.id = ANY(p_ids) AND m.id = u.id
+          AND m.leased AND m.attempt = u.attempt
         RETURNING m.id;
     END IF;
 END;

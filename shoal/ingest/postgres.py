@@ -111,7 +111,7 @@ class PgDelivery:
     async def touch(self) -> None:
         sub = self._sub
         claim = (self._claim.id, self._claim.attempt)
-        await sub.store.touch(claim, ack_wait=sub.ack_wait, now=sub.boss.clock.sql_now())
+        await sub.store.touch(sub.topic, claim, ack_wait=sub.ack_wait, now=sub.boss.clock.sql_now())
 
 
 class PgSubscription:
@@ -137,6 +137,7 @@ class PgSubscription:
 
     async def _ack_many(self, acks: Sequence[Ack]) -> list[None]:
         await self.store.ack(
+            self.topic,
             [(job, attempt) for job, attempt, _ in acks],
             marks={mark[0]: mark[1] for _, _, mark in acks if mark is not None},
             now=self.boss.clock.sql_now(),
@@ -159,7 +160,10 @@ class PgSubscription:
         marks = {} if ttl is None else {d.envelope.id: ttl for d in deliveries}
         try:
             await self.store.ack(
-                [(c.id, c.attempt) for c in acked], marks=marks, now=self.boss.clock.sql_now()
+                self.topic,
+                [(c.id, c.attempt) for c in acked],
+                marks=marks,
+                now=self.boss.clock.sql_now(),
             )
         except Exception as exc:
             return [exc if outcome is None else outcome for outcome in outcomes]
@@ -175,7 +179,7 @@ class PgSubscription:
         if delay is not None and delay < timedelta(0):
             raise InvalidInput("delay", f"{delay}: must not be negative")
         now = self.boss.clock.sql_now()
-        await self.store.settle((claim.id, claim.attempt), delay=delay, now=now)
+        await self.store.settle(self.topic, (claim.id, claim.attempt), delay=delay, now=now)
 
     async def fetch(self, limit: int, *, wait: timedelta) -> Sequence[Delivery]:
         if limit < 1:

@@ -135,18 +135,19 @@ WITH marked AS (
     ON CONFLICT (message_id) DO UPDATE SET expires_at = excluded.expires_at
 )
 SELECT count(*) FROM {schema}.settle_messages_v1(
-    %(ids)s::bigint[], %(attempts)s::int[], NULL, %(now)s::timestamptz)
+    %(topic)s, %(ids)s::bigint[], %(attempts)s::int[], NULL, %(now)s::timestamptz)
 
 -- name: settle_messages
 -- A nak (%(delays_s)s: each message due again that many seconds from now) or a
 -- term (%(delays_s)s NULL: deleted, its dead letter holds it), each fenced by
 -- its delivery (settle_messages_v1).
 SELECT count(*) FROM {schema}.settle_messages_v1(
-    %(ids)s::bigint[], %(attempts)s::int[], %(delays_s)s::float8[], %(now)s::timestamptz)
+    %(topic)s, %(ids)s::bigint[], %(attempts)s::int[], %(delays_s)s::float8[],
+    %(now)s::timestamptz)
 
 -- name: touch_messages
 -- A touch: the lease of a message still held under this delivery runs for
 -- another ack wait from now.
 UPDATE {schema}.topic_message
 SET due_at = coalesce(%(now)s::timestamptz, now()) + %(ack_wait)s::interval
-WHERE id = %(id)s AND attempt = %(attempt)s AND leased
+WHERE topic = %(topic)s AND id = %(id)s AND attempt = %(attempt)s AND leased

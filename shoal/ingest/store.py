@@ -146,12 +146,13 @@ class IngestStore:
 
     async def ack(
         self,
+        topic: str,
         done: Sequence[tuple[int, int]],
         *,
         marks: Mapping[str, timedelta] | None = None,
         now: datetime | None = None,
     ) -> None:
-        """Delete acknowledged messages, each fenced by (message id, attempt).
+        """Delete acknowledged messages of ``topic``, each fenced by (message id, attempt).
 
         ``marks``: message id -> TTL of the done-markers the same statement writes.
         """
@@ -163,6 +164,7 @@ class IngestStore:
         await self._rows(
             "ack_messages",
             {
+                "topic": topic,
                 "ids": int_array(d[0] for d in done),
                 "attempts": int_array(d[1] for d in done),
                 "marks": text_array(ids),
@@ -172,14 +174,15 @@ class IngestStore:
         )
 
     async def settle(
-        self, message: tuple[int, int], *, delay: timedelta | None, now: datetime | None
+        self, topic: str, message: tuple[int, int], *, delay: timedelta | None, now: datetime | None
     ) -> bool:
-        """Nak the message (id, attempt) to be due again after ``delay``, or with
+        """Nak the message (id, attempt) of ``topic`` to be due again after ``delay``, or with
         None delete it (a term: its dead letter holds it); False when that
         delivery was no longer the caller's to settle."""
         rows = await self._rows(
             "settle_messages",
             {
+                "topic": topic,
                 "ids": int_array([message[0]]),
                 "attempts": int_array([message[1]]),
                 "delays_s": None if delay is None else float_array([delay.total_seconds()]),
@@ -189,13 +192,19 @@ class IngestStore:
         return bool(rows[0][0])
 
     async def touch(
-        self, message: tuple[int, int], *, ack_wait: timedelta, now: datetime | None
+        self, topic: str, message: tuple[int, int], *, ack_wait: timedelta, now: datetime | None
     ) -> bool:
-        """Extend the lease of the message (id, attempt) to ``ack_wait`` from now;
+        """Extend the lease of the message (id, attempt) of ``topic`` to ``ack_wait`` from now;
         False when that delivery is no longer held."""
 
         async def run(c: AsyncConn) -> int:
-            params = {"id": message[0], "attempt": message[1], "ack_wait": ack_wait, "now": now}
+            params = {
+                "topic": topic,
+                "id": message[0],
+                "attempt": message[1],
+                "ack_wait": ack_wait,
+                "now": now,
+            }
             cur = await c.execute(self.sql["touch_messages"], params)
             return cur.rowcount
 

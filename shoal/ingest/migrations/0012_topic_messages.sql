@@ -6,8 +6,8 @@
 -- envelope, under a primary key and one claim index.
 
 CREATE TABLE {schema}.topic_message (
-    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     topic       text COLLATE "C" NOT NULL,
+    id          bigint GENERATED ALWAYS AS IDENTITY,
     -- Deliveries so far: the fencing token of the latest one's ack, nak and touch.
     attempt     integer NOT NULL DEFAULT 0,
     -- Deliverable from then: its publish time, a nak's delay, or (leased) the
@@ -16,12 +16,15 @@ CREATE TABLE {schema}.topic_message (
     leased      boolean NOT NULL DEFAULT false,
     created_at  timestamptz NOT NULL,
     -- The envelope's JSON text as published, handed back as it is.
-    envelope    text NOT NULL
+    envelope    text NOT NULL,
+    -- The one index: a claim walks a topic's messages in publish order, an
+    -- ack, nak or touch finds its messages by (topic, id). Neither column
+    -- changes after the publish, so a claim, nak or touch is a heap-only
+    -- update where the page has room (the fillfactor keeps room for one).
+    -- With a second index on the id alone, a generic plan of the claim could
+    -- walk that one from the head, through every message of every topic.
+    PRIMARY KEY (topic, id)
 ) WITH (fillfactor = 50);
--- A claim walks a topic's messages in publish order; neither column changes
--- after the publish, so a claim, nak or touch is a heap-only update where the
--- page has room (the fillfactor keeps room for one).
-CREATE INDEX topic_message_claim ON {schema}.topic_message (topic, id);
 
 -- claim_messages_v1: its definition and the reasons for it are in shoal/ingest/functions.sql.
 CREATE FUNCTION {schema}.claim_messages_v1(
@@ -56,14 +59,14 @@ BEGIN
     RETURN QUERY
     UPDATE {schema}.topic_message m
     SET attempt = m.attempt + 1, due_at = v_now + p_lease, leased = true
-    WHERE m.id = ANY(v_ids)
+    WHERE m.topic = p_topic AND m.id = ANY(v_ids)
     RETURNING m.id, m.attempt, m.envelope;
 END;
 $$;
 
 -- settle_messages_v1: its definition and the reasons for it are in shoal/ingest/functions.sql.
 CREATE FUNCTION {schema}.settle_messages_v1(
-    p_ids bigint[], p_attempts integer[], p_delays_s float8[], p_now timestamptz)
+    p_topic text, p_ids bigint[], p_attempts integer[], p_delays_s float8[], p_now timestamptz)
 RETURNS TABLE (id bigint)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -79,14 +82,16 @@ BEGIN
         RETURN QUERY
         DELETE FROM {schema}.topic_message AS m
         USING unnest(p_ids, p_attempts) AS u(id, attempt)
-        WHERE m.id = ANY(p_ids) AND m.id = u.id AND m.leased AND m.attempt = u.attempt
+        WHERE m.topic = p_topic AND m.id = ANY(p_ids) AND m.id = u.id
+          AND m.leased AND m.attempt = u.attempt
         RETURNING m.id;
     ELSE
         RETURN QUERY
         UPDATE {schema}.topic_message AS m
         SET due_at = coalesce(p_now, now()) + u.delay_s * interval '1 second', leased = false
         FROM unnest(p_ids, p_attempts, p_delays_s) AS u(id, attempt, delay_s)
-        WHERE m.id = ANY(p_ids) AND m.id = u.id AND m.leased AND m.attempt = u.attempt
+        WHERE m.topic = p_topic AND m.id = ANY(p_ids) AND m.id = u.id
+          AND m.leased AND m.attempt = u.attempt
         RETURNING m.id;
     END IF;
 END;
