@@ -38,19 +38,19 @@ SET enable_sort = off
 AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, now());
-    v_ids bigint[];
+    v_rows tid[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     IF p_after_id IS NULL THEN
-        v_ids := ARRAY(
-            SELECT m.id FROM {schema}.topic_message m
+        v_rows := ARRAY(
+            SELECT m.ctid FROM {schema}.topic_message m
             WHERE m.topic = p_topic AND m.due_at <= v_now
             ORDER BY m.topic, m.id
             LIMIT p_limit
             FOR UPDATE SKIP LOCKED);
     ELSE
-        v_ids := ARRAY(
-            SELECT m.id FROM {schema}.topic_message m
+        v_rows := ARRAY(
+            SELECT m.ctid FROM {schema}.topic_message m
             WHERE m.topic = p_topic AND m.id > p_after_id AND m.due_at <= v_now
             ORDER BY m.topic, m.id
             LIMIT p_limit
@@ -59,7 +59,7 @@ BEGIN
     RETURN QUERY
     UPDATE {schema}.topic_message m
     SET attempt = m.attempt + 1, due_at = v_now + p_lease, leased = true
-    WHERE m.topic = p_topic AND m.id = ANY(v_ids)
+    WHERE m.ctid = ANY(v_rows)
     RETURNING m.id, m.attempt, m.envelope;
 END;
 $$;
@@ -73,25 +73,33 @@ SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_sort = off
-SET enable_nestloop = off
-SET enable_hashjoin = on
+SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
+DECLARE
+    v_now timestamptz := coalesce(p_now, now());
+    v_rows tid[];
 BEGIN
+    v_rows := ARRAY(
+        SELECT k.ctid
+        FROM unnest(p_ids, p_attempts) AS u(id, attempt)
+        CROSS JOIN LATERAL (
+            SELECT m.ctid FROM {schema}.topic_message m
+            WHERE m.topic = p_topic AND m.id = u.id AND m.attempt = u.attempt AND m.leased
+            LIMIT 1) AS k);
     IF p_delays_s IS NULL THEN
         RETURN QUERY
         DELETE FROM {schema}.topic_message AS m
-        USING unnest(p_ids, p_attempts) AS u(id, attempt)
-        WHERE m.topic = p_topic AND m.id = ANY(p_ids) AND m.id = u.id
-          AND m.leased AND m.attempt = u.attempt
+        WHERE m.ctid = ANY(v_rows)
+          AND m.leased AND m.attempt = p_attempts[array_position(p_ids, m.id)]
         RETURNING m.id;
     ELSE
         RETURN QUERY
         UPDATE {schema}.topic_message AS m
-        SET due_at = coalesce(p_now, now()) + u.delay_s * interval '1 second', leased = false
-        FROM unnest(p_ids, p_attempts, p_delays_s) AS u(id, attempt, delay_s)
-        WHERE m.topic = p_topic AND m.id = ANY(p_ids) AND m.id = u.id
-          AND m.leased AND m.attempt = u.attempt
+        SET due_at = v_now + p_delays_s[array_position(p_ids, m.id)] * interval '1 second',
+            leased = false
+        WHERE m.ctid = ANY(v_rows)
+          AND m.leased AND m.attempt = p_attempts[array_position(p_ids, m.id)]
         RETURNING m.id;
     END IF;
 END;
