@@ -135,3 +135,20 @@ async def test_a_waiting_fetch_finds_a_message_that_committed_behind_its_positio
     (found,) = await sub.fetch(10, wait=timedelta(seconds=30))
     assert found.envelope.id == "late"
     await sub.close()
+
+
+async def test_pausing_the_topics_queue_name_stops_its_consumers_until_resumed(
+    transport: PostgresTransport, boss: Shoal
+) -> None:
+    # As in 0.2.0, when a topic's messages were the jobs of the queue
+    # 'topic.<name>': pausing that queue stops the topic's consumers.
+    await transport.publish(TOPIC, envelopes(2))
+    sub = await subscribe(transport)
+    await boss.pause_queue(f"topic.{TOPIC}")
+    assert await sub.fetch(10, wait=timedelta(0)) == []
+    await boss.resume_queue(f"topic.{TOPIC}")
+    resumed = await sub.fetch(10, wait=timedelta(0))
+    assert [d.envelope.id for d in resumed] == ["m-0", "m-1"]
+    for delivery in resumed:
+        await delivery.ack()
+    await sub.close()

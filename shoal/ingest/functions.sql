@@ -52,6 +52,10 @@ $$;
 -- the last message this subscription claimed (shoal.queue.cursor), and
 -- leases them to the caller for p_lease from p_now. Returns what a delivery
 -- needs: the id, the delivery count (its fence) and the envelope's text.
+-- Nothing while the queue named as the topic ('topic.' and its name) is
+-- paused (the queue layer's pause_queue, the console's pause): the pause
+-- stops a topic's consumers as it did when the messages were that queue's
+-- jobs, and its resume's NOTIFY on that name wakes them.
 --
 -- One plan shape whatever the parameters: the primary key (topic, id), the
 -- table's only index, walked from the topic's head or from the position, the
@@ -79,6 +83,9 @@ DECLARE
     v_rows tid[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    IF {schema}.queue_paused_v1('topic.' || p_topic) THEN
+        RETURN;
+    END IF;
     IF p_after_id IS NULL THEN
         v_rows := ARRAY(
             SELECT m.ctid FROM {schema}.topic_message m

@@ -41,6 +41,9 @@ DECLARE
     v_rows tid[];
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
+    IF {schema}.queue_paused_v1('topic.' || p_topic) THEN
+        RETURN;
+    END IF;
     IF p_after_id IS NULL THEN
         v_rows := ARRAY(
             SELECT m.ctid FROM {schema}.topic_message m
