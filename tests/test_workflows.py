@@ -530,6 +530,25 @@ async def test_while_a_fan_out_runs_the_run_holds_no_job_and_cancel_stops_the_ta
     assert task.progress.completed == 0  # every held item was stopped, none finished
 
 
+async def test_a_task_completion_job_retried_takes_again_the_run_it_had_taken(
+    workflows: Workflows,
+) -> None:
+    # A batch task's completion job takes the run waiting for the task; when
+    # its attempt fails under the run (the database went away), its retry --
+    # the same job -- must find that run again, not leave it running with no
+    # job. Played by hand with a job id no worker holds.
+    started = await workflows.start("fanout", {"n": 2, "hold": True})
+    view = await settled(workflows, started.id, RunStatus.WAITING)
+    key = f"shoal.batch:{view.steps[0].result['task_id']}"
+    first = await workflows.store.begin_waiting_run(key, 10**9, now=None)
+    again = await workflows.store.begin_waiting_run(key, 10**9, now=None)
+    assert first is not None and again is not None
+    assert (again.id, again.epoch) == (started.id, first.epoch + 1)
+    # Another job finds nothing to take: the run is held.
+    assert await workflows.store.begin_waiting_run(key, 10**9 + 1, now=None) is None
+    assert await workflows.cancel(started.id)
+
+
 async def test_gathered_steps_run_at_once_and_are_not_run_again_on_resume(
     workflows: Workflows, clock: FakeClock
 ) -> None:

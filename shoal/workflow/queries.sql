@@ -84,7 +84,7 @@ RETURNING s.run_id, s.seq
 -- parent (done_key), in the same statement. The runs are distinct.
 WITH finished AS (
     UPDATE {schema}.workflow_run r
-    SET status = g.status, result = g.result, error = g.error, job = NULL,
+    SET status = g.status, result = g.result, error = g.error, job = NULL, wait_key = NULL,
         finished_at = coalesce(g.at, now()), updated_at = coalesce(g.at, now())
     FROM unnest(%(runs)s::text[], %(epochs)s::integer[], %(statuses)s::text[],
                 %(results)s::jsonb[], %(errors)s::text[], %(nows)s::timestamptz[])
@@ -102,12 +102,15 @@ FROM finished f
 -- name: begin_waiting_run
 -- As begin_runs, for the job that ends a wait with no wake job of its own: a
 -- batch task's completion job names the task, and the run waiting for it is
--- found by its wait_key.
+-- found by its wait_key. The key stays on the run until it next waits or
+-- ends, so that the same job, retried after the database failed under the
+-- run (its attempt failed), finds the run it had taken and takes it again.
 UPDATE {schema}.workflow_run r
 SET epoch = r.epoch + 1, status = 'running', job = %(job)s,
-    wake_job = NULL, wait_seq = NULL, wait_key = NULL,
+    wake_job = NULL, wait_seq = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
-WHERE r.wait_key = %(key)s AND r.status = 'waiting'
+WHERE r.wait_key = %(key)s
+  AND (r.status = 'waiting' OR (r.status = 'running' AND r.job = %(job)s))
 RETURNING r.id, r.name, r.input, r.epoch,
     (SELECT coalesce(jsonb_agg(jsonb_build_array(
                 s.seq, s.name, s.kind, s.status, s.attempts, s.result, s.error)
