@@ -59,7 +59,8 @@ class FakeClock:
     """A clock that moves only when told to.
 
     ``sleep`` waits until :meth:`advance` has moved the time past the sleeper's
-    deadline, so a test drives periodic loops step by step without real waits.
+    deadline, so a test drives periodic loops step by step without real waits;
+    :meth:`wait_for_sleepers` awaits a loop reaching its wait.
 
     >>> clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
     >>> clock.advance(timedelta(seconds=5))
@@ -70,9 +71,10 @@ class FakeClock:
     def __init__(self, start: datetime | None = None) -> None:
         self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
         self._start = self._now
-        # Written by advance(), read by sleepers; each sleeper re-checks its
-        # deadline whenever the condition is notified.
+        # Notified by advance() and by each sleep as it starts; each sleeper
+        # re-checks its deadline, each wait_for_sleepers() the number of sleepers.
         self._moved: asyncio.Condition | None = None
+        self._sleepers = 0
 
     def now(self) -> datetime:
         return self._now
@@ -103,11 +105,26 @@ class FakeClock:
         # push its deadline back (the sleeper would then wait past it).
         return self._sleep_until(self._now + timedelta(seconds=max(0.0, seconds)))
 
+    async def wait_for_sleepers(self, count: int = 1) -> None:
+        """Return once ``count`` coroutines wait in :meth:`sleep` (a loop has reached its wait)."""
+        moved = self._condition()
+        async with moved:
+            await moved.wait_for(lambda: self._sleepers >= count)
+
     async def _sleep_until(self, deadline: datetime) -> None:
+        moved = self._condition()
+        async with moved:
+            self._sleepers += 1
+            moved.notify_all()
+            try:
+                await moved.wait_for(lambda: self._now >= deadline)
+            finally:
+                self._sleepers -= 1
+
+    def _condition(self) -> asyncio.Condition:
         if self._moved is None:
             self._moved = asyncio.Condition()
-        async with self._moved:
-            await self._moved.wait_for(lambda: self._now >= deadline)
+        return self._moved
 
 
 SYSTEM_CLOCK = SystemClock()

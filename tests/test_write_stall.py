@@ -18,10 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psycopg
@@ -214,15 +213,6 @@ async def test_the_stall_watch_probes_first_one_interval_after_it_starts(db_url:
     # opens no probe connection and commits no probe.
     from shoal.db.writes import WATCH_INTERVAL, WriteCheck, WriteProbe, WriteStallWatch
 
-    class WatchedClock(FakeClock):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sleeping = asyncio.Event()
-
-        def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
-            self.sleeping.set()
-            return super().sleep(seconds)
-
     class CountedProbe(WriteProbe):
         made = 0
 
@@ -230,13 +220,13 @@ async def test_the_stall_watch_probes_first_one_interval_after_it_starts(db_url:
             CountedProbe.made += 1
             return await super().check()
 
-    clock = WatchedClock()
+    clock = FakeClock()
     async with Database(db_url) as db:
         watch = WriteStallWatch(db, clock=clock)
         watch.probe = CountedProbe(db)
         running = asyncio.create_task(watch.run())
         try:
-            await asyncio.wait_for(clock.sleeping.wait(), START_TIMEOUT_S)
+            await asyncio.wait_for(clock.wait_for_sleepers(), START_TIMEOUT_S)
             assert CountedProbe.made == 0
             clock.advance(WATCH_INTERVAL)
             await wait_for(lambda: CountedProbe.made == 1, START_TIMEOUT_S, 0.01)
