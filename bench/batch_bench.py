@@ -100,6 +100,7 @@ DEFAULT_SIZES = (1_000, 10_000, 100_000)
 REPS_SMALL, REPS_LARGE, REPS_SMALL_MAX_N = 3, 1, 10_000
 
 KIND = "bench.noop"  # shoal's batch kind
+JOB_QUEUE = "bench.noop_job"  # shoal's plain queue of no-op jobs (bench/million_bench.py)
 QUEUE = "bench_noop"  # the baselines' queue / entrypoint / task name
 CONCURRENCY = 10
 RAW_CLAIM_BATCH = 100
@@ -209,11 +210,27 @@ def shoal_app() -> App:
     return app
 
 
+@functools.cache
+def shoal_queue_app() -> App:
+    """A plain queue's no-op handler, the batch kind's concurrency: million_bench's baseline."""
+    from shoal import App, Job
+
+    app = App()
+
+    @app.handler(JOB_QUEUE, concurrency=CONCURRENCY)
+    async def noop_job(job: Job) -> None:
+        return None
+
+    return app
+
+
 def __getattr__(name: str) -> Any:
     # ``bench.batch_bench:app`` for ``shoal worker --app``: built on first use,
     # so the baseline workers (which import this module too) never load shoal.
     if name == "app":
         return shoal_app()
+    if name == "queue_app":
+        return shoal_queue_app()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -608,14 +625,16 @@ class WorkerProcess:
         self._sampler = asyncio.create_task(self._sample_rss())
 
     @classmethod
-    async def start(cls, lib: str, url: str, pgqueuer_driver: str) -> WorkerProcess:
+    async def start(
+        cls, lib: str, url: str, pgqueuer_driver: str, *, app: str = "bench.batch_bench:app"
+    ) -> WorkerProcess:
         if lib == "shoal":
             argv = [
                 "-m",
                 "shoal.cli",
                 "worker",
                 "--app",
-                "bench.batch_bench:app",
+                app,
                 "--grace",
                 "5",
             ]

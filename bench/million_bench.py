@@ -61,6 +61,7 @@ from psycopg.conninfo import make_conninfo
 if not __package__:  # run as a file: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.batch_bench import (
+    JOB_QUEUE,
     KIND,
     SETTLE_S,
     TRUNCATE_SQL,
@@ -90,6 +91,15 @@ COMMIT_PROBE_S = 3.0
 RSS_FLAT_SHARE = 0.10
 OWN_SERVER_SETTINGS = ("shared_preload_libraries=pg_stat_statements",)
 STATEMENT_ROWS = 14
+BATCH_APP = "bench.batch_bench:app"
+QUEUE_APP = "bench.batch_bench:queue_app"
+# Issue 40: an item's server CPU and WAL, create and drain together, at most
+# this many times a plain queue job's.
+ITEM_COST_BAR = 2.0
+SIDES = {
+    "batch": "one task of {n:,} items (Batches.create), drained by the workers, closed",
+    "queue": "{n:,} plain no-op jobs (insert_many, in one transaction), drained by the workers",
+}
 
 
 # == helpers shared with bench/soak_bench.py ===================================
@@ -245,8 +255,8 @@ class RssTrack:
         return max((mib for at, mib in self.samples[worker] if at >= after), default=0.0)
 
 
-async def start_workers(url: str, n: int) -> list[WorkerProcess]:
-    workers = [await WorkerProcess.start("shoal", url, "asyncpg") for _ in range(n)]
+async def start_workers(url: str, n: int, *, app: str = BATCH_APP) -> list[WorkerProcess]:
+    workers = [await WorkerProcess.start("shoal", url, "asyncpg", app=app) for _ in range(n)]
     for w in workers:
         await w.wait_ready()
     await asyncio.sleep(SETTLE_S)
@@ -262,19 +272,45 @@ async def stop_workers(workers: Sequence[WorkerProcess]) -> None:
 
 @dataclass
 class Run:
+    """One side of a run: the batch task's items, or the plain queue's jobs."""
+
     n: int
+    side: str = "batch"  # "batch": items of one task; "queue": plain jobs
     create_s: float = 0.0
-    closed_s: float = 0.0  # create start -> the parent sees the task closed
+    closed_s: float = 0.0  # create start -> the parent sees the task closed / the jobs done
     detect_s: float = 0.0
     progress: list[tuple[float, int]] = field(default_factory=list)  # (t, items finished)
     wal_create: int = 0
     wal_drain: int = 0
     cpu_create_s: float = 0.0
-    cpu_drain_s: float = 0.0
+    cpu_drain_s: float = 0.0  # the whole server's, the bench's polls included
+    polls: int = 0
+    poll_cpu_s: float = 0.0  # the server CPU of the bench's own polls, during the drain
     worker_cpu_s: list[float] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    statements: list[str] = field(default_factory=list)
 
+    @property
+    def unit(self) -> str:
+        return "item" if self.side == "batch" else "job"
+
+    @property
+    def counted_drain_cpu_s(self) -> float:
+        """The drain's server CPU without the bench's own polls."""
+        return self.cpu_drain_s - self.poll_cpu_s
+
+    def wal_per(self) -> float:
+        return (self.wal_create + self.wal_drain) / self.n
+
+    def cpu_per(self) -> float:
+        return (self.cpu_create_s + self.counted_drain_cpu_s) / self.n
+
+
+# The parent's connections: the create (or insert) and checks, and the polls,
+# apart so the polls' server CPU can be read from their own backend.
+PARENT_APP = "million_bench_parent"
+POLL_APP = "million_bench_poll"
 
 CHECKS_SQL = """
 SELECT
@@ -287,6 +323,20 @@ SELECT
   (SELECT status::text || '/' || outcome::text FROM shoal.task WHERE id = %(t)s),
   (SELECT extract(epoch FROM completed_at - last_item_at)::float8 FROM shoal.task
     WHERE id = %(t)s)
+"""
+
+# The queue side's poll: jobs waiting (job_claim) and running (job_lease).
+QUEUE_POLL_SQL = """
+SELECT (SELECT count(*) FROM shoal.job WHERE queue = %(q)s AND state IN ('created', 'retry')),
+       (SELECT count(*) FROM shoal.job WHERE queue = %(q)s AND state = 'active')
+"""
+
+QUEUE_CHECKS_SQL = """
+SELECT count(*),
+       count(*) FILTER (WHERE state = 'completed'),
+       count(*) FILTER (WHERE attempt <> 1),
+       extract(epoch FROM max(finished_at) - min(created_at))::float8
+FROM shoal.job WHERE queue = %(q)s
 """
 
 
@@ -312,20 +362,93 @@ async def check_exactly_once(conn: psycopg.AsyncConnection[Any], run: Run, task_
         (run.checks if ok else run.failures).append(text)
 
 
-async def measure(url: str, server: Server, n: int, stats: bool) -> tuple[Run, RssTrack, list[str]]:
+async def check_jobs_once(conn: psycopg.AsyncConnection[Any], run: Run) -> None:
+    cur = await conn.execute(QUEUE_CHECKS_SQL, {"q": JOB_QUEUE})
+    row = await cur.fetchone()
+    assert row is not None
+    jobs, completed, rerun, _span = row
+    facts = [
+        (jobs == run.n, f"jobs {jobs:,} of {run.n:,}"),
+        (completed == run.n, f"completed {completed:,}"),
+        (rerun == 0, f"jobs run other than once: {rerun:,}"),
+    ]
+    for ok, text in facts:
+        (run.checks if ok else run.failures).append(text)
+
+
+async def backends_cpu_s(conn: psycopg.AsyncConnection[Any], application_name: str) -> float:
+    """CPU seconds so far of the live backends of the clients named ``application_name``.
+
+    A backend that exits between two readings takes its CPU out of this sum
+    (it stays in the server's): the polls' pool keeps its one connection.
+    """
+    import psutil
+
+    cur = await conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,)
+    )
+    total = 0.0
+    for (pid,) in await cur.fetchall():
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
+class Polls:
+    """The parent's progress polls: paced, timed out, printed, and their server CPU counted."""
+
+    def __init__(self, run: Run, workers: Sequence[WorkerProcess], track: RssTrack) -> None:
+        self.run = run
+        self.workers = workers
+        self.track = track
+        self.last_finished = -1
+        self.last_change = time.perf_counter()
+        self.last_print = 0.0
+
+    async def pace(self, finished: int, polled: float) -> None:
+        """After a poll that started at ``polled`` and saw ``finished``: check, print, wait."""
+        run, start = self.run, self.track.start
+        now = time.perf_counter()
+        run.polls += 1
+        run.progress.append((now - start, finished))
+        if any(not w.alive for w in self.workers):
+            raise RuntimeError("a worker died mid-run: " + self.workers[0].describe())
+        if finished != self.last_finished:
+            self.last_finished, self.last_change = finished, now
+        elif now - self.last_change > STALL_TIMEOUT_S:
+            raise RuntimeError(f"no {run.unit} finished for {STALL_TIMEOUT_S:.0f} s ({finished:,})")
+        if now - start > RUN_TIMEOUT_S:
+            raise RuntimeError(f"not done after {RUN_TIMEOUT_S:.0f} s ({finished:,})")
+        if now - self.last_print >= 15:
+            self.last_print = now
+            rss = ", ".join(f"{self.track.at(i, now - start) or 0:.0f}" for i in range(WORKERS))
+            print(
+                f"  {now - start:6.1f} s: {finished:>9,} finished; RSS MiB {rss}; "
+                f"load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+        await asyncio.sleep(max(POLL_S, POLL_SPACING * (now - polled)))
+
+
+async def measure(url: str, server: Server, n: int, stats: bool) -> tuple[Run, RssTrack]:
+    """The batch side: one task of ``n`` items created, drained and closed."""
     from shoal import Shoal
     from shoal.batch.service import Batches
     from shoal.batch.states import TaskStatus
 
     run = Run(n)
-    boss = await Shoal.connect(url, listen=False, application_name="million_bench_parent")
+    boss = await Shoal.connect(url, listen=False, application_name=PARENT_APP)
+    poller = await Shoal.connect(
+        url, listen=False, application_name=POLL_APP, min_size=1, max_size=1
+    )
     admin = await psycopg.AsyncConnection.connect(url, autocommit=True)
     workers: list[WorkerProcess] = []
     track: RssTrack | None = None
     sampler: asyncio.Task[None] | None = None
-    statements: list[str] = []
     try:
         batches = Batches(boss, shoal_app().kinds, max_items=n)
+        polled_batches = Batches(poller, shoal_app().kinds, max_items=n)
         # One untimed create warms the parent's connection; emptied before the run.
         await batches.create(KIND, [f"warmup-{i}" for i in range(100)])
         await admin.execute(TRUNCATE_SQL["shoal"])
@@ -342,49 +465,104 @@ async def measure(url: str, server: Server, n: int, stats: bool) -> tuple[Run, R
         created = await batches.create(KIND, refs)
         run.create_s = time.perf_counter() - start
         wal1, cpu1 = await wal_lsn(admin), server_cpu_s(server.postmaster_pid)
+        poll0 = await backends_cpu_s(admin, POLL_APP)
         print(f"  created {n:,} items in {run.create_s:.1f} s", flush=True)
-        last_finished, last_change, last_print = -1, time.perf_counter(), 0.0
+        polls = Polls(run, workers, track)
         while True:
             polled = time.perf_counter()
-            view = await batches.get(created.task_id)
-            now = time.perf_counter()
-            finished = view.progress.finished
-            run.progress.append((now - start, finished))
+            view = await polled_batches.get(created.task_id)
             if view.status is not TaskStatus.PROCESSING:
-                run.closed_s = now - start
+                run.closed_s = time.perf_counter() - start
+                run.polls += 1
                 break
-            if any(not w.alive for w in workers):
-                raise RuntimeError("a worker died mid-run: " + workers[0].describe())
-            if finished != last_finished:
-                last_finished, last_change = finished, now
-            elif now - last_change > STALL_TIMEOUT_S:
-                raise RuntimeError(f"no item finished for {STALL_TIMEOUT_S:.0f} s ({finished:,})")
-            if now - start > RUN_TIMEOUT_S:
-                raise RuntimeError(f"not closed after {RUN_TIMEOUT_S:.0f} s ({finished:,})")
-            if now - last_print >= 15:
-                last_print = now
-                rss = ", ".join(f"{track.at(i, now - start) or 0:.0f}" for i in range(WORKERS))
-                print(
-                    f"  {now - start:6.1f} s: {finished:>9,} finished; RSS MiB {rss}; "
-                    f"load {os.getloadavg()[0]:.2f}",
-                    flush=True,
-                )
-            await asyncio.sleep(max(POLL_S, POLL_SPACING * (now - polled)))
+            await polls.pace(view.progress.finished, polled)
+        run.poll_cpu_s = await backends_cpu_s(admin, POLL_APP) - poll0
         wal2, cpu2 = await wal_lsn(admin), server_cpu_s(server.postmaster_pid)
         run.worker_cpu_s = [w.cpu_s() - c for w, c in zip(workers, wcpu0, strict=True)]
         run.wal_create, run.wal_drain = wal1 - wal0, wal2 - wal1
         run.cpu_create_s, run.cpu_drain_s = cpu1 - cpu0, cpu2 - cpu1
         if stats:
-            statements = await top_statements(admin, STATEMENT_ROWS)
+            run.statements = await top_statements(admin, STATEMENT_ROWS)
         await check_exactly_once(admin, run, created.task_id)
     finally:
         if sampler is not None:
             sampler.cancel()
         await stop_workers(workers)
         await admin.close()
+        await poller.close()
         await boss.close()
     assert track is not None
-    return run, track, statements
+    return run, track
+
+
+async def measure_queue(url: str, server: Server, n: int, stats: bool) -> tuple[Run, RssTrack]:
+    """The plain queue side: ``n`` no-op jobs enqueued at once, run by the same 2 workers.
+
+    A user enqueues many jobs with ``insert_many``, at most MAX_INSERT a
+    call: the ``n`` jobs are sent in calls of MAX_INSERT in one transaction,
+    so they commit (and wake the workers) together, as a task's item jobs do.
+    """
+    from shoal import Shoal
+    from shoal.queue.enqueue import MAX_INSERT
+
+    run = Run(n, side="queue")
+    boss = await Shoal.connect(url, listen=False, application_name=PARENT_APP)
+    admin = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    poll = await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=POLL_APP)
+    workers: list[WorkerProcess] = []
+    track: RssTrack | None = None
+    sampler: asyncio.Task[None] | None = None
+    try:
+        # One untimed insert warms the parent's connection; emptied before the run.
+        await boss.insert_many(JOB_QUEUE, [{"ref": f"warmup-{i}"} for i in range(100)])
+        await admin.execute(TRUNCATE_SQL["shoal"])
+        # A job's payload names its work, as an item's ref does.
+        payloads = [{"ref": f"item-{i}"} for i in range(n)]
+        workers = await start_workers(url, WORKERS, app=QUEUE_APP)
+        await admin.execute("CHECKPOINT")
+        if stats:
+            await admin.execute("SELECT pg_stat_statements_reset()")
+        wal0, cpu0 = await wal_lsn(admin), server_cpu_s(server.postmaster_pid)
+        wcpu0 = [w.cpu_s() for w in workers]
+        start = time.perf_counter()
+        track = RssTrack(workers, start)
+        sampler = asyncio.create_task(track.run())
+        async with boss.db.connection() as conn, conn.transaction():
+            for at in range(0, n, MAX_INSERT):
+                await boss.insert_many(JOB_QUEUE, payloads[at : at + MAX_INSERT], conn=conn)
+        run.create_s = time.perf_counter() - start
+        wal1, cpu1 = await wal_lsn(admin), server_cpu_s(server.postmaster_pid)
+        poll0 = await backends_cpu_s(admin, POLL_APP)
+        print(f"  enqueued {n:,} jobs in {run.create_s:.1f} s", flush=True)
+        polls = Polls(run, workers, track)
+        while True:
+            polled = time.perf_counter()
+            cur = await poll.execute(QUEUE_POLL_SQL, {"q": JOB_QUEUE})
+            row = await cur.fetchone()
+            assert row is not None
+            waiting, active = row
+            if waiting == 0 and active == 0:
+                run.closed_s = time.perf_counter() - start
+                run.polls += 1
+                break
+            await polls.pace(n - waiting - active, polled)
+        run.poll_cpu_s = await backends_cpu_s(admin, POLL_APP) - poll0
+        wal2, cpu2 = await wal_lsn(admin), server_cpu_s(server.postmaster_pid)
+        run.worker_cpu_s = [w.cpu_s() - c for w, c in zip(workers, wcpu0, strict=True)]
+        run.wal_create, run.wal_drain = wal1 - wal0, wal2 - wal1
+        run.cpu_create_s, run.cpu_drain_s = cpu1 - cpu0, cpu2 - cpu1
+        if stats:
+            run.statements = await top_statements(admin, STATEMENT_ROWS)
+        await check_jobs_once(admin, run)
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+        await stop_workers(workers)
+        await poll.close()
+        await admin.close()
+        await boss.close()
+    assert track is not None
+    return run, track
 
 
 def rss_lines(run: Run, track: RssTrack) -> tuple[list[str], list[bool]]:
@@ -413,16 +591,34 @@ def rss_lines(run: Run, track: RssTrack) -> tuple[list[str], list[bool]]:
     return lines, flat
 
 
-def report(run: Run, track: RssTrack, statements: list[str], shared: bool) -> list[str]:
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def cost_lines(run: Run, shared: bool) -> list[str]:
+    """WAL and server CPU per item (or job), create and drain apart, and what is counted."""
+    n, unit = run.n, run.unit
+    mark = "shared server: WAL and CPU include other databases' work" if shared else ""
+    return [
+        f"per {unit} " + (f"({mark})" if mark else "(this server did nothing else)") + ":",
+        f"  create: WAL {run.wal_create / n:,.0f} bytes, "
+        f"server CPU {run.cpu_create_s / n * 1e6:.0f} us "
+        f"(total {run.wal_create / 1e6:,.0f} MB, {run.cpu_create_s:.1f} s)",
+        f"  drain:  WAL {run.wal_drain / n:,.0f} bytes, "
+        f"server CPU {run.counted_drain_cpu_s / n * 1e6:.0f} us "
+        f"(total {run.wal_drain / 1e6:,.0f} MB, {run.counted_drain_cpu_s:.1f} s; "
+        f"with the bench's polls {run.cpu_drain_s / n * 1e6:.0f} us)",
+        f"  together: WAL {run.wal_per():,.0f} bytes, server CPU {run.cpu_per() * 1e6:.0f} us",
+        f"  left out: the bench's {run.polls} progress polls, {run.poll_cpu_s:.1f} s of server "
+        f"CPU (their backend's own CPU time; {run.poll_cpu_s / n * 1e6:.1f} us per {unit})",
+    ]
+
+
+def report(run: Run, track: RssTrack, shared: bool) -> list[str]:
     n = run.n
     drain_s = run.closed_s - run.create_s
     rate = n / drain_s if drain_s > 0 else 0.0
     rss, flat = rss_lines(run, track)
-    mark = "shared server: WAL and CPU include other databases' work" if shared else ""
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "MISSED"
-
     lines = [
         f"create: {run.create_s:.1f} s "
         f"(bar {CREATE_BAR_S:.0f} s: {verdict(run.create_s < CREATE_BAR_S)})",
@@ -434,13 +630,7 @@ def report(run: Run, track: RssTrack, statements: list[str], shared: bool) -> li
         + ", ".join(f"w{i + 1} {verdict(ok)}" for i, ok in enumerate(flat)),
         "worker CPU s: " + ", ".join(f"{c:.1f}" for c in run.worker_cpu_s),
         "",
-        "per item " + (f"({mark})" if mark else "(this server did nothing else)") + ":",
-        f"  create: WAL {run.wal_create / n:,.0f} bytes, "
-        f"server CPU {run.cpu_create_s / n * 1e6:.0f} us "
-        f"(total {run.wal_create / 1e6:,.0f} MB, {run.cpu_create_s:.1f} s)",
-        f"  drain:  WAL {run.wal_drain / n:,.0f} bytes, "
-        f"server CPU {run.cpu_drain_s / n * 1e6:.0f} us "
-        f"(total {run.wal_drain / 1e6:,.0f} MB, {run.cpu_drain_s:.1f} s)",
+        *cost_lines(run, shared),
         "",
         "RSS of each worker as the items finished:",
         *rss,
@@ -449,9 +639,53 @@ def report(run: Run, track: RssTrack, statements: list[str], shared: bool) -> li
     ]
     if run.failures:
         lines.append("FAILED: " + "; ".join(run.failures))
-    if statements:
-        lines += ["", "where the server's time went (pg_stat_statements):", *statements]
+    if run.statements:
+        lines += ["", "where the server's time went (pg_stat_statements):", *run.statements]
     return lines
+
+
+def queue_report(run: Run, shared: bool) -> list[str]:
+    n = run.n
+    drain_s = run.closed_s - run.create_s
+    rate = n / drain_s if drain_s > 0 else 0.0
+    lines = [
+        f"enqueue: {run.create_s:.1f} s; all {n:,} jobs completed {run.closed_s:.1f} s after "
+        f"it started; drain after enqueue {drain_s:.1f} s, {rate:,.0f} jobs/s",
+        "worker CPU s: " + ", ".join(f"{c:.1f}" for c in run.worker_cpu_s),
+        "",
+        *cost_lines(run, shared),
+        "",
+        "exactly once: " + "; ".join(run.checks),
+    ]
+    if run.failures:
+        lines.append("FAILED: " + "; ".join(run.failures))
+    if run.statements:
+        lines += ["", "where the server's time went (pg_stat_statements):", *run.statements]
+    return lines
+
+
+def ratio_lines(batch: Run, queue: Run) -> list[str]:
+    """An item's cost over a plain job's, create and drain together, against the bar of 2x."""
+
+    def line(what: str, item: float, job: float, fmt: str) -> str:
+        ratio = item / job if job > 0 else float("inf")
+        return (
+            f"  {what}: {format(item, fmt)} / {format(job, fmt)} = {ratio:.2f}x "
+            f"(bar {ITEM_COST_BAR:.0f}x: {verdict(ratio <= ITEM_COST_BAR)})"
+        )
+
+    return [
+        f"item / plain job, create and drain together ({batch.n:,} items beside "
+        f"{queue.n:,} jobs, one server):",
+        line("WAL bytes", batch.wal_per(), queue.wal_per(), ",.0f"),
+        line("server CPU us", batch.cpu_per() * 1e6, queue.cpu_per() * 1e6, ",.1f"),
+        "  counted: every process of the server between the samples (the backends of the "
+        "workers and of the create or insert, autovacuum, checkpointer, WAL writer, the "
+        "aggregator's and maintenance's statements); a checkpoint before each side, so "
+        "each pays its own full-page images; the task's close is in the batch drain",
+        "  not counted: the bench's progress polls (their backend's CPU, subtracted; they "
+        "write no WAL), the workers' own CPU (above), archiving completed jobs later",
+    ]
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -478,17 +712,42 @@ async def main_async(args: argparse.Namespace) -> int:
                 f"shoal: {shoal_version()}",
             ]
             print("\n".join(header), flush=True)
-            run, track, statements = await measure(url, server, args.n, stats)
+            runs: dict[str, tuple[Run, RssTrack]] = {}
+            for side in args.sides:
+                print(f"{side}: " + SIDES[side].format(n=args.n), flush=True)
+                measure_side = measure if side == "batch" else measure_queue
+                runs[side] = await measure_side(url, server, args.n, stats)
         finally:
             await server.drop_database(BENCH_DB)
-    print(f"\n(load average at end {', '.join(f'{x:.2f}' for x in os.getloadavg())})\n")
-    print("\n".join(report(run, track, statements, shared=server.own is None)))
-    return 1 if run.failures else 0
+    print(f"\n(load average at end {', '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    shared = server.own is None
+    for side, (run, track) in runs.items():
+        print(f"\n== {side}: " + SIDES[side].format(n=args.n) + "\n")
+        lines = report(run, track, shared) if side == "batch" else queue_report(run, shared)
+        print("\n".join(lines))
+    if "batch" in runs and "queue" in runs:
+        print("\n" + "\n".join(ratio_lines(runs["batch"][0], runs["queue"][0])))
+    return 1 if any(run.failures for run, _ in runs.values()) else 0
+
+
+def sides(text: str) -> list[str]:
+    """``--sides``: a comma-separated list of batch and queue, run in that order."""
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    if not chosen or any(s not in SIDES for s in chosen) or len(set(chosen)) < len(chosen):
+        raise argparse.ArgumentTypeError(f"{text!r}: batch, queue or both, comma-separated")
+    return chosen
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
-    parser.add_argument("--n", type=int, default=DEFAULT_N, help="items in the task")
+    parser.add_argument("--n", type=int, default=DEFAULT_N, help="items in the task (and jobs)")
+    parser.add_argument(
+        "--sides",
+        type=sides,
+        default=["batch", "queue"],
+        help="what to run, in this order: batch (one task of N items), queue (N plain "
+        "jobs, the baseline of an item's cost); default batch,queue",
+    )
     parser.add_argument(
         "--server",
         choices=("own", "url"),
