@@ -2,12 +2,14 @@
 
     .venv/bin/python -m bench.million_bench                  # 1,000,000 items, a server of its own
     .venv/bin/python -m bench.million_bench --n 200000       # a smaller task, same report
+    .venv/bin/python -m bench.million_bench --sides batch    # the task alone, no queue baseline
     .venv/bin/python -m bench.million_bench --server url     # on DATABASE_URL's server
 
 The bars (issue 18): the create call takes under 30 s; every item is
 complete, and the task closed, under 3 minutes after the create call
 started, with 2 worker processes on this machine; each worker's RSS stays
-flat while they work.
+flat while they work. Issue 40: an item's server CPU and WAL, create and
+drain together, at most 2x a plain queue job's (the queue side below).
 
 What it does:
 
@@ -20,23 +22,35 @@ What it does:
 2. measures the commit rate (single-row INSERTs committed one by one on one
    connection for 3 s) and prints it in the header with the load average,
    cores and commit, so a run can be read against the machine it ran on;
-3. starts 2 ``shoal worker --app bench.batch_bench:app`` processes (a no-op
-   handler, concurrency 10 each; bench/batch_bench.py) and waits until both
-   are ready;
-4. creates one task of ``--n`` items (``Batches.create``, the item cap raised
-   to ``--n``), timed; then polls ``Batches.get`` until the task is closed
-   (every 0.5 s, or 4x the last poll's duration when longer), sampling each
-   worker's RSS every second;
-5. checks that every item ended exactly once: all ``completed``, each guarded
-   once (``attempt = 1``), one job per item, no phantom skip, the task closed
-   once as ``completed``;
-6. reports the times, the RSS of each worker at each tenth of the items, WAL
-   bytes and server CPU seconds per item (create and drain apart), and, when
-   ``pg_stat_statements`` is loaded, the statements that took the server's
-   time.
+3. the batch side: starts 2 ``shoal worker --app bench.batch_bench:app``
+   processes (a no-op handler, concurrency 10 each; bench/batch_bench.py)
+   and waits until both are ready; creates one task of ``--n`` items
+   (``Batches.create``, the item cap raised to ``--n``), timed; then polls
+   ``Batches.get`` until the task is closed (every 0.5 s, or 4x the last
+   poll's duration when longer), sampling each worker's RSS every second;
+   checks that every item ended exactly once: all ``completed``, each
+   guarded once (``attempt = 1``), one job per item, no phantom skip, the
+   task closed once as ``completed``;
+4. the queue side, on the same server after emptying the tables: 2
+   ``shoal worker --app bench.batch_bench:queue_app`` processes (a no-op
+   plain job handler, concurrency 10 each); ``--n`` jobs enqueued with
+   ``insert_many`` (calls of 100,000, its cap, in one transaction), timed;
+   polls until none waits or runs; checks each job completed, run once;
+5. reports, per side, the times, WAL bytes and server CPU per item (per job)
+   with create and drain apart, and, when ``pg_stat_statements`` is loaded,
+   the statements that took the server's time; for the batch side the RSS
+   of each worker at each tenth of the items; with both sides, an item's
+   WAL and server CPU over a job's, create and drain together, against 2x.
+
+A CHECKPOINT starts each side, so each pays the full-page images of its own
+WAL. The progress polls run on a connection of their own; that backend's
+CPU during the drain is measured (psutil) and left out of the server CPU per
+item and per job, and printed. ``--sides`` runs one side or both, in the
+order given (``queue,batch``: the baseline first).
 
 This is a measurement script, not a test (not in CI): it exits 1 only when
-an item did not end exactly once or the run failed, never on a missed bar.
+an item or job did not end exactly once or the run failed, never on a missed
+bar.
 """
 
 from __future__ import annotations
@@ -713,10 +727,15 @@ async def main_async(args: argparse.Namespace) -> int:
             ]
             print("\n".join(header), flush=True)
             runs: dict[str, tuple[Run, RssTrack]] = {}
+            failed: list[str] = []
             for side in args.sides:
                 print(f"{side}: " + SIDES[side].format(n=args.n), flush=True)
                 measure_side = measure if side == "batch" else measure_queue
-                runs[side] = await measure_side(url, server, args.n, stats)
+                try:
+                    runs[side] = await measure_side(url, server, args.n, stats)
+                except RuntimeError as exc:  # a stall or a dead worker: report the other side
+                    failed.append(f"{side}: {exc}")
+                    print(f"  {side} FAILED: {exc}", flush=True)
         finally:
             await server.drop_database(BENCH_DB)
     print(f"\n(load average at end {', '.join(f'{x:.2f}' for x in os.getloadavg())})")
@@ -727,7 +746,9 @@ async def main_async(args: argparse.Namespace) -> int:
         print("\n".join(lines))
     if "batch" in runs and "queue" in runs:
         print("\n" + "\n".join(ratio_lines(runs["batch"][0], runs["queue"][0])))
-    return 1 if any(run.failures for run, _ in runs.values()) else 0
+    for text in failed:
+        print(f"\nFAILED: {text}")
+    return 1 if failed or any(run.failures for run, _ in runs.values()) else 0
 
 
 def sides(text: str) -> list[str]:
