@@ -39,7 +39,7 @@ from shoal.queue.rows import JobSettings
 from shoal.queue.states import JobState
 from shoal.testing import Probe
 
-from .batch_helpers import settle
+from .batch_helpers import settle, sql, tally_mismatches
 from .schema_catalog import describe
 from .test_schema_declared import drift
 
@@ -77,6 +77,9 @@ async def test_a_released_database_with_work_in_flight_upgrades_and_every_piece_
     assert applied == [m.version for m in load_migrations() if m.version not in RELEASED]
     # An upgraded database has exactly the schema a new one gets.
     assert not drift(await describe(empty_db_url)), drift(await describe(empty_db_url))
+    # The task in flight is counted as its items stand (item_tally, migration 0013).
+    assert await sql(empty_db_url, "SELECT count(*) FROM shoal.item_tally") != [(0,)]
+    assert await tally_mismatches(empty_db_url) == []
 
     clock = FakeClock(START)
     db = await Database(empty_db_url, max_size=10).open()
@@ -140,6 +143,7 @@ async def test_a_released_database_with_work_in_flight_upgrades_and_every_piece_
     assert {j.state for j in await boss.jobs(JOBS, limit=100)} == {JobState.COMPLETED}
     view = await batches.get(task.task_id)
     assert (view.outcome, view.progress.completed) == (TaskOutcome.COMPLETED, 8)
+    assert await tally_mismatches(empty_db_url) == []
     # Acknowledged: deleted, and none left behind in the job table.
     assert await boss.jobs(topic_queue(TOPIC.name), limit=100) == []
     assert await PostgresTransport(boss).depth(TOPIC.name, "shoal") == Depth(0, 0, 0, None)

@@ -87,7 +87,7 @@ def estimate(
 
 @dataclass(frozen=True, slots=True)
 class TaskView:
-    """A task with its live progress (one GROUP BY status; completed items are the rest)."""
+    """A task with its live progress (the sums of its item_tally rows)."""
 
     task_id: TaskId
     kind: str
