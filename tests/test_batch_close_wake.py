@@ -16,7 +16,7 @@ from datetime import timedelta
 import psycopg
 
 from shoal import FakeClock, Shoal
-from shoal.batch.aggregator import AGGREGATOR_INTERVAL
+from shoal.batch.aggregator import AGGREGATOR_INTERVAL, SWEEP_INTERVAL
 from shoal.batch.recorder import ItemDone, ItemRecorder
 from shoal.batch.rows import GuardedItem
 from shoal.batch.service import Batches
@@ -159,10 +159,16 @@ async def test_a_wake_up_runs_the_close_alone_and_the_tick_the_rest(
         rows = await sql(db_url, "SELECT status::text FROM shoal.item WHERE id = %s", zombie.id)
         assert rows == [("running",)]
         # A last item recorded with no wake-up (as if it were lost): the
-        # tick's whole pass closes its task, and reaps the zombie.
+        # next second's tick closes its task; the zombie waits for the
+        # whole pass, which reaps it.
         silent_task, silent = await running_items(batches, db_url, 1)
         assert await batches.store.complete_items([(silent[0].id, silent[0].fence, None)], now=None)
         probe.discard("aggregator_pass")
         clock.advance(AGGREGATOR_INTERVAL)
-        (tick,) = await probe.aggregator_pass(lambda e: e["report"].reaped_to_pending == 1)
-        assert [t.id for t in tick["report"].closed] == [silent_task]
+        (tick,) = await probe.aggregator_pass(
+            lambda e: [t.id for t in e["report"].closed] == [silent_task]
+        )
+        assert tick["report"].reaped_to_pending == 0
+        probe.discard("aggregator_pass")
+        clock.advance(SWEEP_INTERVAL - AGGREGATOR_INTERVAL)
+        await probe.aggregator_pass(lambda e: e["report"].reaped_to_pending == 1)
