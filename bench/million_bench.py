@@ -651,8 +651,12 @@ def report(run: Run, track: RssTrack, shared: bool) -> list[str]:
         "",
         "exactly once: " + "; ".join(run.checks),
     ]
-    if run.failures:
-        lines.append("FAILED: " + "; ".join(run.failures))
+    return lines + closing_lines(run)
+
+
+def closing_lines(run: Run) -> list[str]:
+    """What failed, and where the server's time went, after either side's report."""
+    lines = ["FAILED: " + "; ".join(run.failures)] if run.failures else []
     if run.statements:
         lines += ["", "where the server's time went (pg_stat_statements):", *run.statements]
     return lines
@@ -671,11 +675,7 @@ def queue_report(run: Run, shared: bool) -> list[str]:
         "",
         "exactly once: " + "; ".join(run.checks),
     ]
-    if run.failures:
-        lines.append("FAILED: " + "; ".join(run.failures))
-    if run.statements:
-        lines += ["", "where the server's time went (pg_stat_statements):", *run.statements]
-    return lines
+    return lines + closing_lines(run)
 
 
 def ratio_lines(batch: Run, queue: Run) -> list[str]:
