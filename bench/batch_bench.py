@@ -329,7 +329,10 @@ GROUP BY t.completed_at
 """
 
 TRUNCATE_SQL = {
-    "shoal": "TRUNCATE shoal.item, shoal.task, shoal.job, shoal.job_archive, shoal.counter",
+    "shoal": (
+        "TRUNCATE shoal.item, shoal.item_tally, shoal.task, shoal.job, shoal.job_archive, "
+        "shoal.counter"
+    ),
     "raw": "TRUNCATE bench_raw.item, bench_raw.task",
     "rawjobs": "TRUNCATE bench_rawjobs.item, bench_rawjobs.task, bench_rawjobs.job",
     "pgqueuer": (

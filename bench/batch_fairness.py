@@ -99,7 +99,9 @@ async def stop_worker(proc: asyncio.subprocess.Process) -> None:
 
 async def empty_tables(url: str) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await conn.execute("TRUNCATE shoal.task, shoal.item, shoal.job, shoal.job_archive")
+        await conn.execute(
+            "TRUNCATE shoal.task, shoal.item, shoal.item_tally, shoal.job, shoal.job_archive"
+        )
 
 
 async def closed_in(boss: Shoal, task_id: str) -> float:
