@@ -25,10 +25,10 @@ from shoal.ingest.consumer import Consumer
 from shoal.ingest.dedupe import PostgresDoneStore, RedisDoneStore
 from shoal.ingest.message import Message, Topic
 from shoal.ingest.pipeline import Pipeline, check_connection_budget
-from shoal.ingest.postgres import PostgresTransport
+from shoal.ingest.postgres import PgSubscription, PostgresTransport
 from shoal.ingest.retry import DELAY_LADDER, redelivery_delay
 from shoal.ingest.store import IngestStore
-from shoal.ingest.transport import PublishError, Transport
+from shoal.ingest.transport import DEFAULT_ACK_WAIT, Delivery, PublishError, Transport
 from shoal.testing import Probe
 from tests.conftest import wait_for
 from tests.ingest_helpers import (
@@ -236,6 +236,100 @@ async def test_a_slot_applies_the_next_message_while_its_last_ones_ack_is_writte
     assert calls == 1
     assert consumer.stats.applied == 2
     assert consumer.stats.duplicates == 1
+
+
+class HeldThenFailingAcks(IngestStore):
+    """A subscription's store whose first ack statement waits for ``release``
+    and whose second one fails; the rest succeed."""
+
+    def __init__(self, store: IngestStore, release: asyncio.Event) -> None:
+        super().__init__(store.db)
+        self.release = release
+        self.calls = 0
+
+    async def ack(self, topic: str, done: Sequence[tuple[int, int]], **kw: Any) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            await self.release.wait()
+        elif self.calls == 2:
+            raise ShoalError("connection lost during the ack")
+        await super().ack(topic, done, **kw)
+
+
+class AckRecorder(PostgresTransport):
+    """The postgres transport, with the size of every ack_many, on a HeldThenFailingAcks."""
+
+    def __init__(self, boss: Shoal, release: asyncio.Event) -> None:
+        super().__init__(boss)
+        self.batches: list[int] = []
+        self.release = release
+
+    async def subscribe(
+        self, topic: str, group: str, *, max_in_flight: int, ack_wait: timedelta = DEFAULT_ACK_WAIT
+    ) -> PgSubscription:
+        store = HeldThenFailingAcks(self.store, self.release)
+        batches = self.batches
+
+        class Recording(PgSubscription):
+            async def ack_many(
+                self, deliveries: Sequence[Delivery], *, done: Any = None
+            ) -> list[BaseException | None]:
+                batches.append(len(deliveries))
+                return await super().ack_many(deliveries, done=done)
+
+        return Recording(self.boss, store, topic, ack_wait=ack_wait)
+
+
+async def test_a_failed_ack_of_many_sends_each_of_its_messages_back(
+    fake_pipeline: Pipeline, fake_boss: Shoal, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    pipeline, boss = fake_pipeline, fake_boss
+    caplog.set_level(logging.WARNING, logger="shoal.ingest")
+    release = asyncio.Event()
+    transport = AckRecorder(boss, release)
+    apply = apply_reading(boss.db)
+    applies: list[str] = []
+
+    async def recorded(message: Message[Reading]) -> None:
+        await apply(message)
+        applies.append(message.id)  # the slot leaves its ack in the same step
+
+    consumer = Consumer(
+        transport,
+        READINGS,
+        recorded,
+        store=pipeline.store,
+        dedupe=pipeline.dedupe,
+        concurrency=5,
+        poll=FAST,
+        clock=boss.clock,
+        ack_wait=timedelta(seconds=30),
+    )
+    handle = await running(consumer)
+    await pipeline.publish(READINGS, Reading(card_id=3, amount=100), id="first")
+    await wait_for(lambda: transport.batches == [1])  # its ack statement is held
+    ids = [f"m{i}" for i in range(4)]
+    await pipeline.publish_many(
+        READINGS, [Reading(card_id=3, amount=i + 1) for i in range(4)], ids=ids
+    )
+    await wait_for(lambda: len(applies) == 5)
+    # The four acks gathered behind the held one go out together, and that
+    # statement (their markers with them) fails: each is logged, none is
+    # marked, and all four keep their lease.
+    release.set()
+    await wait_for(lambda: transport.batches == [1, 4])
+    await wait_for(lambda: sum("not acknowledged" in r.getMessage() for r in caplog.records) == 4)
+    assert await unfinished(boss, READINGS.name) == 4
+    assert await scalar(boss.db, "SELECT count(*) FROM shoal.ingest_done") == 1
+    # Past the lease each is delivered again, applied again (the sink is
+    # idempotent by message id), acknowledged and marked: nothing lost.
+    clock.advance(timedelta(seconds=31))
+    await wait_for(lambda: _zero(unfinished(boss, READINGS.name)))
+    await stopped(handle)
+    assert sorted(applies) == sorted(["first", *ids, *ids])
+    assert await scalar(boss.db, "SELECT total FROM card WHERE id = 3") == 100 + 1 + 2 + 3 + 4
+    assert await scalar(boss.db, "SELECT count(*) FROM shoal.ingest_done") == 5
+    assert consumer.stats.applied == 5
 
 
 async def test_a_replay_after_commit_without_marker_changes_nothing(
