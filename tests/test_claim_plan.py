@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from shoal import Shoal
 from shoal.ingest.store import IngestStore
@@ -93,7 +96,7 @@ async def test_an_item_claim_takes_its_jobs_by_primary_key_while_statistics_say_
     async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
         await explain_into(conn, notices)
         cur = await conn.execute(
-            "SELECT count(*) FROM shoal.claim_items_v3('batch.test.kind', 100, NULL,"
+            "SELECT count(*) FROM shoal.claim_items_v4('batch.test.kind', 100, NULL,"
             " NULL, NULL, NULL, NULL) WHERE job_id IS NOT NULL"
         )
         assert await cur.fetchone() == (100,)
@@ -224,3 +227,86 @@ async def test_the_workers_claim_and_completion_keep_their_plans_for_the_session
         for plan in updates:
             assert "Index Scan using job_pkey" in plan and "= ANY ($" in plan, (stats, plan)
             assert "Nested Loop" not in plan and "job_lease" not in plan, (stats, plan)
+
+
+@pytest.mark.parametrize("stale", ["analyzed_finished", "vacuumed_mid_create"])
+async def test_an_item_claim_and_its_result_find_items_by_primary_key_whatever_the_statistics(
+    fake_boss: Shoal, db_url: str, stale: str
+) -> None:
+    # Statistics taken while every item had finished: the planner expects no
+    # pending and no running item. The guard's fence (status = 'pending') let
+    # it walk item_task_status's whole pending range with the claimed ids as
+    # a filter, and the result write's (status = 'running') the running one.
+    # Or a vacuum while a big create was in flight (autovacuum does, on a
+    # table that many inserts wait in): it counts no uncommitted row, and the
+    # table's pages then hold "no row" for the planner. The claim's lock of
+    # the jobs' items then walked the whole item table for each claim, outer
+    # to the jobs. With a task of 1,000,000 items waiting, each claim outran
+    # the statement timeout and the task stalled (bench/million_bench.py
+    # --sides queue,batch).
+    from .batch_helpers import make_batches
+
+    batches = make_batches(fake_boss)
+    refs = [f"r{i}" for i in range(3_000)]
+    if stale == "analyzed_finished":
+        await batches.create("test.kind", [f"old{i}" for i in range(300)])
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+            await conn.execute(
+                "UPDATE shoal.item SET status = 'completed', finished_at = now(),"
+                " updated_at = now()"
+            )
+            await conn.execute("ALTER TABLE shoal.item SET (autovacuum_enabled = false)")
+            await conn.execute("ANALYZE shoal.item")
+        await batches.create("test.kind", refs)
+    else:
+        await batches.store_kinds()  # for the SQL API's create
+        async with (
+            await psycopg.AsyncConnection.connect(db_url) as creating,
+            await psycopg.AsyncConnection.connect(db_url, autocommit=True) as vacuuming,
+        ):
+            await vacuuming.execute("ALTER TABLE shoal.item SET (autovacuum_enabled = false)")
+            await creating.execute(
+                "SELECT shoal.create_task('test.kind', %s::jsonb)", (json.dumps(refs),)
+            )
+            await vacuuming.execute("VACUUM shoal.item")
+            await creating.commit()
+    store = batches.store
+    notices: list[str] = []
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await explain_into(conn, notices)
+        cur = await conn.execute(
+            store.sql["claim_items"],
+            {
+                "queue": "batch.test.kind",
+                "limit": 100,
+                "now": None,
+                "after_priority": None,
+                "after_turn": None,
+                "after_id": None,
+                "holder": None,
+            },
+        )
+        claimed = [(row[16], row[17]) for row in await cur.fetchall() if row[16] is not None]
+        guard = next(n for n in notices if "Update on item" in n)
+        held = next(n for n in notices if "CTE held" in n)
+        notices.clear()
+        cur = await conn.execute(
+            store.sql["complete_items"],
+            {
+                "ids": [c[0] for c in claimed],
+                "attempts": [c[1] for c in claimed],
+                "results": [None] * len(claimed),
+                "job_ids": [],
+                "job_attempts": [],
+                "now": None,
+            },
+        )
+        done = [row for row in await cur.fetchall() if row[0] == "item"]
+    assert len(claimed) == len(done) > 0
+    result = next(n for n in notices if "Update on item" in n)
+    if stale == "analyzed_finished":
+        for plan in (guard, result):
+            assert "Index Scan using item_pkey" in plan, plan
+            assert "item_task_status" not in plan, plan
+    # Each job's item is found by its own probe of the primary key.
+    assert re.search(r"Index Cond: \(id = n(_\d+)?\.item_id\)", held), held

@@ -29,7 +29,7 @@ async def entries_read_by_claim(db_url: str, after: tuple[int, int, int] | None)
         before = (await (await conn.execute(ENTRIES_READ)).fetchone() or [0])[0]
         priority, turn, job_id = after if after is not None else (None, None, None)
         cur = await conn.execute(
-            "SELECT count(*) FROM shoal.claim_items_v3(%s, 10, NULL, %s, %s, %s, NULL)"
+            "SELECT count(*) FROM shoal.claim_items_v4(%s, 10, NULL, %s, %s, %s, NULL)"
             " WHERE job_id IS NOT NULL",
             (QUEUE, priority, turn, job_id),
         )

@@ -110,7 +110,7 @@ SELECT {schema}.insert_item_jobs_v3(
     %(now)s::timestamptz)
 
 -- name: guard_items
--- The phantom-retry guard for many items (guard_items_v2 in
+-- The phantom-retry guard for many items (guard_items_v3 in
 -- shoal/batch/functions.sql: it records %(holder)s, this
 -- process's registry number, on each): each passed item's new fencing
 -- token and what its handler needs, under the names of the guard columns of
@@ -118,12 +118,12 @@ SELECT {schema}.insert_item_jobs_v3(
 -- come back as text, parsed only when a handler reads them.
 SELECT id AS item_id, attempt AS fence, run, ref, data::text AS item_data, task_id::text, kind,
        params::text, max_attempts
-FROM {schema}.guard_items_v2(%(ids)s::bigint[], %(now)s::timestamptz, %(holder)s::int)
+FROM {schema}.guard_items_v3(%(ids)s::bigint[], %(now)s::timestamptz, %(holder)s::int)
 
 -- name: claim_items
 -- A worker's claim of item jobs with the guard of their items, in one round
 -- trip, from the head of job_item_turn or after the position
--- (%(after_priority)s, %(after_turn)s, %(after_id)s) in it (claim_items_v3 in
+-- (%(after_priority)s, %(after_turn)s, %(after_id)s) in it (claim_items_v4 in
 -- shoal/batch/functions.sql, whose guard records %(holder)s on the items): one row per job taken,
 -- with the queue's claim row under its own names and the job's turn, then the
 -- guard columns for its item (all NULL for a phantom), in the claim's order
@@ -131,7 +131,7 @@ FROM {schema}.guard_items_v2(%(ids)s::bigint[], %(now)s::timestamptz, %(holder)s
 -- name. The function returns jobs and guarded items as rows of their own;
 -- they are paired here, where the planner may hash them.
 WITH c AS MATERIALIZED (
-    SELECT * FROM {schema}.claim_items_v3(%(queue)s, %(limit)s, %(now)s::timestamptz,
+    SELECT * FROM {schema}.claim_items_v4(%(queue)s, %(limit)s, %(now)s::timestamptz,
                                           %(after_priority)s::int, %(after_turn)s::bigint,
                                           %(after_id)s::bigint, %(holder)s::int)
 )
@@ -147,10 +147,10 @@ ORDER BY j.priority DESC, j.turn NULLS FIRST, j.job_id
 
 -- name: complete_items
 -- Records finished runs and completes their jobs in one statement
--- (complete_items_v4, shoal/batch/functions.sql).
+-- (complete_items_v5, shoal/batch/functions.sql).
 -- Arrays come as text literals.
 SELECT what, id, task_id::text
-FROM {schema}.complete_items_v4(
+FROM {schema}.complete_items_v5(
     %(ids)s::bigint[], %(attempts)s::int[], %(results)s::jsonb[], %(job_ids)s::bigint[],
     %(job_attempts)s::int[], %(now)s::timestamptz)
 
@@ -199,7 +199,7 @@ SET status = 'pending',
     finished_at = NULL,
     updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt), {schema}.task t
-WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
+WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status::text = 'running'
   AND i.attempt = u.attempt AND t.id = i.task_id
 RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options,
           i.partition_key
@@ -212,7 +212,7 @@ RETURNING i.id, i.attempt, i.status::text, t.item_queue, t.job_options,
 UPDATE {schema}.item i
 SET in_handler = u.on_
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(on)s::boolean[]) AS u(id, attempt, on_)
-WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
+WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status::text = 'running'
   AND i.attempt = u.attempt AND i.in_handler <> u.on_
 RETURNING i.id
 
@@ -221,7 +221,7 @@ RETURNING i.id
 UPDATE {schema}.item i
 SET updated_at = coalesce(%(now)s::timestamptz, now())
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS u(id, attempt)
-WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status = 'running'
+WHERE i.id = ANY(%(ids)s::bigint[]) AND i.id = u.id AND i.status::text = 'running'
   AND i.attempt = u.attempt
 RETURNING i.id
 
