@@ -310,3 +310,29 @@ async def test_an_item_claim_and_its_result_find_items_by_primary_key_whatever_t
             assert "item_task_status" not in plan, plan
     # Each job's item is found by its own probe of the primary key.
     assert re.search(r"Index Cond: \(id = n(_\d+)?\.item_id\)", held), held
+
+
+async def test_a_big_create_leaves_the_item_statistics_counting_its_items(
+    fake_boss: Shoal, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claims' plans above hold whatever the statistics say where a form
+    # of the statement could make them; the probes of items by id cannot
+    # tell item_pkey from item_task_status when the table looks empty. So a
+    # big create analyzes the table once committed: after an autovacuum that
+    # ran while it was in flight, the table's pages otherwise held no row
+    # for the planner until autovacuum came round again.
+    from shoal.batch import service
+
+    from .batch_helpers import make_batches
+
+    monkeypatch.setattr(service, "ANALYZE_AFTER_ITEMS", 1_000)
+    batches = make_batches(fake_boss)
+    reltuples = "SELECT reltuples FROM pg_class WHERE oid = 'shoal.item'::regclass"
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await conn.execute("ALTER TABLE shoal.item SET (autovacuum_enabled = false)")
+        await batches.create("test.kind", [f"small{i}" for i in range(999)])
+        cur = await conn.execute(reltuples)
+        assert await cur.fetchone() == (-1,)  # never analyzed: a small create leaves it
+        await batches.create("test.kind", [f"big{i}" for i in range(1_000)])
+        cur = await conn.execute(reltuples)
+        assert await cur.fetchone() == (1_999,)

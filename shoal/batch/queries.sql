@@ -16,6 +16,14 @@ VALUES (
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id::text
 
+-- name: analyze_items
+-- Fresh statistics of the item table, after a create of many items (see
+-- Batches.create): an autovacuum that ran while the create was in flight
+-- counted none of its uncommitted rows, and until the table was analyzed
+-- again the planner took it for empty and probed items through
+-- item_task_status, a walk of the whole index per probe.
+ANALYZE {schema}.item
+
 -- name: task_by_key
 SELECT id::text, request_hash FROM {schema}.task WHERE idempotency_key = %(idempotency_key)s
 

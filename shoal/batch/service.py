@@ -14,6 +14,7 @@ from here too.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -63,6 +64,16 @@ from shoal.queue.worker import DEFAULT_POLL_INTERVAL, Worker
 # claims of 1000 than of 500. Claimed items wait in the worker's buffer
 # as running, and are handed back at shutdown.
 ITEM_CLAIM_BATCH = 1000
+# A create of this many items or more analyzes the item table once it has
+# committed. An autovacuum that ran while such a create was in flight counted
+# none of its rows, and the planner then took the table for empty: each
+# claim probed its items through item_task_status, a walk of the whole index
+# per item (1,000,000 items: the claims outran their statement timeout and
+# the task stalled until autovacuum came round again). About a second at
+# 1,000,000 items, against the create's 15-25 s.
+ANALYZE_AFTER_ITEMS = 50_000
+
+log = logging.getLogger("shoal.batch")
 
 
 class Batches:
@@ -260,9 +271,19 @@ class Batches:
         try:
             if conn is not None:
                 return await self.boss.db.on(conn, create)
-            return await self.boss.db.run(create, deadline=within)
+            created = await self.boss.db.run(create, deadline=within)
         except TransientError as exc:
             raise still_creating(exc, idempotency_key) from exc
+        if created.created and len(plan.items) >= ANALYZE_AFTER_ITEMS:
+            await self._analyze_items()
+        return created
+
+    async def _analyze_items(self) -> None:
+        """Fresh item statistics after a big create: best effort, the task is created."""
+        try:
+            await self.store.analyze_items()
+        except Exception as exc:  # the task is created: its statistics wait for autovacuum
+            log.warning("ANALYZE of the item table after a big create failed: %s", exc)
 
     async def get(self, task_id: str) -> TaskView:
         """A task with its progress, elapsed time, estimate of time left, and pause."""

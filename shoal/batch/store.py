@@ -90,6 +90,10 @@ class BatchStore:
     async def set_statement_timeout(self, conn: AsyncConn, setting: str) -> None:
         await self._rows("set_statement_timeout", {"timeout": setting}, conn)
 
+    async def analyze_items(self) -> None:
+        """ANALYZE the item table (its own statement, outside any transaction of a create)."""
+        await self._rows("analyze_items", {})
+
     async def task_by_key(self, conn: AsyncConn, key: str) -> tuple[TaskId, str] | None:
         rows = await self._rows("task_by_key", {"idempotency_key": key}, conn)
         return (TaskId(rows[0][0]), rows[0][1]) if rows else None
