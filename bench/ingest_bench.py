@@ -74,6 +74,7 @@ import psutil
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from bench import ingest_rawhop
 from bench.machine import OwnServer, add_slow_commits_option, describe, own_server_settings
 from shoal import Shoal
 from shoal.db import Database
@@ -311,6 +312,7 @@ async def count(db: Database, table: str) -> int:
 async def reset(db: Database) -> None:
     async def run(conn: Any) -> None:
         await conn.execute(SCHEMA)
+        await conn.execute(ingest_rawhop.SCHEMA)
         await conn.execute(
             "TRUNCATE shoal.job, shoal.topic_message, shoal.ingest_done, shoal.ingest_dead"
         )
@@ -387,28 +389,9 @@ async def run_pipeline(
     sampler = Sampler()
     sampler.start()
     tasks = [asyncio.create_task(consumer.run(stop)), asyncio.create_task(sink.run(stop))]
-    # The producers are another process, as pollers are: this one is the consumer.
-    producer = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.ingest_bench",
-        "--produce",
-        str(n),
-        "--transports",
-        transport_kind,
-        *(["--nats-url", nats_url] if nats_url else []),
-        *(["--nats-monitor-url", nats_monitor] if nats_monitor else []),
-        cwd=REPO,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert producer.stdin is not None and producer.stdout is not None
-    assert (await producer.stdout.readline()).strip() == b"ready"
+    producer = await Producer.start(n, transport_kind, nats_url, nats_monitor)
     started, cpu_started = time.monotonic(), time.process_time()
-    producer.stdin.write(b"go\n")
-    await producer.stdin.drain()
-    published, producer_cpu = map(float, (await producer.stdout.readline()).split())
-    await producer.wait()
+    published, producer_cpu = await producer.run()
 
     async def done() -> bool:
         return consumer.stats.applied >= n and sink.stats.applied >= n
@@ -441,6 +424,107 @@ async def run_pipeline(
     await boss.close()
     await pool.close()
     return result
+
+
+class Producer:
+    """The producers: another process, as pollers are (the bench's own is the consumer)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(
+        cls, n: int, kind: str, nats_url: str | None = None, nats_monitor: str | None = None
+    ) -> Producer:
+        """Start it and wait until it is connected and ready to publish."""
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.ingest_bench",
+            "--produce",
+            str(n),
+            "--transports",
+            kind,
+            *(["--nats-url", nats_url] if nats_url else []),
+            *(["--nats-monitor-url", nats_monitor] if nats_monitor else []),
+            cwd=REPO,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        assert (await process.stdout.readline()).strip() == b"ready"
+        return cls(process)
+
+    async def run(self) -> tuple[float, float]:
+        """Publish everything: the seconds it took and the producer's CPU seconds."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(b"go\n")
+        await self.process.stdin.drain()
+        published, producer_cpu = map(float, (await self.process.stdout.readline()).split())
+        await self.process.wait()
+        return published, producer_cpu
+
+
+# -- the raw hop baseline (bench/ingest_rawhop.py) ---------------------------------------------
+
+
+async def run_rawhop(n: int, meter: Meter) -> dict[str, Any]:
+    db = await Database(bench_url(), max_size=2).open()
+    await reset(db)
+    await db.close()
+    pool = await user_pool()
+    lags: list[float] = []
+
+    async def apply(body: Any, published_at: datetime) -> None:
+        await upsert(pool, body)
+        lags.append((datetime.now(UTC) - published_at).total_seconds())
+
+    async def write(bodies: list[Any]) -> None:
+        await insert_collection(pool, bodies)
+
+    await meter.start()
+    sampler = Sampler()
+    sampler.start()
+    consuming = asyncio.create_task(
+        ingest_rawhop.consume(
+            bench_url(),
+            n=n,
+            obs_topic=OBS.name,
+            collection_topic=COLLECTION.name,
+            apply=apply,
+            write=write,
+            concurrency=CONCURRENCY,
+        )
+    )
+    producer = await Producer.start(n, "rawhop")
+    started, cpu_started = time.monotonic(), time.process_time()
+    published, producer_cpu = await producer.run()
+    await consuming
+    elapsed = time.monotonic() - started
+    consumer_cpu = time.process_time() - cpu_started
+    await sampler.stop()
+    usage = await meter.stop()
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT count(*) FROM collection")
+        row = await cur.fetchone()
+        assert row is not None and row[0] == n, row
+    await pool.close()
+    return {
+        "system": "raw hop (plain SQL)",
+        "seconds": elapsed,
+        "published_s": published,
+        "msgs_per_s": n / elapsed,
+        "lag_p50": quantile(lags, 0.5),
+        "lag_p99": quantile(lags, 0.99),
+        "peak_connections": sampler.peak_connections,
+        "budget": CONCURRENCY + 1 + ingest_rawhop.POOL,
+        "peak_rss_mib": sampler.peak_rss / 2**20,
+        "duplicates": 0,
+        "consumer_cpu_s": consumer_cpu,
+        "producer_cpu_s": producer_cpu,
+        "backend_cpu_s": sampler.backend_cpu_s,
+        **usage,
+    }
 
 
 # -- the bare baseline ----------------------------------------------------------------------
@@ -626,21 +710,36 @@ def all_cpu(row: dict[str, Any]) -> float:
     return float(row["consumer_cpu_s"] + row["producer_cpu_s"] + row["backend_cpu_s"])
 
 
+def system_name(kind: str) -> str:
+    return "raw hop (plain SQL)" if kind == "rawhop" else f"pipeline ({kind})"
+
+
 def print_rounds(rows: list[dict[str, Any]], transports: list[str], n: int) -> None:
-    """Each pipeline against the bare write of its own round: median, lowest, highest."""
-    print("\nAgainst the bare write of the same round (median, lowest, highest):")
-    bares = [r for r in rows if r["system"].startswith("bare")]
-    for kind in transports:
-        runs = [r for r in rows if r["system"].startswith(f"pipeline ({kind})")]
-        rates = sorted(r["vs_bare"] for r in runs)
-        cpus = sorted(all_cpu(r) / all_cpu(b) for r, b in zip(runs, bares, strict=True))
+    """Each system against the bare write of its own round, and each pipeline
+    against the raw hop of its round when that ran: median, lowest, highest."""
+    bases = ["bare"] + (["rawhop"] if "rawhop" in transports else [])
+    for base in bases:
+        base_name = "bare" if base == "bare" else system_name(base)
         print(
-            f"- pipeline ({kind}), {len(runs)} rounds: msgs/s {statistics.median(rates):.2f}x "
-            f"({rates[0]:.2f}x-{rates[-1]:.2f}x); all CPU per observation "
-            f"{statistics.median(cpus):.2f}x ({cpus[0]:.2f}x-{cpus[-1]:.2f}x), "
-            f"{statistics.median(all_cpu(r) for r in runs) / n * 1e6:.0f} us against "
-            f"{statistics.median(all_cpu(b) for b in bares) / n * 1e6:.0f}"
+            f"\nAgainst the {'bare write' if base == 'bare' else 'raw hop'} of the same round"
+            " (median, lowest, highest):"
         )
+        against = [r for r in rows if r["system"].startswith(base_name)]
+        for kind in transports:
+            if kind == base:
+                continue
+            runs = [r for r in rows if r["system"].startswith(system_name(kind))]
+            rates = sorted(
+                r["msgs_per_s"] / b["msgs_per_s"] for r, b in zip(runs, against, strict=True)
+            )
+            cpus = sorted(all_cpu(r) / all_cpu(b) for r, b in zip(runs, against, strict=True))
+            print(
+                f"- {system_name(kind)}, {len(runs)} rounds: msgs/s "
+                f"{statistics.median(rates):.2f}x ({rates[0]:.2f}x-{rates[-1]:.2f}x); all CPU per "
+                f"observation {statistics.median(cpus):.2f}x ({cpus[0]:.2f}x-{cpus[-1]:.2f}x), "
+                f"{statistics.median(all_cpu(r) for r in runs) / n * 1e6:.0f} us against "
+                f"{statistics.median(all_cpu(b) for b in against) / n * 1e6:.0f}"
+            )
 
 
 def print_statements(rows: list[dict[str, Any]], n: int) -> None:
@@ -683,6 +782,8 @@ async def bench_async(args: argparse.Namespace, server: str) -> None:
     async def run(kind: str) -> dict[str, Any]:
         if kind == "bare":
             return await run_bare(args.n, meter)
+        if kind == "rawhop":
+            return await run_rawhop(args.n, meter)
         if kind == "nats":
             with nats_server() as nats:
                 return await run_pipeline(args.n, "nats", nats.url, nats.monitor_url, meter)
@@ -732,6 +833,15 @@ async def produce_async(
     n: int, transport_kind: str, nats_url: str | None, nats_monitor: str | None
 ) -> None:
     """The producer process: connect, say ready, publish on "go", print the seconds it took."""
+    if transport_kind == "rawhop":
+        obs, recs = observations(n), records(n)
+        async with AsyncConnectionPool(bench_url(), min_size=2, max_size=2) as pool:
+            print("ready", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            started, cpu_started = time.monotonic(), time.process_time()
+            await ingest_rawhop.publish(pool, {OBS.name: obs, COLLECTION.name: recs})
+            print(f"{time.monotonic() - started:.3f} {time.process_time() - cpu_started:.3f}")
+        return
     db = await Database(bench_url(), max_size=2).open()
     boss = Shoal(db, listen=False)
     transport: Transport
