@@ -5,6 +5,7 @@
     .venv/bin/python -m bench.ingest_bench --backlog 1000000     # + drain a 1M backlog (postgres)
     .venv/bin/python -m bench.ingest_bench --server url          # on DATABASE_URL's server as it is
     .venv/bin/python -m bench.ingest_bench --n 20000 --transports postgres --rounds 5
+    .venv/bin/python -m bench.ingest_bench --transports postgres,rawhop --rounds 3
 
 What is measured, per system, for N small observations:
 
@@ -18,7 +19,14 @@ What is measured, per system, for N small observations:
   to the last apply and the last collection row.
 - bare: the same N upserts done directly by 30 tasks on a pool (each its own
   transaction), and the same collection rows written in batches of 200 by
-  one task: the floor the pipeline is measured against.
+  one task: the floor the pipeline is measured against. It stores no
+  message, so it has nothing to lose, redeliver or de-duplicate.
+- raw hop (``--transports ...,rawhop``): the same flow through the postgres
+  transport's guarantees written by hand in plain SQL (bench/ingest_rawhop.py:
+  a durable publish, leased and fenced claims, a done-marker per applied
+  message, acks that delete), with a producer process of its own: the floor
+  of a pipeline that keeps those promises, which each pipeline is also
+  compared with round by round.
 
 With ``--rounds R`` the bare write and the pipelines take turns R times
 (alternating which goes first), and each pipeline is compared with the bare
