@@ -37,8 +37,9 @@ whose speed drifts.
 Reported: messages/s end to end (observations applied per second; the
 collection records ride along), p50/p99 ingest lag (apply time minus
 published_at), database connections at peak (sampled from pg_stat_activity
-every 50 ms) against the pool size, which is the configured budget, and the
-process's peak RSS. Per message: the WAL the bench database's statements
+every 50 ms) against the budget, the sizes of the pools that may hold them
+(the application's, shoal's or the raw hop's, and the producer process's),
+and the process's peak RSS. Per message: the WAL the bench database's statements
 wrote and the top-level statements they took (from pg_stat_statements when
 the server loads it; else the WAL is the whole server's, which on a shared
 server includes everyone's), and the CPU of the consumer process, of the
@@ -97,6 +98,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH_DB = "shoal_ingest_bench"
 CONCURRENCY = 30
 SHOAL_POOL = 8  # shoal's own: claims, acks, done-markers, the monitor
+PRODUCER_POOL = 2  # the producer process's
 CHUNK = 500
 OBS: Topic[Any] = Topic("bench.obs")
 COLLECTION: Topic[Any] = Topic("bench.collection")
@@ -420,7 +422,11 @@ async def run_pipeline(
         "lag_p50": quantile(lags, 0.5),
         "lag_p99": quantile(lags, 0.99),
         "peak_connections": sampler.peak_connections,
-        "budget": CONCURRENCY + 1 + SHOAL_POOL + (1 if boss.notifier is not None else 0),
+        "budget": CONCURRENCY
+        + 1
+        + SHOAL_POOL
+        + (1 if boss.notifier is not None else 0)
+        + PRODUCER_POOL,
         "peak_rss_mib": sampler.peak_rss / 2**20,
         "duplicates": consumer.stats.duplicates,
         "consumer_cpu_s": consumer_cpu,
@@ -525,7 +531,7 @@ async def run_rawhop(n: int, meter: Meter) -> dict[str, Any]:
         "lag_p50": quantile(lags, 0.5),
         "lag_p99": quantile(lags, 0.99),
         "peak_connections": sampler.peak_connections,
-        "budget": CONCURRENCY + 1 + ingest_rawhop.POOL,
+        "budget": CONCURRENCY + 1 + ingest_rawhop.POOL + PRODUCER_POOL,
         "peak_rss_mib": sampler.peak_rss / 2**20,
         "duplicates": 0,
         "consumer_cpu_s": consumer_cpu,
@@ -843,14 +849,15 @@ async def produce_async(
     """The producer process: connect, say ready, publish on "go", print the seconds it took."""
     if transport_kind == "rawhop":
         obs, recs = observations(n), records(n)
-        async with AsyncConnectionPool(bench_url(), min_size=2, max_size=2) as pool:
+        size = PRODUCER_POOL
+        async with AsyncConnectionPool(bench_url(), min_size=size, max_size=size) as pool:
             print("ready", flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
             started, cpu_started = time.monotonic(), time.process_time()
             await ingest_rawhop.publish(pool, {OBS.name: obs, COLLECTION.name: recs})
             print(f"{time.monotonic() - started:.3f} {time.process_time() - cpu_started:.3f}")
         return
-    db = await Database(bench_url(), max_size=2).open()
+    db = await Database(bench_url(), max_size=PRODUCER_POOL).open()
     boss = Shoal(db, listen=False)
     transport: Transport
     if transport_kind == "nats":
