@@ -414,30 +414,54 @@ async def run_pipeline(
     await sampler.stop()
     usage = await meter.stop()
     assert await count(db, "collection") == n
-    result = {
-        "system": f"pipeline ({transport_kind})",
-        "seconds": elapsed,
-        "published_s": published,
-        "msgs_per_s": n / elapsed,
-        "lag_p50": quantile(lags, 0.5),
-        "lag_p99": quantile(lags, 0.99),
-        "peak_connections": sampler.peak_connections,
-        "budget": CONCURRENCY
-        + 1
-        + SHOAL_POOL
-        + (1 if boss.notifier is not None else 0)
-        + PRODUCER_POOL,
-        "peak_rss_mib": sampler.peak_rss / 2**20,
-        "duplicates": consumer.stats.duplicates,
-        "consumer_cpu_s": consumer_cpu,
-        "producer_cpu_s": producer_cpu,
-        "backend_cpu_s": sampler.backend_cpu_s,
-        **usage,
-    }
+    result = result_row(
+        f"pipeline ({transport_kind})",
+        n=n,
+        elapsed=elapsed,
+        lags=lags,
+        sampler=sampler,
+        budget=CONCURRENCY + 1 + SHOAL_POOL + (boss.notifier is not None) + PRODUCER_POOL,
+        cpu=(consumer_cpu, producer_cpu),
+        published=published,
+        duplicates=consumer.stats.duplicates,
+        usage=usage,
+    )
     await pipeline.close()
     await boss.close()
     await pool.close()
     return result
+
+
+def result_row(
+    system: str,
+    *,
+    n: int,
+    elapsed: float,
+    lags: list[float],
+    sampler: Sampler,
+    budget: int,
+    cpu: tuple[float, float],
+    usage: dict[str, Any],
+    published: float = 0.0,
+    duplicates: int = 0,
+) -> dict[str, Any]:
+    """One system's row: ``cpu`` is (the consumer process's, the producer's) CPU seconds."""
+    return {
+        "system": system,
+        "seconds": elapsed,
+        "published_s": published,
+        "msgs_per_s": n / elapsed,
+        "lag_p50": quantile(lags, 0.5) if lags else float("nan"),
+        "lag_p99": quantile(lags, 0.99) if lags else float("nan"),
+        "peak_connections": sampler.peak_connections,
+        "budget": budget,
+        "peak_rss_mib": sampler.peak_rss / 2**20,
+        "duplicates": duplicates,
+        "consumer_cpu_s": cpu[0],
+        "producer_cpu_s": cpu[1],
+        "backend_cpu_s": sampler.backend_cpu_s,
+        **usage,
+    }
 
 
 class Producer:
@@ -523,22 +547,17 @@ async def run_rawhop(n: int, meter: Meter) -> dict[str, Any]:
         row = await cur.fetchone()
         assert row is not None and row[0] == n, row
     await pool.close()
-    return {
-        "system": "raw hop (plain SQL)",
-        "seconds": elapsed,
-        "published_s": published,
-        "msgs_per_s": n / elapsed,
-        "lag_p50": quantile(lags, 0.5),
-        "lag_p99": quantile(lags, 0.99),
-        "peak_connections": sampler.peak_connections,
-        "budget": CONCURRENCY + 1 + ingest_rawhop.POOL + PRODUCER_POOL,
-        "peak_rss_mib": sampler.peak_rss / 2**20,
-        "duplicates": 0,
-        "consumer_cpu_s": consumer_cpu,
-        "producer_cpu_s": producer_cpu,
-        "backend_cpu_s": sampler.backend_cpu_s,
-        **usage,
-    }
+    return result_row(
+        "raw hop (plain SQL)",
+        n=n,
+        elapsed=elapsed,
+        lags=lags,
+        sampler=sampler,
+        budget=CONCURRENCY + 1 + ingest_rawhop.POOL + PRODUCER_POOL,
+        cpu=(consumer_cpu, producer_cpu),
+        published=published,
+        usage=usage,
+    )
 
 
 # -- the bare baseline ----------------------------------------------------------------------
@@ -577,22 +596,16 @@ async def run_bare(n: int, meter: Meter) -> dict[str, Any]:
     await sampler.stop()
     usage = await meter.stop()
     await pool.close()
-    return {
-        "system": "bare (30 tasks on a pool)",
-        "seconds": elapsed,
-        "published_s": 0.0,
-        "msgs_per_s": n / elapsed,
-        "lag_p50": float("nan"),
-        "lag_p99": float("nan"),
-        "peak_connections": sampler.peak_connections,
-        "budget": CONCURRENCY + 1,
-        "peak_rss_mib": sampler.peak_rss / 2**20,
-        "duplicates": 0,
-        "consumer_cpu_s": consumer_cpu,
-        "producer_cpu_s": 0.0,
-        "backend_cpu_s": sampler.backend_cpu_s,
-        **usage,
-    }
+    return result_row(
+        "bare (30 tasks on a pool)",
+        n=n,
+        elapsed=elapsed,
+        lags=[],
+        sampler=sampler,
+        budget=CONCURRENCY + 1,
+        cpu=(consumer_cpu, 0.0),
+        usage=usage,
+    )
 
 
 # -- the backlog drain ------------------------------------------------------------------------
