@@ -544,8 +544,11 @@ async def run_mode(server_url: str, run: str, settings: ExperimentSettings) -> R
         boss.db.call_times = times
         polling = asyncio.create_task(poller.run(stop))
         tasks.append(polling)
-        while (elapsed := clock.monotonic() - started) < s.duration_s:
-            if script and elapsed >= script[0][0] * s.duration_s:
+        # Until the run's time is up and every step of the script has run: on a
+        # slow machine a step may run late, never not at all (a switch run that
+        # ended before its switch would report a run that never switched).
+        while script or clock.monotonic() - started < s.duration_s:
+            if script and clock.monotonic() - started >= script[0][0] * s.duration_s:
                 await script.pop(0)[1]()
                 continue
             await asyncio.sleep(0.5)
