@@ -346,9 +346,16 @@ async def test_the_workbench_page_sends_done_reviewing_and_the_run_exports(
             done = page.locator("#results button.review-done")
             await expect(done).to_be_visible(timeout=UI_TIMEOUT_MS)
             await done.click()
-            await expect(page.locator("#results")).to_contain_text(
-                f"run {started.id}: exporting", timeout=UI_TIMEOUT_MS
+            exporting = f"run {started.id}: exporting"
+            await expect(page.locator("#results")).to_contain_text(exporting, timeout=UI_TIMEOUT_MS)
+            # The table drawn anew (a poll, or Results pressed again) still says so.
+            await page.evaluate("document.querySelector('#results table').dataset.old = '1'")
+            await page.locator("section.task").first.locator("button.results").click()
+            await expect(page.locator("#results table:not([data-old])")).to_have_count(
+                1, timeout=UI_TIMEOUT_MS
             )
+            await expect(page.locator("#results")).to_contain_text(exporting)
+            await expect(done).to_be_disabled()
             view = await run_reaches(bench, started.id, RunStatus.COMPLETED, RunStatus.FAILED)
     finally:
         await context.close()
