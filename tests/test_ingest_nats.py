@@ -22,10 +22,12 @@ import nats
 import pytest
 from nats.js.api import PersistMode, StorageType
 
+from shoal import Shoal
 from shoal.db.embedded import free_port
 from shoal.errors import Conflict, TransientError
 from shoal.ingest.message import Envelope, new_envelope
 from shoal.ingest.nats import NatsTransport, UnsafeDurability, stream_name_for
+from shoal.ingest.supervisor import IngestSettings, start_pipeline
 from shoal.ingest.transport import Delivery, PublishError, Subscription
 from shoal.testing import NatsServer
 from tests.conftest import wait_for
@@ -228,6 +230,32 @@ async def test_existing_stream_with_memory_storage_is_refused(nats_server: NatsS
     with pytest.raises(Conflict, match="memory storage"):
         await t.start()
     await t.close()
+
+
+async def test_a_worker_refused_by_a_stream_leaves_no_connection_behind(
+    boss: Shoal, nats_server: NatsServer
+) -> None:
+    # A worker in this process whose transport connects, then refuses the
+    # topic's stream: the refusal reaches the caller, and the connection
+    # closes (it would otherwise reconnect, and log, for the life of the process).
+    nc = await nats.connect(nats_server.url)
+    try:
+        await nc.jetstream().add_stream(
+            name=stream_name_for("SHOAL", TOPIC),
+            subjects=[f"shoal.{TOPIC}"],
+            storage=StorageType.MEMORY,
+        )
+    finally:
+        await nc.close()
+    settings = IngestSettings(transport=lambda _: transport_for(nats_server, topics=[TOPIC]))
+    with pytest.raises(Conflict, match="memory storage"):
+        await start_pipeline(boss, settings, stop=asyncio.Event())
+
+    async def no_connection() -> bool:
+        connz = await asyncio.to_thread(nats_server.monitor, "connz")
+        return int(connz["num_connections"]) == 0
+
+    await wait_for(no_connection, 10)
 
 
 async def test_topics_mapping_to_the_same_stream_name_are_refused(

@@ -148,6 +148,24 @@ async def start_pipeline(
     """
     transport = (settings.transport or default_transport)(boss)
     pipeline = Pipeline(boss, transport, mode_key=settings.mode_key)
+    try:
+        if not await _start_waiting(pipeline, stop, boss.clock):
+            await pipeline.close()
+            return None
+        await check_commit_durability(boss, transport)
+    except BaseException:
+        # A refusal (a conflicting stream, unsafe durability), a database
+        # error or a cancellation after the transport connected: its
+        # connection would go on reconnecting in this process for good.
+        await pipeline.close()
+        raise
+    return pipeline
+
+
+async def _start_waiting(pipeline: Pipeline, stop: asyncio.Event, clock: Clock) -> bool:
+    """Start ``pipeline``, trying again while its transport cannot be reached;
+    False when ``stop`` is set first."""
+    name = pipeline.transport.name
     pause = START_RETRY_FIRST
     tries = 0
     while True:
@@ -158,20 +176,18 @@ async def start_pipeline(
         except TransientError as exc:
             log.warning(
                 "ingest: the %s transport cannot be reached yet (try %d: %s); trying again in %g s",
-                transport.name,
+                name,
                 tries,
                 exc,
                 pause.total_seconds(),
             )
-        await sleep_or_stop(stop, pause.total_seconds(), boss.clock)
+        await sleep_or_stop(stop, pause.total_seconds(), clock)
         if stop.is_set():
-            await pipeline.close()
-            return None
+            return False
         pause = min(pause * 2, START_RETRY_MAX)
     if tries > 1:
-        log.info("ingest: the %s transport is reachable after %d tries", transport.name, tries)
-    await check_commit_durability(boss, transport)
-    return pipeline
+        log.info("ingest: the %s transport is reachable after %d tries", name, tries)
+    return True
 
 
 def consumer_slots(consumers: list[ConsumerSpec]) -> int:
