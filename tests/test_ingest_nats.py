@@ -216,8 +216,9 @@ async def test_start_without_monitor_url_warns_that_durability_is_unverified(
     assert any("durability not verified" in r.getMessage() for r in caplog.records)
 
 
-async def test_existing_stream_with_memory_storage_is_refused(nats_server: NatsServer) -> None:
-    nc = await nats.connect(nats_server.url)
+async def add_memory_stream(server: NatsServer) -> None:
+    """TOPIC's stream, made by someone else with memory storage (which shoal refuses)."""
+    nc = await nats.connect(server.url)
     try:
         await nc.jetstream().add_stream(
             name=stream_name_for("SHOAL", TOPIC),
@@ -226,6 +227,10 @@ async def test_existing_stream_with_memory_storage_is_refused(nats_server: NatsS
         )
     finally:
         await nc.close()
+
+
+async def test_existing_stream_with_memory_storage_is_refused(nats_server: NatsServer) -> None:
+    await add_memory_stream(nats_server)
     t = transport_for(nats_server, topics=[TOPIC])
     with pytest.raises(Conflict, match="memory storage"):
         await t.start()
@@ -238,15 +243,7 @@ async def test_a_worker_refused_by_a_stream_leaves_no_connection_behind(
     # A worker in this process whose transport connects, then refuses the
     # topic's stream: the refusal reaches the caller, and the connection
     # closes (it would otherwise reconnect, and log, for the life of the process).
-    nc = await nats.connect(nats_server.url)
-    try:
-        await nc.jetstream().add_stream(
-            name=stream_name_for("SHOAL", TOPIC),
-            subjects=[f"shoal.{TOPIC}"],
-            storage=StorageType.MEMORY,
-        )
-    finally:
-        await nc.close()
+    await add_memory_stream(nats_server)
     settings = IngestSettings(transport=lambda _: transport_for(nats_server, topics=[TOPIC]))
     with pytest.raises(Conflict, match="memory storage"):
         await start_pipeline(boss, settings, stop=asyncio.Event())
