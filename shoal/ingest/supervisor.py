@@ -149,16 +149,18 @@ async def start_pipeline(
     transport = (settings.transport or default_transport)(boss)
     pipeline = Pipeline(boss, transport, mode_key=settings.mode_key)
     try:
-        if not await _start_waiting(pipeline, stop, boss.clock):
-            await pipeline.close()
-            return None
-        await check_commit_durability(boss, transport)
+        started = await _start_waiting(pipeline, stop, boss.clock)
+        if started:
+            await check_commit_durability(boss, transport)
     except BaseException:
-        # A refusal (a conflicting stream, unsafe durability), a database
-        # error or a cancellation after the transport connected: its
-        # connection would go on reconnecting in this process for good.
+        # A stream refused after the transport connected, a database error
+        # or a cancellation: an open connection would go on reconnecting
+        # (and logging) in this process for good.
         await pipeline.close()
         raise
+    if not started:
+        await pipeline.close()
+        return None
     return pipeline
 
 
