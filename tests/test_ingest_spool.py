@@ -401,3 +401,29 @@ async def test_segment_files_of_the_earlier_spool_format_are_refused_by_name_not
     with pytest.raises(InvalidInput, match=r"spool_dir: .*1 segment file\(s\).*spool-000000000001"):
         await Spool(directory, clock=clock).open()
     assert sorted(p.name for p in directory.iterdir()) == ["spool-000000000001.log"]
+
+
+async def test_a_start_the_broker_refuses_leaves_the_spool_free_for_the_next_start(
+    boss: Shoal, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    spool_dir = tmp_path / "spool"
+    producer = Pipeline(
+        boss,
+        NatsTransport(nats_server.url, connect_timeout=timedelta(seconds=1)),
+        spool_dir=spool_dir,
+    )
+    await asyncio.to_thread(nats_server.stop)
+    with pytest.raises(TransientError):
+        await producer.start()
+    # The failed start let the spool go and stopped its replayer: a producer
+    # that tries again once the broker is back starts, instead of finding its
+    # own spool "in use by another process" on every later try.
+    assert not [t for t in asyncio.all_tasks() if "_replay" in repr(t.get_coro())]
+    await asyncio.to_thread(nats_server.start)
+    await producer.start()
+    try:
+        assert producer.spool is not None and len(producer.spool) == 0
+        with pytest.raises(Conflict, match="in use by another process"):
+            await Spool(spool_dir, clock=FakeClock()).open()
+    finally:
+        await producer.close()

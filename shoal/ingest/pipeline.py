@@ -137,13 +137,22 @@ class Pipeline:
         self._closed = False
 
     async def start(self) -> None:
+        """Open the spool (with a ``spool_dir``), start its replayer, then the transport.
+
+        A start that fails (the broker unreachable, say) stops the replayer and
+        closes the spool before it raises: the spool's lock is not left held, so
+        a later start on the same pipeline or directory opens it again.
+        """
         if self.spool is not None:
             await self.spool.open()
             self._replayer = asyncio.create_task(self._replay())
-        await self.transport.start()
+        try:
+            await self.transport.start()
+        except BaseException:
+            await self._stop_spool()
+            raise
 
-    async def close(self) -> None:
-        self._closed = True
+    async def _stop_spool(self) -> None:
         if self._replayer is not None:
             self._replayer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -157,6 +166,10 @@ class Pipeline:
                     len(self.spool),
                 )
             await self.spool.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._stop_spool()
         await self.dedupe.close()
         await self.transport.close()
 
