@@ -18,9 +18,13 @@ What it measures, all in one run against one Postgres server:
   the worker is started until the database shows every job finished. The
   cases take turns, one repetition each per round, and shoal's drain rate and
   server CPU are also compared with the raw loops' round by round;
-- stale planner statistics (shoal and raw only): the job table is filled,
-  emptied and analyzed while it holds no rows (keeping its pages), with
-  autovacuum off, before the N jobs arrive.
+- stale planner statistics (shoal and the raw loops only): the job table is
+  filled, emptied and analyzed while it holds no rows (keeping its pages), with
+  autovacuum off, before the N jobs arrive;
+- ``rawjob``: the two-claimer raw loop run on a copy of ``shoal.job`` (its
+  checks, its indexes), writing what that row requires of a claim and a
+  completion: it parts what shoal spends above the raw loop into what the
+  job row costs any loop and what shoal's own statements and worker add.
 
 A drain child that cannot tell from its own loop that the jobs are done (all
 but the raw loops) watches the database on a connection of its own; that
@@ -104,16 +108,22 @@ SCHEMA_SHOAL = "shoal"
 SCHEMA_RAW = "bench_raw"
 SCHEMA_PROCRASTINATE = "bench_procrastinate"
 SCHEMA_PGQUEUER = "bench_pgqueuer"
+SCHEMA_RAWJOB = "bench_rawjob"
 
-LIBS = ("raw", "shoal", "pgqueuer", "procrastinate")
+LIBS = ("raw", "rawjob", "shoal", "pgqueuer", "procrastinate")
 # Libraries measured a second time with planner statistics taken on an empty table.
-STALE_LIBS = ("raw", "shoal")
+STALE_LIBS = ("raw", "rawjob", "shoal")
 
 SETTINGS = {
     "raw": (
         f"one connection (x1) or {RAW_CLAIMERS} at once (x{RAW_CLAIMERS}), each a loop: "
         f"claim {RAW_CLAIM_BATCH} per UPDATE ... WHERE id IN (SELECT ... "
         "FOR UPDATE SKIP LOCKED LIMIT n) RETURNING, then complete them in one UPDATE"
+    ),
+    "rawjob": (
+        f"the raw loop x{RAW_CLAIMERS} on a copy of shoal.job (LIKE ... INCLUDING ALL: its "
+        "checks and indexes), claiming and completing as shoal's row requires (lease, "
+        "holder, start_after, finished_at)"
     ),
     "shoal": f"boss.work(queue, handler, concurrency={CONCURRENCY}) (batch_size default)",
     "pgqueuer": (
@@ -166,11 +176,46 @@ UPDATE bench_raw.job SET state = 'done', finished_at = now()
 WHERE id = ANY(%s) AND state = 'running'
 """
 
+# The raw loop on a copy of shoal's job table: the same two statements a
+# round, writing what the row's checks require of a claim (a lease and a
+# holder) and of a completion (the lease cleared, a finish time), and
+# honouring start_after as a queue must. The enqueue writes shoal's defaults.
+# What the drain costs above the raw loop is then the row's; what shoal costs
+# above this loop is shoal's own.
+RAWJOB_SCHEMA_SQL = "CREATE TABLE {schema}.job (LIKE {shoal}.job INCLUDING ALL)"
+
+RAWJOB_INSERT = """
+INSERT INTO bench_rawjob.job (queue, data, retry_limit, retry_delay, retry_backoff,
+                              retry_delay_max, expire_in, created_at, start_after)
+SELECT %s, d, 2, '0 s', false, '1 h', '15 min', now(), now()
+FROM unnest(%s::jsonb[]) AS d
+RETURNING id
+"""
+
+RAWJOB_CLAIM = """
+UPDATE bench_rawjob.job
+SET state = 'active', attempt = attempt + 1, started_at = now(),
+    lease_expires_at = now() + expire_in, holder = 1
+WHERE id IN (
+    SELECT id FROM bench_rawjob.job
+    WHERE queue = %s AND state IN ('created', 'retry') AND start_after <= now()
+    ORDER BY priority DESC, id
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED)
+RETURNING id, data
+"""
+
+RAWJOB_COMPLETE = """
+UPDATE bench_rawjob.job SET state = 'completed', finished_at = now(), lease_expires_at = NULL
+WHERE id = ANY(%s) AND state = 'active'
+"""
+
 # What "every job finished" looks like in each library's tables. The comment
 # marks the drain's watcher, whose polls are not the library's statements.
 WATCH_MARK = "/* bench watch */"  # also on the parent's own queries during a drain
 DONE_COUNT_SQL = {
     "raw": f"SELECT count(*) FROM bench_raw.job WHERE state = 'done' {WATCH_MARK}",
+    "rawjob": (f"SELECT count(*) FROM bench_rawjob.job WHERE state = 'completed' {WATCH_MARK}"),
     "shoal": f"SELECT count(*) FROM shoal.job WHERE state = 'completed' {WATCH_MARK}",
     # pgqueuer deletes a finished job from its queue table and logs it.
     "pgqueuer": (
@@ -185,6 +230,7 @@ DONE_COUNT_SQL = {
 # The table whose statistics the drain's claim is planned with.
 JOB_TABLE = {
     "raw": sql.Identifier(SCHEMA_RAW, "job"),
+    "rawjob": sql.Identifier(SCHEMA_RAWJOB, "job"),
     "shoal": sql.Identifier(SCHEMA_SHOAL, "job"),
     "pgqueuer": sql.Identifier(SCHEMA_PGQUEUER, "pgqueuer"),
     "procrastinate": sql.Identifier(SCHEMA_PROCRASTINATE, "procrastinate_jobs"),
@@ -192,6 +238,7 @@ JOB_TABLE = {
 
 TRUNCATE_SQL = {
     "raw": "TRUNCATE bench_raw.job",
+    "rawjob": "TRUNCATE bench_rawjob.job",
     "shoal": "TRUNCATE shoal.job, shoal.job_archive",
     "pgqueuer": (
         "TRUNCATE bench_pgqueuer.pgqueuer, bench_pgqueuer.pgqueuer_log, "
@@ -321,7 +368,14 @@ class Timed:
         }
 
 
-async def drain_raw(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
+async def drain_raw(
+    url: str,
+    n: int,
+    variant: int | None = None,
+    *,
+    claim: str = RAW_CLAIM,
+    complete: str = RAW_COMPLETE,
+) -> dict[str, Any]:
     """``variant`` claim loops at once (default 1), each on its own connection.
 
     A loop stops at its first empty claim: the others hold the rest.
@@ -331,13 +385,13 @@ async def drain_raw(url: str, n: int, variant: int | None = None) -> dict[str, A
     async def loop(conn: psycopg.AsyncConnection[Any]) -> None:
         nonlocal handled
         while True:
-            cur = await conn.execute(RAW_CLAIM, (QUEUE, RAW_CLAIM_BATCH))
+            cur = await conn.execute(claim, (QUEUE, RAW_CLAIM_BATCH))
             rows = await cur.fetchall()
             if not rows:
                 break
             for _id, _data in rows:
                 handled += 1  # the no-op handler
-            await conn.execute(RAW_COMPLETE, ([r[0] for r in rows],))
+            await conn.execute(complete, ([r[0] for r in rows],))
 
     conns = [
         await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(variant or 1)
@@ -350,6 +404,11 @@ async def drain_raw(url: str, n: int, variant: int | None = None) -> dict[str, A
         for conn in conns:
             await conn.close()
     return {**spent, "handled": handled}
+
+
+async def drain_rawjob(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
+    """The raw loop on the copy of shoal.job (RAWJOB_CLAIM, RAWJOB_COMPLETE)."""
+    return await drain_raw(url, n, variant, claim=RAWJOB_CLAIM, complete=RAWJOB_COMPLETE)
 
 
 async def drain_shoal(url: str, n: int, variant: int | None = None) -> dict[str, Any]:
@@ -457,6 +516,7 @@ async def drain_procrastinate(url: str, n: int, variant: int | None = None) -> d
 # Each takes (url, n, variant): pgqueuer's batch size, or the raw loop's claimers.
 DRAINS: dict[str, Callable[[str, int, int | None], Coroutine[Any, Any, dict[str, Any]]]] = {
     "raw": drain_raw,
+    "rawjob": drain_rawjob,
     "shoal": drain_shoal,
     "pgqueuer": drain_pgqueuer,
     "procrastinate": drain_procrastinate,
@@ -514,7 +574,10 @@ class Case:
 
     @property
     def label(self) -> str:
-        name = f"raw psycopg x{self.claimers or 1}" if self.lib == "raw" else self.lib
+        name = {
+            "raw": f"raw psycopg x{self.claimers or 1}",
+            "rawjob": f"raw on shoal.job x{self.claimers or 1}",
+        }.get(self.lib, self.lib)
         if self.lib in STALE_LIBS:
             return f"{name} ({'stale' if self.stale else 'fresh'} stats)"
         if self.batch is not None:
@@ -580,6 +643,12 @@ class Bench:
         from shoal import Shoal
 
         self.boss = await Shoal.connect(self.url, schema=SCHEMA_SHOAL)
+        await self.conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA_RAWJOB)))
+        await self.conn.execute(
+            sql.SQL(RAWJOB_SCHEMA_SQL).format(
+                schema=sql.Identifier(SCHEMA_RAWJOB), shoal=sql.Identifier(SCHEMA_SHOAL)
+            )
+        )
         self.pgq_conn = await psycopg.AsyncConnection.connect(
             with_search_path(self.url, SCHEMA_PGQUEUER), autocommit=True
         )
@@ -608,8 +677,9 @@ class Bench:
         start = time.perf_counter()
         if lib == "shoal":
             ids = await self.boss.insert([{"queue": QUEUE, "data": p} for p in payloads])
-        elif lib == "raw":
-            cur = await self.conn.execute(RAW_INSERT, (QUEUE, [json.dumps(p) for p in payloads]))
+        elif lib in ("raw", "rawjob"):
+            insert = RAW_INSERT if lib == "raw" else RAWJOB_INSERT
+            cur = await self.conn.execute(insert, (QUEUE, [json.dumps(p) for p in payloads]))
             ids = await cur.fetchall()
         elif lib == "pgqueuer":
             ids = await self.pgq.enqueue(
@@ -660,8 +730,9 @@ class Bench:
 
     async def explain_claim(self, lib: str, label: str) -> None:
         """Record the plan of ``lib``'s claim as the drain will meet it."""
-        if lib == "raw":
-            cur = await self.conn.execute("EXPLAIN " + RAW_CLAIM, (QUEUE, RAW_CLAIM_BATCH))
+        if lib in ("raw", "rawjob"):
+            claim = RAW_CLAIM if lib == "raw" else RAWJOB_CLAIM
+            cur = await self.conn.execute("EXPLAIN " + claim, (QUEUE, RAW_CLAIM_BATCH))
             plan = "\n".join(r[0] for r in await cur.fetchall())
         elif lib == "shoal":
             plan = await self.explain_shoal_claim()
@@ -827,7 +898,7 @@ class Bench:
             # Fresh: statistics that know the N waiting jobs are there.
             await self.conn.execute(sql.SQL("ANALYZE {}").format(JOB_TABLE[lib]))
             stats = await self.table_stats(lib)
-        if rep == 0 and (case.claimers or 1) == 1:
+        if rep == 0 and (lib == "rawjob" or (case.claimers or 1) == 1):
             await self.explain_claim(lib, case.label)
         parent = await self.sessions()
         before = await self.meter.sample()
@@ -1077,6 +1148,17 @@ def round_report(cases: list[Case], n: int) -> str:
                 f"; all CPU per job vs raw x{RAW_CLAIMERS} "
                 f"{spread(ratios(all_cpu_per_job(shoal, n), all_cpu_per_job(raw2, n)))}"
             )
+        rawjob = by_key.get(("rawjob", stale, RAW_CLAIMERS))
+        if rawjob is not None:
+            lines.append(
+                f"- {label}, against the raw loop x{RAW_CLAIMERS} on a copy of shoal.job: "
+                f"drain {spread(ratios(list(rawjob.drain_s), list(shoal.drain_s)))}"
+                f"; server CPU per job {spread(server_ratios(shoal, rawjob))}"
+                f"; all CPU per job "
+                f"{spread(ratios(all_cpu_per_job(shoal, n), all_cpu_per_job(rawjob, n)))}"
+                f" (the copy's own against raw x{RAW_CLAIMERS}: all CPU "
+                f"{spread(ratios(all_cpu_per_job(rawjob, n), all_cpu_per_job(raw2, n)))})"
+            )
     return "\n".join(lines)
 
 
@@ -1128,6 +1210,8 @@ def cases_of(lib: str, stale: bool = False) -> list[Case]:
         return [Case(lib, batch=b) for b in PGQ_BATCH_SIZES]
     if lib == "raw":
         return [Case(lib, stale, claimers=c) for c in (1, RAW_CLAIMERS)]
+    if lib == "rawjob":  # the baseline of the two-claimer comparisons only
+        return [Case(lib, stale, claimers=RAW_CLAIMERS)]
     return [Case(lib, stale)]
 
 
