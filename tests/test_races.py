@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
 import pytest
 
 from shoal import Shoal
@@ -55,6 +56,36 @@ async def test_a_schema_built_from_other_migration_text_is_refused_by_name(
         assert "checksum x, this code's file " in message
         assert "never edited" in message
         assert "DROP SCHEMA" not in message
+
+
+async def test_a_start_on_a_migrated_schema_does_not_wait_for_a_dump_in_progress(
+    empty_db_url: str,
+) -> None:
+    # pg_dump takes every table it dumps in ACCESS SHARE mode, in one
+    # transaction held for the whole dump. A process starting meanwhile (a
+    # worker restarted, a CLI command) used to queue for ACCESS EXCLUSIVE on
+    # the migration record table, and every later start behind it on the
+    # advisory lock, until the dump ended.
+    async with Database(empty_db_url) as db:
+        await migrate(db)
+    dump = await psycopg.AsyncConnection.connect(empty_db_url)
+    try:
+        cur = await dump.execute(
+            "SELECT string_agg(format('%I.%I', schemaname, tablename), ', ')"
+            " FROM pg_tables WHERE schemaname = 'shoal'"
+        )
+        row = await cur.fetchone()
+        assert row is not None and "shoal.migration" in row[0]
+        await dump.execute(f"LOCK TABLE {row[0]} IN ACCESS SHARE MODE")
+        starts = [Shoal.connect(empty_db_url) for _ in range(3)]
+        bosses = await asyncio.wait_for(asyncio.gather(*starts), timeout=60)
+        try:
+            assert await bosses[0].send("q", {"x": 1}) is not None
+        finally:
+            for boss in bosses:
+                await boss.close()
+    finally:
+        await dump.close()
 
 
 async def test_schema_name_is_configurable(empty_db_url: str) -> None:

@@ -18,9 +18,12 @@ a later migration drops once no released worker calls it (docs/upgrading.md).
 The text names the schema as ``{schema}``, bound as an identifier. All pending
 migrations run in one transaction holding a transaction-level advisory lock
 keyed on the schema name, so two processes migrating at once both succeed: the
-second waits, then finds nothing to do. Versions a database has that this code
-does not know (it was migrated by a newer release) are left alone: workers of
-the previous release keep starting during a rolling upgrade.
+second waits, then finds nothing to do. A run with nothing to apply (every
+process start but the first after an upgrade) only reads the record of
+applied migrations, taking neither that lock nor more than ACCESS SHARE.
+Versions a database has that this code does not know (it was migrated by a
+newer release) are left alone: workers of the previous release keep starting
+during a rolling upgrade.
 
 Running workers lock the same tables the migrations alter, each statement in
 its own order (a batch claim takes the job table, then the item table; the
@@ -83,6 +86,9 @@ _RETRY_PAUSE_FIRST = timedelta(milliseconds=50)
 _RETRY_PAUSE_MAX = timedelta(seconds=2)
 # No try starts this long after the run began, whatever ``tries`` allows.
 _RETRY_DEADLINE = timedelta(minutes=2)
+# How long the read-only check of a start waits for the record table: longer
+# only while a migration holds it, and then the full run waits its turn.
+_PEEK_LOCK_WAIT = "100ms"
 # How many of the transactions holding the tables a run that gives up names.
 _HOLDERS_SHOWN = 3
 # Lock timeouts and deadlocks: another transaction held what a try needed.
@@ -255,6 +261,8 @@ async def migrate(
     if isinstance(tries, bool) or not isinstance(tries, int) or tries < 1:
         raise InvalidInput("tries", f"must be a whole number of at least 1, got {tries!r}")
     migrations = load_migrations(package)
+    if await _up_to_date(db, name, migrations):
+        return []
     started = SYSTEM_CLOCK.monotonic()
     for attempt in range(1, tries + 1):
         try:
@@ -322,6 +330,60 @@ def _retry_pause_s(attempt: int) -> float:
     return min(longest, first * 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
 
+async def _up_to_date(db: Database, name: str, migrations: list[Migration]) -> bool:
+    """Whether schema ``name`` records every one of ``migrations`` applied, by reading alone.
+
+    The common case of every process start: nothing to apply. Read without
+    the advisory lock and without the DDL that makes sure the record table
+    exists, which takes that table in ACCESS EXCLUSIVE mode. A start then
+    waits for no other start, and not for a transaction that only reads the
+    schema's tables: pg_dump holds ACCESS SHARE on every table it dumps for
+    the whole dump. A record that differs from its file raises
+    :class:`MigrationChanged` here as it does in a full run.
+
+    False when anything is missing (a new schema, a record table of an older
+    release, a pending migration), or when the read could not be made at
+    once (a migration under way holds the table): the full run decides.
+    """
+
+    async def read(conn: AsyncConn) -> dict[int, tuple[str, str | None]] | None:
+        await conn.execute("SELECT set_config('lock_timeout', %s, true)", (_PEEK_LOCK_WAIT,))
+        table = sql.Identifier(name, "migration").as_string(conn)
+        cur = await conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_attribute"
+            " WHERE attrelid = to_regclass(%s) AND attname = 'checksum' AND NOT attisdropped)",
+            (table,),
+        )
+        row = await cur.fetchone()
+        if row is None or not row[0]:
+            return None
+        cur = await conn.execute(
+            sql.SQL("SELECT version, name, checksum FROM {}.migration").format(sql.Identifier(name))
+        )
+        return {version: (applied, digest) for version, applied, digest in await cur.fetchall()}
+
+    try:
+        done = await db.run(read)
+    except TransientError:
+        return False
+    return done is not None and not _pending(name, migrations, done)
+
+
+def _pending(
+    name: str, migrations: list[Migration], done: dict[int, tuple[str, str | None]]
+) -> list[Migration]:
+    """Those of ``migrations`` not in ``done`` (version: name, digest); raises on a changed one."""
+    pending = []
+    for migration in migrations:
+        if migration.version in done:
+            applied_name, applied_sum = done[migration.version]
+            if applied_sum != migration.checksum:
+                raise MigrationChanged(_changed(name, migration, applied_name, applied_sum))
+        else:
+            pending.append(migration)
+    return pending
+
+
 async def _apply(
     conn: AsyncConn, name: str, migrations: list[Migration], lock_wait: timedelta
 ) -> list[int]:
@@ -357,14 +419,7 @@ async def _apply(
         sql.SQL("SELECT version, name, checksum FROM {}.migration").format(schema)
     )
     done = {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
-    pending = []
-    for migration in migrations:
-        if migration.version in done:
-            applied_name, applied_sum = done[migration.version]
-            if applied_sum != migration.checksum:
-                raise MigrationChanged(_changed(name, migration, applied_name, applied_sum))
-        else:
-            pending.append(migration)
+    pending = _pending(name, migrations, done)
     if not pending:
         return []
     wait_ms = await _lock_tables(conn, name, lock_order(migrations), lock_wait)
