@@ -19,6 +19,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -319,6 +320,21 @@ async def wait_for(predicate: object, timeout_s: float = 30.0, interval_s: float
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s}s")
         await asyncio.sleep(interval_s)  # noqa: TID251 - polls a condition; timeout_s bounds failure
+
+
+async def hold_like_pg_dump(conn: psycopg.AsyncConnection[Any], schema: str = "shoal") -> None:
+    """Take every table of ``schema`` in ACCESS SHARE mode on ``conn``, in its transaction.
+
+    What pg_dump does for the whole of a dump: a dump in progress, for a test.
+    """
+    cur = await conn.execute(
+        "SELECT string_agg(format('%%I.%%I', schemaname, tablename), ', ')"
+        " FROM pg_tables WHERE schemaname = %s",
+        (schema,),
+    )
+    row = await cur.fetchone()
+    assert row is not None and f"{schema}.migration" in row[0], row
+    await conn.execute(f"LOCK TABLE {row[0]} IN ACCESS SHARE MODE")
 
 
 from shoal.testing import NatsServer  # noqa: E402 - appended with the NATS fixture below

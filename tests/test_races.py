@@ -9,6 +9,7 @@ import pytest
 
 from shoal import Shoal
 from shoal.db import Database, migrate
+from tests.conftest import hold_like_pg_dump
 
 
 async def test_claimers_on_separate_connections_never_share_a_job(boss: Shoal) -> None:
@@ -70,13 +71,7 @@ async def test_a_start_on_a_migrated_schema_does_not_wait_for_a_dump_in_progress
         await migrate(db)
     dump = await psycopg.AsyncConnection.connect(empty_db_url)
     try:
-        cur = await dump.execute(
-            "SELECT string_agg(format('%I.%I', schemaname, tablename), ', ')"
-            " FROM pg_tables WHERE schemaname = 'shoal'"
-        )
-        row = await cur.fetchone()
-        assert row is not None and "shoal.migration" in row[0]
-        await dump.execute(f"LOCK TABLE {row[0]} IN ACCESS SHARE MODE")
+        await hold_like_pg_dump(dump)
         starts = [Shoal.connect(empty_db_url) for _ in range(3)]
         bosses = await asyncio.wait_for(asyncio.gather(*starts), timeout=60)
         try:

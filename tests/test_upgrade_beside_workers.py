@@ -30,7 +30,7 @@ from shoal.errors import InvalidInput, TransientError
 from shoal.queue.options import JobOptions
 from shoal.queue.rows import JobSettings
 
-from .conftest import RUN_ID, create_database, drop_database, with_dbname
+from .conftest import RUN_ID, create_database, drop_database, hold_like_pg_dump, with_dbname
 from .test_embedded_and_cli import shoal_cli
 from .test_upgrade import RELEASED, new_task, previous_release, restore
 
@@ -259,6 +259,35 @@ async def test_migrate_that_cannot_take_the_tables_gives_up_naming_who_holds_the
         assert [v for (v,) in await cur.fetchall()] == RELEASED
         # Once the holder finishes, the same run goes through.
         await holder.rollback()
+        assert await migrate(db, lock_wait=timedelta(milliseconds=50), tries=2) == [
+            m.version for m in load_migrations() if m.version not in RELEASED
+        ]
+
+
+async def test_migrate_beside_a_dump_in_progress_gives_up_naming_it_instead_of_hanging(
+    empty_db_url: str,
+) -> None:
+    """pg_dump holds every table, the migration record's too, until it ends.
+
+    The record's ALTER TABLE used to wait for it with no limit, holding the
+    schema's advisory lock: the run never returned, and every start of the
+    new release queued behind it."""
+    restore(empty_db_url)
+    async with (
+        await psycopg.AsyncConnection.connect(empty_db_url) as dump,
+        Database(empty_db_url) as db,
+    ):
+        await hold_like_pg_dump(dump)
+        with pytest.raises(TransientError) as failure:
+            await asyncio.wait_for(
+                migrate(db, lock_wait=timedelta(milliseconds=50), tries=2), timeout=60
+            )
+        message = str(failure.value)
+        assert "gave up after 2 tries" in message, message
+        assert f"pid {dump.info.backend_pid} (idle in transaction" in message, message
+        cur = await dump.execute("SELECT version FROM shoal.migration ORDER BY version")
+        assert [v for (v,) in await cur.fetchall()] == RELEASED
+        await dump.rollback()  # the dump ends
         assert await migrate(db, lock_wait=timedelta(milliseconds=50), tries=2) == [
             m.version for m in load_migrations() if m.version not in RELEASED
         ]

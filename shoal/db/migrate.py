@@ -348,14 +348,7 @@ async def _up_to_date(db: Database, name: str, migrations: list[Migration]) -> b
 
     async def read(conn: AsyncConn) -> dict[int, tuple[str, str | None]] | None:
         await conn.execute("SELECT set_config('lock_timeout', %s, true)", (_PEEK_LOCK_WAIT,))
-        table = sql.Identifier(name, "migration").as_string(conn)
-        cur = await conn.execute(
-            "SELECT EXISTS (SELECT FROM pg_attribute"
-            " WHERE attrelid = to_regclass(%s) AND attname = 'checksum' AND NOT attisdropped)",
-            (table,),
-        )
-        row = await cur.fetchone()
-        if row is None or not row[0]:
+        if not await _records_digests(conn, name):
             return None
         cur = await conn.execute(
             sql.SQL("SELECT version, name, checksum FROM {}.migration").format(sql.Identifier(name))
@@ -367,6 +360,21 @@ async def _up_to_date(db: Database, name: str, migrations: list[Migration]) -> b
     except TransientError:
         return False
     return done is not None and not _pending(name, migrations, done)
+
+
+async def _records_digests(conn: AsyncConn, name: str) -> bool:
+    """Whether schema ``name`` has a migration record table with its digest column."""
+    cur = await conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_attribute"
+        " WHERE attrelid = to_regclass(%s) AND attname = 'checksum' AND NOT attisdropped)",
+        (sql.Identifier(name, "migration").as_string(conn),),
+    )
+    row = await cur.fetchone()
+    return row is not None and bool(row[0])
+
+
+def _wait_ms(lock_wait: timedelta) -> int:
+    return max(1, int(lock_wait.total_seconds() * 1000))
 
 
 def _pending(
@@ -402,19 +410,33 @@ async def _apply(
         (name,),
     )
     await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+    # A digest of each applied file: code running against a schema built
+    # from other text fails here, loudly, instead of at its first query.
+    # (IF NOT EXISTS takes no lock on a table that exists.)
     await conn.execute(
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {}.migration ("
             " version int PRIMARY KEY,"
             " name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
+            " applied_at timestamptz NOT NULL DEFAULT now(),"
+            " checksum text)"
         ).format(schema)
     )
-    # A digest of each applied file: code running against a schema built
-    # from other text fails here, loudly, instead of at its first query.
-    await conn.execute(
-        sql.SQL("ALTER TABLE {}.migration ADD COLUMN IF NOT EXISTS checksum text").format(schema)
-    )
+    if not await _records_digests(conn, name):
+        # The record of a release before digests. ALTER TABLE takes it in
+        # ACCESS EXCLUSIVE mode even when there is nothing to add, so only
+        # then, and waiting no longer than for the other tables: a dump in
+        # progress holds every table.
+        await conn.execute(
+            "SELECT set_config('lock_timeout', %s, true)", (f"{_wait_ms(lock_wait)}ms",)
+        )
+        try:
+            await conn.execute(
+                sql.SQL("ALTER TABLE {}.migration ADD COLUMN checksum text").format(schema)
+            )
+        except _LOCK_CONFLICTS as exc:
+            raise _TablesBusy(f"the migration record table of {name!r}") from exc
+        await conn.execute("SELECT set_config('lock_timeout', '0', true)")
     cur = await conn.execute(
         sql.SQL("SELECT version, name, checksum FROM {}.migration").format(schema)
     )
@@ -477,7 +499,7 @@ async def _lock_tables(conn: AsyncConn, name: str, order: list[str], lock_wait: 
         (order, name),
     )
     rows = await cur.fetchall()
-    wait_ms = max(1, int(lock_wait.total_seconds() * 1000))
+    wait_ms = _wait_ms(lock_wait)
     if not rows:
         return wait_ms
     wait_ms = max(1, min(wait_ms, int(rows[0][1]) // 2))
