@@ -168,6 +168,17 @@ def main() -> None:
             conn.execute("CREATE SCHEMA exp")
             for ddl in TABLES.values():
                 conn.execute(ddl)
+            # LIKE copies no storage parameter: each table made from shoal.job
+            # gets its fillfactor (its updates stay on their page, so their WAL
+            # records are compressed); the raw loop's table keeps the default.
+            row = conn.execute(
+                "SELECT array_to_string(reloptions, ', ') FROM pg_class"
+                " WHERE oid = 'shoal.job'::regclass"
+            ).fetchone()
+            if row is not None and row[0]:
+                for name in TABLES:
+                    if name != "raw loop":
+                        conn.execute(f"ALTER TABLE exp.{table_of(name)} SET ({row[0]})")
             conn.execute("SET synchronous_commit = off")
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
             assert row is not None

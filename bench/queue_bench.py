@@ -22,7 +22,7 @@ What it measures, all in one run against one Postgres server:
   filled, emptied and analyzed while it holds no rows (keeping its pages), with
   autovacuum off, before the N jobs arrive;
 - ``rawjob``: the two-claimer raw loop run on a copy of ``shoal.job`` (its
-  checks, its indexes), writing what that row requires of a claim and a
+  checks, its indexes, its fillfactor), writing what that row requires of a claim and a
   completion: it parts what shoal spends above the raw loop into what the
   job row costs any loop and what shoal's own statements and worker add.
 
@@ -121,9 +121,9 @@ SETTINGS = {
         "FOR UPDATE SKIP LOCKED LIMIT n) RETURNING, then complete them in one UPDATE"
     ),
     "rawjob": (
-        f"the raw loop x{RAW_CLAIMERS} on a copy of shoal.job (LIKE ... INCLUDING ALL: its "
-        "checks and indexes), claiming and completing as shoal's row requires (lease, "
-        "holder, start_after, finished_at)"
+        f"the raw loop x{RAW_CLAIMERS} on a copy of shoal.job (LIKE ... INCLUDING ALL, and its "
+        "fillfactor), claiming and completing as shoal's row requires (lease, holder, "
+        "start_after, finished_at)"
     ),
     "shoal": f"boss.work(queue, handler, concurrency={CONCURRENCY}) (batch_size default)",
     "pgqueuer": (
@@ -649,6 +649,19 @@ class Bench:
                 schema=sql.Identifier(SCHEMA_RAWJOB), shoal=sql.Identifier(SCHEMA_SHOAL)
             )
         )
+        # LIKE copies no storage parameter: shoal.job's fillfactor (its
+        # updates stay on their page, so their WAL records are compressed).
+        cur = await self.conn.execute(
+            "SELECT array_to_string(reloptions, ', ') FROM pg_class WHERE oid = %s::regclass",
+            (f"{SCHEMA_SHOAL}.job",),
+        )
+        row = await cur.fetchone()
+        if row is not None and row[0]:
+            await self.conn.execute(
+                sql.SQL("ALTER TABLE {} SET ({})").format(
+                    sql.Identifier(SCHEMA_RAWJOB, "job"), sql.SQL(row[0])
+                )
+            )
         self.pgq_conn = await psycopg.AsyncConnection.connect(
             with_search_path(self.url, SCHEMA_PGQUEUER), autocommit=True
         )
