@@ -348,12 +348,7 @@ async def _up_to_date(db: Database, name: str, migrations: list[Migration]) -> b
 
     async def read(conn: AsyncConn) -> dict[int, tuple[str, str | None]] | None:
         await conn.execute("SELECT set_config('lock_timeout', %s, true)", (_PEEK_LOCK_WAIT,))
-        if not await _records_digests(conn, name):
-            return None
-        cur = await conn.execute(
-            sql.SQL("SELECT version, name, checksum FROM {}.migration").format(sql.Identifier(name))
-        )
-        return {version: (applied, digest) for version, applied, digest in await cur.fetchall()}
+        return await _recorded(conn, name) if await _records_digests(conn, name) else None
 
     try:
         done = await db.run(read)
@@ -371,6 +366,14 @@ async def _records_digests(conn: AsyncConn, name: str) -> bool:
     )
     row = await cur.fetchone()
     return row is not None and bool(row[0])
+
+
+async def _recorded(conn: AsyncConn, name: str) -> dict[int, tuple[str, str | None]]:
+    """Schema ``name``'s record of applied migrations: version -> (name, digest)."""
+    cur = await conn.execute(
+        sql.SQL("SELECT version, name, checksum FROM {}.migration").format(sql.Identifier(name))
+    )
+    return {version: (applied, digest) for version, applied, digest in await cur.fetchall()}
 
 
 def _wait_ms(lock_wait: timedelta) -> int:
@@ -437,11 +440,7 @@ async def _apply(
         except _LOCK_CONFLICTS as exc:
             raise _TablesBusy(f"the migration record table of {name!r}") from exc
         await conn.execute("SELECT set_config('lock_timeout', '0', true)")
-    cur = await conn.execute(
-        sql.SQL("SELECT version, name, checksum FROM {}.migration").format(schema)
-    )
-    done = {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
-    pending = _pending(name, migrations, done)
+    pending = _pending(name, migrations, await _recorded(conn, name))
     if not pending:
         return []
     wait_ms = await _lock_tables(conn, name, lock_order(migrations), lock_wait)
