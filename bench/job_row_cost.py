@@ -17,7 +17,8 @@ completes them 100 at a time (state to completed, lease cleared, output),
 each UPDATE its own transaction, by primary key, so every table does the
 same statements and only its shape differs:
 
-- ``shoal``: ``shoal.job`` as migrations make it (LIKE ... INCLUDING ALL);
+- ``shoal``: ``shoal.job`` as migrations make it (LIKE ... INCLUDING ALL,
+  and its fillfactor, which every table made from it below keeps too);
 - ``no checks``: its columns and indexes, no CHECK constraint;
 - ``two indexes``: its columns and checks, only the primary key and the claim index;
 - ``lease+finished``: its columns, no check, the primary key, the claim,
@@ -44,7 +45,7 @@ from dataclasses import dataclass, field
 import psutil
 import psycopg
 
-from bench.machine import OwnServer, describe, own_server_settings
+from bench.machine import STORAGE_OPTIONS_SQL, OwnServer, describe, own_server_settings
 from shoal import Shoal
 
 BATCH = 100
@@ -168,13 +169,9 @@ def main() -> None:
             conn.execute("CREATE SCHEMA exp")
             for ddl in TABLES.values():
                 conn.execute(ddl)
-            # LIKE copies no storage parameter: each table made from shoal.job
-            # gets its fillfactor (its updates stay on their page, so their WAL
-            # records are compressed); the raw loop's table keeps the default.
-            row = conn.execute(
-                "SELECT array_to_string(reloptions, ', ') FROM pg_class"
-                " WHERE oid = 'shoal.job'::regclass"
-            ).fetchone()
+            # Each table made from shoal.job gets its storage parameters; the
+            # raw loop's table keeps the default, as in the queue bench.
+            row = conn.execute(STORAGE_OPTIONS_SQL, ("shoal.job",)).fetchone()
             if row is not None and row[0]:
                 for name in TABLES:
                     if name != "raw loop":

@@ -39,6 +39,16 @@ COMMIT_PROBE_S = 3.0
 COMMIT_PROBE_TABLE = "bench_commit_probe"
 
 
+# A table's storage parameters as the text ALTER TABLE ... SET (...) takes
+# (NULL when it has none). CREATE TABLE ... (LIKE t INCLUDING ALL) copies
+# columns, checks and indexes, not these: a bench copying shoal.job gives
+# the copy its fillfactor (50) with them, or the copy's updates leave their
+# page and log whole rows.
+STORAGE_OPTIONS_SQL = (
+    "SELECT array_to_string(reloptions, ', ') FROM pg_class WHERE oid = %s::regclass"
+)
+
+
 def commit_rate(url: str, seconds: float = COMMIT_PROBE_S) -> float:
     """Commits per second of one connection inserting one row per transaction.
 

@@ -66,6 +66,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 if not __package__:  # run as a file: make ``bench`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.machine import (
+    STORAGE_OPTIONS_SQL,
     OwnServer,
     ServerMeter,
     Usage,
@@ -649,12 +650,7 @@ class Bench:
                 schema=sql.Identifier(SCHEMA_RAWJOB), shoal=sql.Identifier(SCHEMA_SHOAL)
             )
         )
-        # LIKE copies no storage parameter: shoal.job's fillfactor (its
-        # updates stay on their page, so their WAL records are compressed).
-        cur = await self.conn.execute(
-            "SELECT array_to_string(reloptions, ', ') FROM pg_class WHERE oid = %s::regclass",
-            (f"{SCHEMA_SHOAL}.job",),
-        )
+        cur = await self.conn.execute(STORAGE_OPTIONS_SQL, (f"{SCHEMA_SHOAL}.job",))
         row = await cur.fetchone()
         if row is not None and row[0]:
             await self.conn.execute(
