@@ -172,3 +172,45 @@ async def test_a_wake_up_runs_the_close_alone_and_the_tick_the_rest(
         probe.discard("aggregator_pass")
         clock.advance(SWEEP_INTERVAL - AGGREGATOR_INTERVAL)
         await probe.aggregator_pass(lambda e: e["report"].reaped_to_pending == 1)
+
+
+async def test_a_wake_up_closes_its_task_while_a_whole_pass_is_held_up(
+    fake_boss: Shoal, clock: FakeClock, db_url: str
+) -> None:
+    # A whole pass reads the items (zombies, orphans): at 1,000,000 items it
+    # takes about 0.12 s, and a lock can hold it for as long as the lock
+    # lasts. The close a wake-up asks for does not wait for it.
+    batches = make_batches(fake_boss)
+    probe = Probe(fake_boss)
+    async with (
+        aggregating(batches),
+        await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn,
+        await psycopg.AsyncConnection.connect(db_url, autocommit=True) as held,
+    ):
+        await probe.aggregator_pass()  # the loop's first pass, a whole one
+        task_id, items = await running_items(batches, db_url, 1)
+        # Its last item done with no wake-up yet: the task waits for a close.
+        assert await batches.store.complete_items([(items[0].id, items[0].fence, None)], now=None)
+        async with held.transaction():
+            await held.execute("LOCK TABLE shoal.item IN EXCLUSIVE MODE")
+            clock.advance(SWEEP_INTERVAL)  # the next whole pass starts, and waits for the lock
+
+            async def pass_waits_for_the_lock() -> bool:
+                rows = await sql(
+                    db_url,
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%%zombie_timeout%%'",
+                )
+                return bool(rows)
+
+            await wait_for(pass_waits_for_the_lock)
+            probe.discard("aggregator_pass")
+            await batches.aggregator.wake(conn)
+            (woken,) = await probe.aggregator_pass(
+                lambda e: [t.id for t in e["report"].closed] == [task_id]
+            )
+            assert await status(batches, task_id) == TaskStatus.COMPLETED
+            # What the pass found waits for it: nothing reaped by the wake-up.
+            assert woken["report"].reaped_to_pending == 0
+        (whole,) = await probe.aggregator_pass()
+        assert whole["report"].closed == ()

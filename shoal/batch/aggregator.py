@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -222,47 +222,52 @@ class Aggregator:
         """Deadlines and the close every :data:`AGGREGATOR_INTERVAL`, the whole
         pass every :data:`SWEEP_INTERVAL`, and a close at each wake-up.
 
-        A wake-up runs the close alone: deadlines, zombies and orphans wait
-        for their tick, which wake-ups never push back (its time is kept
-        from the last tick), and each tick closes anything a lost wake-up
-        left open.
+        A wake-up runs the close alone, in a loop of its own beside the
+        passes: a close never waits for a pass (a whole one reads the entries
+        the claims left in the item index, about 0.12 s at 1,000,000 items,
+        longer while a lock holds it), and the passes' times are kept from the
+        last tick, never pushed back by wake-ups. Each tick closes anything a
+        lost wake-up left open.
         """
         notifier = self.boss.notifier
         woken = asyncio.Event()
         if notifier is not None:
             notifier.start()
             woken = notifier.subscribe(AGGREGATOR_QUEUE)
+        closer = asyncio.create_task(self._close_when_woken(woken), name="aggregator close")
+        try:
+            await self._pass_every_tick()
+        finally:
+            closer.cancel()
+            await asyncio.gather(closer, return_exceptions=True)
+            if notifier is not None:
+                notifier.unsubscribe(AGGREGATOR_QUEUE, woken)
+
+    async def _pass_every_tick(self) -> None:
         interval = AGGREGATOR_INTERVAL.total_seconds()
         sweep_interval = SWEEP_INTERVAL.total_seconds()
         next_pass = next_sweep = self.clock.monotonic()
+        while True:
+            now = self.clock.monotonic()
+            if now >= next_sweep:
+                next_pass, next_sweep = now + interval, now + sweep_interval
+                await self._guarded(self.run_once)
+            elif now >= next_pass:
+                next_pass = now + interval
+                await self._guarded(self.run_tick)
+            await self.clock.sleep(max(0.0, next_pass - self.clock.monotonic()))
+
+    async def _close_when_woken(self, woken: asyncio.Event) -> None:
+        while True:
+            await woken.wait()
+            woken.clear()  # a wake-up during the close asks for another
+            await self._guarded(self.run_close)
+
+    @staticmethod
+    async def _guarded(run: Callable[[], Awaitable[AggregatorReport]]) -> None:
         try:
-            while True:
-                woken.clear()  # a wake-up during the pass asks for the next one
-                try:
-                    now = self.clock.monotonic()
-                    if now >= next_sweep:
-                        next_pass, next_sweep = now + interval, now + sweep_interval
-                        await self.run_once()
-                    elif now >= next_pass:
-                        next_pass = now + interval
-                        await self.run_tick()
-                    else:
-                        await self.run_close()
-                except TransientError as exc:
-                    log.warning("aggregator pass failed: %s", exc)
-                except Exception:  # loop boundary: the aggregator must keep running
-                    log.exception("aggregator pass failed")
-                waits = [
-                    asyncio.ensure_future(
-                        self.clock.sleep(max(0.0, next_pass - self.clock.monotonic()))
-                    ),
-                    asyncio.ensure_future(woken.wait()),
-                ]
-                try:
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for waiter in waits:
-                        waiter.cancel()
-        finally:
-            if notifier is not None:
-                notifier.unsubscribe(AGGREGATOR_QUEUE, woken)
+            await run()
+        except TransientError as exc:
+            log.warning("aggregator pass failed: %s", exc)
+        except Exception:  # loop boundary: the aggregator must keep running
+            log.exception("aggregator pass failed")
