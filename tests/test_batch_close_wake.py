@@ -87,6 +87,21 @@ async def status(batches: Batches, task_id: str) -> TaskStatus:
     return (await batches.get(task_id)).status
 
 
+async def waiting_for_a_lock(db_url: str, words: str) -> None:
+    """Return once a statement containing ``words`` waits for a lock."""
+
+    async def waits() -> bool:
+        rows = await sql(
+            db_url,
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND strpos(query, %s) > 0",
+            words,
+        )
+        return bool(rows)
+
+    await wait_for(waits)
+
+
 async def test_two_writes_ending_a_task_together_still_wake_its_close(
     fake_boss: Shoal, clock: FakeClock, db_url: str
 ) -> None:
@@ -107,15 +122,7 @@ async def test_two_writes_ending_a_task_together_still_wake_its_close(
             await held.execute("SELECT 1 FROM shoal.item WHERE id = %s FOR UPDATE", (second.id,))
             late = asyncio.create_task(record.finalize(other, finished(clock, [second])))
 
-            async def late_waits_for_the_lock() -> bool:
-                rows = await sql(
-                    db_url,
-                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE '%%complete_items%%'",
-                )
-                return bool(rows)
-
-            await wait_for(late_waits_for_the_lock)
+            await waiting_for_a_lock(db_url, "complete_items")
             await record.finalize(one, finished(clock, [first]))
             assert await status(batches, task_id) == TaskStatus.PROCESSING
         await late
@@ -195,15 +202,7 @@ async def test_a_wake_up_closes_its_task_while_a_whole_pass_is_held_up(
             await held.execute("LOCK TABLE shoal.item IN EXCLUSIVE MODE")
             clock.advance(SWEEP_INTERVAL)  # the next whole pass starts, and waits for the lock
 
-            async def pass_waits_for_the_lock() -> bool:
-                rows = await sql(
-                    db_url,
-                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE '%%zombie_timeout%%'",
-                )
-                return bool(rows)
-
-            await wait_for(pass_waits_for_the_lock)
+            await waiting_for_a_lock(db_url, "zombie_timeout")  # the zombies' statement
             probe.discard("aggregator_pass")
             await batches.aggregator.wake(conn)
             (woken,) = await probe.aggregator_pass(
