@@ -17,9 +17,10 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -320,6 +321,40 @@ async def wait_for(predicate: object, timeout_s: float = 30.0, interval_s: float
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout_s}s")
         await asyncio.sleep(interval_s)  # noqa: TID251 - polls a condition; timeout_s bounds failure
+
+
+async def advancing(
+    clock: FakeClock,
+    done: Callable[[], Awaitable[bool] | bool],
+    step: timedelta = timedelta(seconds=1),
+) -> None:
+    """Move ``clock`` ``step`` at a time until ``done()``.
+
+    For a loop whose sleep counts from the clock as it finds it when the
+    sleep starts: one advance could land before the sleep begins, and the
+    sleep would then never end. In steps, the clock passes the sleep's end
+    whenever it began. Database calls the loop makes run in real time, so the
+    clock moves while they run (the wait per step only yields to them;
+    nothing depends on its length).
+    """
+
+    async def check() -> bool:
+        clock.advance(step)
+        result = done()
+        return bool(await result) if isinstance(result, Awaitable) else bool(result)
+
+    await wait_for(check, timeout_s=120, interval_s=0.05)
+
+
+T = TypeVar("T")
+
+
+async def until_done(
+    clock: FakeClock, task: asyncio.Future[T], step: timedelta = timedelta(seconds=1)
+) -> T:
+    """``task``'s result, moving ``clock`` ``step`` at a time until it has one."""
+    await advancing(clock, task.done, step)
+    return task.result()
 
 
 async def hold_like_pg_dump(conn: psycopg.AsyncConnection[Any], schema: str = "shoal") -> None:

@@ -16,10 +16,10 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import pytest
 
@@ -32,35 +32,13 @@ from shoal.ingest.postgres import PostgresTransport
 from shoal.ingest.spool import Spool
 from shoal.ingest.transport import Transport
 from shoal.testing import NatsServer
-from tests.conftest import wait_for
+from tests.conftest import advancing, until_done, wait_for
 from tests.ingest_helpers import READINGS, Reading, apply_reading, create_schema, scalar
 from tests.test_ingest import BrokerDownFor, running, stopped, unfinished
 
-T = TypeVar("T")
 # The bound before the spool replaced the old one: submit gave up after it.
 OLD_GIVE_UP = timedelta(seconds=30)
 FAST = timedelta(milliseconds=50)
-
-
-async def advancing(clock: FakeClock, done: Callable[[], Awaitable[bool] | bool]) -> None:
-    """Move ``clock`` a second at a time until ``done()``: the outage lasts in clock time.
-
-    Database calls against a stopped server fail after the pool's deadline,
-    in real time, so the clock moves in steps while they run (the wait per
-    step only yields to them; nothing depends on its length).
-    """
-
-    async def check() -> bool:
-        clock.advance(timedelta(seconds=1))
-        result = done()
-        return bool(await result) if isinstance(result, Awaitable) else bool(result)
-
-    await wait_for(check, timeout_s=120, interval_s=0.05)
-
-
-async def until_done(clock: FakeClock, task: asyncio.Task[T]) -> T:
-    await advancing(clock, task.done)
-    return task.result()
 
 
 async def applied_once_each(boss: Shoal, ids: list[str]) -> bool:

@@ -21,7 +21,7 @@ from shoal.testing import (
     run_item,
     run_job,
 )
-from tests.conftest import wait_for
+from tests.conftest import until_done
 from tests.ingest_helpers import READINGS, Reading, apply_reading, create_schema
 
 
@@ -147,13 +147,7 @@ async def test_a_probe_reports_applied_and_failed_messages_and_monitor_samples(
         # interval. In steps: the monitor's round may still be running (it prunes
         # after it samples) and its sleep then counts from the clock as it finds it.
         again = asyncio.create_task(probe.monitor_sampled(READINGS.name))
-
-        async def sampled_again() -> bool:
-            clock.advance(timedelta(seconds=10))
-            return again.done()
-
-        await wait_for(sampled_again)
-        (second,) = again.result()
+        (second,) = await until_done(clock, again, step=timedelta(seconds=10))
         assert first["reading"].topic == second["reading"].topic == READINGS.name
     finally:
         stop.set()
